@@ -1,0 +1,32 @@
+# kvfs — see README.md. Every target installs what it needs.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin/kvfs
+
+.PHONY: all build test check unit fuzz test-nvme run bench clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/kvfs
+
+check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -race -count=1 ./...
+
+# Short runs of every fuzz target (FUZZTIME each).
+FUZZTIME ?= 5s
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f\$$" -fuzztime=$(FUZZTIME) $$pkg; \
+	  done; done
+
+test: check unit fuzz
+
+clean:
+	rm -rf bin out

@@ -1,0 +1,121 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Op is the kind of one engine request.
+type Op uint8
+
+// Engine operations.
+const (
+	OpRead Op = iota
+	OpWrite
+)
+
+func (o Op) String() string {
+	if o == OpWrite {
+		return "write"
+	}
+	return "read"
+}
+
+// Placement streams passed in IO.Stream. Engines without data placement
+// (posix, uring) ignore them; the nvme engine maps them onto FDP placement
+// handles. StreamMeta carries superblocks and slot headers; payloads use
+// StreamData+n for n in [0, DataStreams), chosen by the store so that slots
+// likely to be evicted together share a stream.
+const (
+	StreamMeta  uint16 = 0
+	StreamData  uint16 = 1
+	DataStreams        = 7
+)
+
+// IO is one request of a batch given to Engine.Do.
+type IO struct {
+	Op     Op
+	Off    int64  // byte offset on the device; a multiple of Engine.Align()
+	Buf    []byte // address and length multiples of Engine.Align()
+	Stream uint16 // placement stream (see StreamMeta)
+
+	// Err is set by the engine: nil when all of Buf was transferred. A
+	// transfer that stays short after retries is an error (io.ErrUnexpectedEOF
+	// for reads past the end).
+	Err error
+}
+
+// Engine moves bytes between memory and the store's backing device. All I/O
+// of the store goes through this seam, so tests can swap in fault-injecting
+// and crash-simulating engines.
+type Engine interface {
+	// Name is the engine's name: posix, uring, nvme, …
+	Name() string
+	// Do performs every request of the batch, with as many in flight as the
+	// engine allows, and returns once all are complete. Per-request failures
+	// are reported in IO.Err; the returned error is for failures of the
+	// engine as a whole (closed, ring broken), in which case no IO.Err is
+	// meaningful.
+	Do(ios []IO) error
+	// Sync makes every write completed before the call durable.
+	Sync() error
+	// Size is the usable size of the device or file in bytes.
+	Size() int64
+	// Align is the alignment of offsets, lengths and buffer addresses the
+	// engine needs (1 for none). It is at most the store's align.
+	Align() int
+	Close() error
+}
+
+// BufferAllocator is implemented by engines that prefer their own buffers
+// (for example buffers registered with io_uring). The store allocates its
+// bounce buffers through it when present.
+type BufferAllocator interface {
+	AllocBuffer(n int) ([]byte, error)
+	FreeBuffer(b []byte)
+}
+
+// MemoryRegistrar is implemented by engines that can register caller memory
+// (for example a client's shared-memory buffer) for zero-copy fixed-buffer
+// I/O. The returned function undoes the registration.
+type MemoryRegistrar interface {
+	RegisterMemory(b []byte) (unregister func(), err error)
+}
+
+// AllocAligned returns n bytes (rounded up to the page size) of anonymous,
+// page-aligned memory outside the Go heap. Free it with FreeAligned.
+func AllocAligned(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("store: alloc of %d bytes", n)
+	}
+	size := (n + unix.Getpagesize() - 1) &^ (unix.Getpagesize() - 1)
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("store: mmap %d bytes: %w", size, err)
+	}
+	return b[:n], nil
+}
+
+// FreeAligned releases memory from AllocAligned.
+func FreeAligned(b []byte) {
+	if cap(b) > 0 {
+		_ = unix.Munmap(b[:cap(b)])
+	}
+}
+
+// Aligned reports whether b's address and length are multiples of a.
+func Aligned(b []byte, a int) bool {
+	if a <= 1 {
+		return true
+	}
+	if len(b) == 0 {
+		return true
+	}
+	return uintptr(unsafe.Pointer(&b[0]))%uintptr(a) == 0 && len(b)%a == 0
+}
+
+// errEngineClosed is returned by engines after Close.
+var errEngineClosed = errors.New("store: engine closed")
