@@ -1,15 +1,10 @@
 module github.com/kvfs/kvfs
 
-go 1.26
+go 1.26.0
+
+require golang.org/x/sys v0.50.0
 
 require (
-	github.com/ebitengine/purego v0.11.3 // indirect
-	github.com/hanwen/go-fuse/v2 v2.12.1 // indirect
-	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/prometheus/client_golang v1.25.0 // indirect
-	github.com/spf13/cobra v1.10.2 // indirect
-	github.com/spf13/pflag v1.0.9 // indirect
 	go.uber.org/multierr v1.10.0 // indirect
 	go.uber.org/zap v1.28.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
 )

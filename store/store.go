@@ -1,0 +1,591 @@
+package store
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvfs/kvfs/layout"
+)
+
+// Options control Open.
+type Options struct {
+	// Logger receives the store's log lines; nil means none.
+	Logger *zap.Logger
+	// Now is the clock for group write times; nil means time.Now.
+	Now func() time.Time
+	// Expect, when set, makes Open fail with ErrGeometry unless the store
+	// has exactly this geometry.
+	Expect *layout.Geometry
+	// MaxIO bounds one coalesced read or write (default 1 MiB).
+	MaxIO int
+	// ReadOnly opens the store without recovery writes.
+	ReadOnly bool
+	// Failpoint, when set, is called at named points of the write path
+	// ("before-tombstones", "before-payloads", "before-headers", "before-sync");
+	// an error it returns fails the operation there, as an engine error would.
+	Failpoint func(name string) error
+	// Observe, when set, is called after each Read and Write batch.
+	Observe func(op Op, groups int, d time.Duration)
+}
+
+// slotState is the in-memory copy of one slot's current header. Guarded by
+// Store.mu.
+type slotState struct {
+	hdr  *Header // nil when the slot is free and holds no live header
+	cur  int     // header copy holding the current header, -1 when none is valid
+	gen  uint64  // generation of the current copy (also for tombstones)
+	pins int     // readers and writers using the slot's payloads
+
+	// free-list bookkeeping
+	quarantined bool // unknown on-disk state after a failed write: not reused until reopen
+	releasing   bool // freed while pinned: goes to the free list on the last unpin
+	lru         *list.Element
+	stream      uint16
+}
+
+// Store is an open slot store. All methods are safe for concurrent use.
+//
+// Lock order: wmu before mu. wmu serialises every operation that writes
+// (Write, Delete, DeleteBlock, Fsck); mu guards the index, the slot states,
+// the LRU and the free list, and is never held across I/O.
+type Store struct {
+	e    Engine
+	sb   Superblock
+	geo  layout.Geometry
+	log  *zap.Logger
+	now  func() time.Time
+	opts Options
+
+	sbProblems []string // superblock copies found damaged at open
+
+	wmu sync.Mutex
+	mu  struct {
+		sync.Mutex
+		closed bool
+		slots  []slotState
+		index  map[uint64]int64 // block id → slot
+		free   []int64
+		lru    *list.List // front = most recently used; values are block ids
+		gen    uint64     // last generation handed out
+		allocs uint64
+	}
+	m metrics
+}
+
+type metrics struct {
+	reads, writes, bytesRead, bytesWritten, hits, misses, evictions, corrupt, ioErrors atomic.Uint64
+}
+
+// Metrics is a snapshot of the store's counters.
+type Metrics struct {
+	Reads        uint64 // groups read
+	Writes       uint64 // groups written
+	BytesRead    uint64
+	BytesWritten uint64
+	Hits         uint64 // groups found
+	Misses       uint64 // groups asked for and absent
+	Evictions    uint64 // blocks evicted to make room
+	Corrupt      uint64 // groups whose checksum failed on read
+	IOErrors     uint64
+}
+
+// Info describes an open store.
+type Info struct {
+	UUID        string
+	Version     uint32
+	Geometry    layout.Geometry
+	GroupBytes  int
+	GroupStride int64
+	HeaderBytes int64
+	SlotBytes   int64
+	Slots       int64
+	UsedSlots   int64
+	FreeSlots   int64
+	Size        int64
+	Created     time.Time
+	Engine      string
+}
+
+// Open opens the store on e and recovers its index from the slot headers.
+// The caller keeps ownership of e and closes it after the store.
+func Open(e Engine, o Options) (*Store, error) {
+	s := &Store{e: e, opts: o, log: o.Logger, now: o.Now}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.opts.MaxIO <= 0 {
+		s.opts.MaxIO = 1 << 20
+	}
+	if e.Align() > SuperblockSize {
+		return nil, fmt.Errorf("%w: alignment %d above %d", ErrEngine, e.Align(), SuperblockSize)
+	}
+	sb, err := s.readSuperblock()
+	if err != nil {
+		return nil, err
+	}
+	s.sb = *sb
+	s.geo = sb.Geometry
+	if o.Expect != nil && *o.Expect != s.geo {
+		return nil, fmt.Errorf("%w: store has %v, expected %v", ErrGeometry, s.geo, *o.Expect)
+	}
+	if s.geo.Align%e.Align() != 0 {
+		return nil, fmt.Errorf("%w: the device needs %d-byte alignment, the store aligns to %d", ErrEngine, e.Align(), s.geo.Align)
+	}
+	if sb.DataOffset+sb.Slots*sb.SlotBytes > e.Size() {
+		return nil, fmt.Errorf("%w: store needs %d bytes, device has %d", ErrTooSmall, sb.DataOffset+sb.Slots*sb.SlotBytes, e.Size())
+	}
+	if int64(s.opts.MaxIO) < s.geo.GroupStride() {
+		s.opts.MaxIO = int(s.geo.GroupStride())
+	}
+	if err := s.recover(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) readSuperblock() (*Superblock, error) {
+	var sbs [2]*Superblock
+	var errs [2]error
+	for c, off := range []int64{0, superblockCopy1} {
+		b, err := readAligned(s.e, off, SuperblockSize)
+		if err != nil {
+			errs[c] = fmt.Errorf("%w: copy %d: %v", ErrSuperblock, c, err)
+			continue
+		}
+		sbs[c], errs[c] = UnmarshalSuperblock(b)
+	}
+	switch {
+	case sbs[0] != nil && sbs[1] != nil:
+		if sbs[0].UUID != sbs[1].UUID {
+			s.sbProblems = append(s.sbProblems, "superblock copies disagree (copy 1 belongs to another store)")
+		}
+		return sbs[0], nil
+	case sbs[0] != nil || sbs[1] != nil:
+		good, bad := 0, 1
+		if sbs[0] == nil {
+			good, bad = 1, 0
+		}
+		msg := fmt.Sprintf("superblock copy %d damaged (%v); using copy %d", bad, errs[bad], good)
+		s.log.Warn("store: " + msg)
+		s.sbProblems = append(s.sbProblems, msg)
+		return sbs[good], nil
+	}
+	for _, err := range errs {
+		if errors.Is(err, ErrVersion) {
+			return nil, err
+		}
+	}
+	if errors.Is(errs[0], ErrNoStore) && errors.Is(errs[1], ErrNoStore) {
+		return nil, fmt.Errorf("%w (no superblock found; run kvfs format)", ErrNoStore)
+	}
+	return nil, fmt.Errorf("%w: both copies unusable: %v; %v", ErrSuperblock, errs[0], errs[1])
+}
+
+func (s *Store) slotOffset(slot int64) int64 { return s.sb.DataOffset + slot*s.sb.SlotBytes }
+
+func (s *Store) headerOffset(slot int64, c int) int64 {
+	return s.slotOffset(slot) + int64(c)*s.sb.HeaderBytes
+}
+
+func (s *Store) groupOffset(slot int64, idx int) int64 {
+	return s.slotOffset(slot) + 2*s.sb.HeaderBytes + s.geo.Offset(idx)
+}
+
+// headerScan is what recovery and fsck learn about one slot's two copies.
+type headerScan struct {
+	hdr     [2]*Header
+	err     [2]error
+	cur     int // -1 when neither copy is valid
+	damaged []int
+}
+
+// scanHeaders reads both header copies of slots [first, first+n).
+func (s *Store) scanHeaders(first, n int64) ([]headerScan, error) {
+	hb := s.sb.HeaderBytes
+	buf, err := AllocAligned(int(n * 2 * hb))
+	if err != nil {
+		return nil, err
+	}
+	defer FreeAligned(buf)
+	ios := make([]IO, n)
+	for i := range n {
+		ios[i] = IO{Op: OpRead, Off: s.headerOffset(first+i, 0), Buf: buf[i*2*hb : (i+1)*2*hb], Stream: StreamMeta}
+	}
+	if err := s.e.Do(ios); err != nil {
+		return nil, err
+	}
+	out := make([]headerScan, n)
+	for i := range n {
+		sc := &out[i]
+		sc.cur = -1
+		if ios[i].Err != nil {
+			return nil, fmt.Errorf("store: read headers of slot %d: %w", first+i, ios[i].Err)
+		}
+		for c := range 2 {
+			b := ios[i].Buf[int64(c)*hb : int64(c+1)*hb]
+			sc.hdr[c], sc.err[c] = UnmarshalHeader(b, s.sb.UUID, first+i, s.geo.GroupsPerBlock())
+			if sc.err[c] != nil && !errors.Is(sc.err[c], errHeaderEmpty) && !errors.Is(sc.err[c], errHeaderOther) {
+				sc.damaged = append(sc.damaged, c)
+			}
+			if sc.hdr[c] != nil && (sc.cur < 0 || sc.hdr[c].Gen > sc.hdr[sc.cur].Gen) {
+				sc.cur = c
+			}
+		}
+	}
+	return out, nil
+}
+
+const scanChunk = 256
+
+// recover rebuilds the index from every slot's current header. When two
+// slots claim the same block (a crash between a copy-on-write commit and the
+// old slot's tombstone), the higher generation wins and the other slot is
+// tombstoned before it can be reused.
+func (s *Store) recover() error {
+	n := s.sb.Slots
+	s.mu.slots = make([]slotState, n)
+	s.mu.index = make(map[uint64]int64)
+	s.mu.lru = list.New()
+	type live struct {
+		slot int64
+		gen  uint64
+	}
+	var lives []live
+	var losers []int64
+	for first := int64(0); first < n; first += scanChunk {
+		cnt := min(scanChunk, n-first)
+		scans, err := s.scanHeaders(first, cnt)
+		if err != nil {
+			return err
+		}
+		for i, sc := range scans {
+			slot := first + int64(i)
+			st := &s.mu.slots[slot]
+			st.cur = sc.cur
+			if sc.cur < 0 {
+				continue
+			}
+			h := sc.hdr[sc.cur]
+			st.gen = h.Gen
+			s.mu.gen = max(s.mu.gen, h.Gen)
+			if !h.Live || h.Count() == 0 {
+				continue
+			}
+			if old, ok := s.mu.index[h.Block]; ok {
+				if s.mu.slots[old].gen > h.Gen {
+					losers = append(losers, slot)
+					st.hdr = h
+					continue
+				}
+				losers = append(losers, old)
+			}
+			st.hdr = h
+			s.mu.index[h.Block] = slot
+		}
+	}
+	for slot := range n {
+		if st := &s.mu.slots[slot]; st.hdr != nil && s.mu.index[st.hdr.Block] == slot {
+			lives = append(lives, live{slot, st.gen})
+		}
+	}
+	// LRU: the most recently written block is the most recently used.
+	sort.Slice(lives, func(i, j int) bool { return lives[i].gen > lives[j].gen })
+	for _, l := range lives {
+		st := &s.mu.slots[l.slot]
+		st.lru = s.mu.lru.PushBack(st.hdr.Block)
+	}
+	if len(losers) > 0 {
+		if s.opts.ReadOnly {
+			for _, slot := range losers {
+				s.mu.slots[slot].quarantined = true
+			}
+		} else {
+			s.log.Info("store: dropping stale copies of blocks", zap.Int("slots", len(losers)))
+			if err := s.tombstone(losers); err != nil {
+				return err
+			}
+			if err := s.e.Sync(); err != nil {
+				return fmt.Errorf("store: sync: %w", err)
+			}
+			for _, slot := range losers {
+				s.mu.slots[slot].hdr = nil
+			}
+		}
+	}
+	for slot := n - 1; slot >= 0; slot-- {
+		if st := &s.mu.slots[slot]; st.hdr == nil && !st.quarantined {
+			s.mu.free = append(s.mu.free, slot)
+		}
+	}
+	s.log.Info("store: opened", zap.String("uuid", s.sb.UUIDString()), zap.Int64("slots", n),
+		zap.Int("blocks", len(s.mu.index)), zap.String("geometry", s.geo.String()))
+	return nil
+}
+
+// tombstone writes a tombstone header into the non-current copy of each slot
+// (no sync) and records it in memory. Slots whose write fails are quarantined.
+// Called with wmu held (or during Open); takes mu.
+func (s *Store) tombstone(slots []int64) error {
+	if len(slots) == 0 {
+		return nil
+	}
+	hb := int(s.sb.HeaderBytes)
+	buf, err := s.alloc(len(slots) * hb)
+	if err != nil {
+		return err
+	}
+	defer s.freeBuf(buf)
+	ios := make([]IO, len(slots))
+	copies := make([]int, len(slots))
+	s.mu.Lock()
+	for i, slot := range slots {
+		st := &s.mu.slots[slot]
+		s.mu.gen++
+		h := newHeader(s.geo.GroupsPerBlock())
+		h.Slot, h.Gen = slot, s.mu.gen
+		if st.hdr != nil {
+			h.Block = st.hdr.Block
+		}
+		copies[i] = 1 - max(st.cur, 0)
+		if st.cur < 0 {
+			copies[i] = 0
+		}
+		b := buf[i*hb : (i+1)*hb]
+		MarshalHeader(b, s.sb.UUID, h)
+		ios[i] = IO{Op: OpWrite, Off: s.headerOffset(slot, copies[i]), Buf: b, Stream: StreamMeta}
+	}
+	s.mu.Unlock()
+	if err := s.failpoint("before-tombstones"); err != nil {
+		return err
+	}
+	engErr := s.e.Do(ios)
+	var firstErr error
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, slot := range slots {
+		st := &s.mu.slots[slot]
+		err := engErr
+		if err == nil {
+			err = ios[i].Err
+		}
+		if err != nil {
+			st.quarantined = true
+			s.m.ioErrors.Add(1)
+			if firstErr == nil {
+				firstErr = fmt.Errorf("store: tombstone slot %d: %w", slot, err)
+			}
+			continue
+		}
+		st.cur = copies[i]
+	}
+	return firstErr
+}
+
+func (s *Store) failpoint(name string) error {
+	if s.opts.Failpoint == nil {
+		return nil
+	}
+	if err := s.opts.Failpoint(name); err != nil {
+		return fmt.Errorf("store: failpoint %s: %w", name, err)
+	}
+	return nil
+}
+
+func (s *Store) alloc(n int) ([]byte, error) {
+	if a, ok := s.e.(BufferAllocator); ok {
+		return a.AllocBuffer(n)
+	}
+	return AllocAligned(n)
+}
+
+func (s *Store) freeBuf(b []byte) {
+	if a, ok := s.e.(BufferAllocator); ok {
+		a.FreeBuffer(b)
+		return
+	}
+	FreeAligned(b)
+}
+
+// Geometry is the store's geometry.
+func (s *Store) Geometry() layout.Geometry { return s.geo }
+
+// Superblock returns a copy of the superblock in use.
+func (s *Store) Superblock() Superblock { return s.sb }
+
+// Engine is the engine the store runs on.
+func (s *Store) Engine() Engine { return s.e }
+
+// Info describes the store.
+func (s *Store) Info() Info {
+	s.mu.Lock()
+	used := int64(len(s.mu.index))
+	s.mu.Unlock()
+	return Info{
+		UUID: s.sb.UUIDString(), Version: s.sb.Version, Geometry: s.geo,
+		GroupBytes: s.geo.GroupBytes(), GroupStride: s.geo.GroupStride(),
+		HeaderBytes: s.sb.HeaderBytes, SlotBytes: s.sb.SlotBytes,
+		Slots: s.sb.Slots, UsedSlots: used, FreeSlots: s.sb.Slots - used,
+		Size: s.sb.Size, Created: s.sb.Created, Engine: s.e.Name(),
+	}
+}
+
+// Metrics returns the store's counters.
+func (s *Store) Metrics() Metrics {
+	return Metrics{
+		Reads: s.m.reads.Load(), Writes: s.m.writes.Load(),
+		BytesRead: s.m.bytesRead.Load(), BytesWritten: s.m.bytesWritten.Load(),
+		Hits: s.m.hits.Load(), Misses: s.m.misses.Load(), Evictions: s.m.evictions.Load(),
+		Corrupt: s.m.corrupt.Load(), IOErrors: s.m.ioErrors.Load(),
+	}
+}
+
+// BlockInfo describes one block in the store.
+type BlockInfo struct {
+	ID      uint64
+	Groups  int       // present groups
+	MTime   time.Time // latest group write
+	Present []uint64  // bitmap by layout.Index
+}
+
+// Has reports whether group idx of the block is present.
+func (b BlockInfo) Has(idx int) bool { return b.Present[idx/64]&(1<<(idx%64)) != 0 }
+
+func blockInfo(h *Header) BlockInfo {
+	bi := BlockInfo{ID: h.Block, Groups: h.Count(), Present: append([]uint64(nil), h.Present...)}
+	var t int64
+	for i, mt := range h.MTime {
+		if h.Has(i) && mt > t {
+			t = mt
+		}
+	}
+	bi.MTime = time.Unix(0, t)
+	return bi
+}
+
+// Blocks lists the blocks in the store, sorted by id.
+func (s *Store) Blocks() []BlockInfo {
+	s.mu.Lock()
+	out := make([]BlockInfo, 0, len(s.mu.index))
+	for _, slot := range s.mu.index {
+		out = append(out, blockInfo(s.mu.slots[slot].hdr))
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Block describes one block; ok is false when it is absent.
+func (s *Store) Block(id uint64) (BlockInfo, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slot, ok := s.mu.index[id]
+	if !ok {
+		return BlockInfo{}, false
+	}
+	return blockInfo(s.mu.slots[slot].hdr), true
+}
+
+// GroupInfo describes one present group.
+type GroupInfo struct {
+	Key   layout.Key
+	Size  int
+	CRC   uint32 // CRC32C of the group's bytes, as recorded when written
+	MTime time.Time
+	Slot  int64
+}
+
+// Stat describes group k, or returns ErrNotFound.
+func (s *Store) Stat(k layout.Key) (GroupInfo, error) {
+	if err := s.geo.CheckKey(k); err != nil {
+		return GroupInfo{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	idx := s.geo.Index(k)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slot, ok := s.mu.index[k.Block]
+	if !ok || !s.mu.slots[slot].hdr.Has(idx) {
+		return GroupInfo{}, fmt.Errorf("%w: %v", ErrNotFound, k)
+	}
+	h := s.mu.slots[slot].hdr
+	return GroupInfo{Key: k, Size: s.geo.GroupBytes(), CRC: h.CRC[idx], MTime: time.Unix(0, h.MTime[idx]), Slot: slot}, nil
+}
+
+// touchLocked moves the block in slot to the front of the LRU.
+func (s *Store) touchLocked(slot int64) {
+	if e := s.mu.slots[slot].lru; e != nil {
+		s.mu.lru.MoveToFront(e)
+	}
+}
+
+// unpin drops one pin of each slot; a slot freed while pinned goes to the
+// free list when its last pin drops.
+func (s *Store) unpin(slots []int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, slot := range slots {
+		st := &s.mu.slots[slot]
+		st.pins--
+		if st.pins == 0 && st.releasing {
+			st.releasing = false
+			s.mu.free = append(s.mu.free, slot)
+		}
+	}
+}
+
+// releaseLocked returns a slot whose on-disk header is a tombstone to the
+// free list (or marks it to go there once unpinned).
+func (s *Store) releaseLocked(slot int64) {
+	st := &s.mu.slots[slot]
+	st.hdr = nil
+	if st.lru != nil {
+		s.mu.lru.Remove(st.lru)
+		st.lru = nil
+	}
+	if st.quarantined {
+		return
+	}
+	if st.pins > 0 {
+		st.releasing = true
+		return
+	}
+	s.mu.free = append(s.mu.free, slot)
+}
+
+// Close makes everything durable and closes the store (not the engine).
+func (s *Store) Close() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.closed = true
+	s.mu.Unlock()
+	if s.opts.ReadOnly {
+		return nil
+	}
+	if err := s.e.Sync(); err != nil {
+		return fmt.Errorf("store: sync on close: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) checkOpen() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return ErrClosed
+	}
+	return nil
+}

@@ -1,0 +1,113 @@
+package store_test
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
+)
+
+// testGeo is small: 2 layers × 2 heads × 2 kinds = 8 groups of 512 bytes.
+var testGeo = layout.Geometry{Layers: 2, KVHeads: 2, HeadDim: 16, BlockTokens: 16, DType: layout.BF16, Align: 512}
+
+func newMemStore(t testing.TB, slots int, geo layout.Geometry) (*store.Store, *storetest.Mem) {
+	t.Helper()
+	size := store.SizeFor(geo, int64(slots))
+	m := storetest.NewMem(size, 512)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.Open(m, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, m
+}
+
+// groupData is deterministic content for a key and a version.
+func groupData(geo layout.Geometry, k layout.Key, version int) []byte {
+	b := make([]byte, geo.GroupBytes())
+	r := rand.New(rand.NewPCG(k.Block, uint64(geo.Index(k))<<32|uint64(version)))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func put(t testing.TB, s *store.Store, keys []layout.Key, version int) {
+	t.Helper()
+	reqs := make([]store.WriteReq, len(keys))
+	for i, k := range keys {
+		reqs[i] = store.WriteReq{Key: k, Data: groupData(s.Geometry(), k, version)}
+	}
+	if err := s.Write(reqs); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range reqs {
+		if r.Err != nil {
+			t.Fatalf("write %v: %v", r.Key, r.Err)
+		}
+	}
+}
+
+func get(s *store.Store, k layout.Key) ([]byte, error) {
+	reqs := []store.ReadReq{{Key: k, Buf: make([]byte, s.Geometry().GroupBytes())}}
+	if err := s.Read(reqs); err != nil {
+		return nil, err
+	}
+	return reqs[0].Buf, reqs[0].Err
+}
+
+func blockKeys(geo layout.Geometry, block uint64) []layout.Key {
+	keys := make([]layout.Key, geo.GroupsPerBlock())
+	for i := range keys {
+		keys[i] = geo.KeyAt(block, i)
+	}
+	return keys
+}
+
+func TestRoundTrip(t *testing.T) {
+	s, m := newMemStore(t, 8, testGeo)
+	k := layout.Key{Block: 0xabc, Layer: 1, Head: 1, Kind: layout.V}
+	if _, err := get(s, k); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("absent group: %v", err)
+	}
+	put(t, s, []layout.Key{k}, 1)
+	got, err := get(s, k)
+	if err != nil || !bytes.Equal(got, groupData(testGeo, k, 1)) {
+		t.Fatalf("read back: %v", err)
+	}
+	// Overwrite (copy-on-write), then add a group in place.
+	put(t, s, []layout.Key{k}, 2)
+	k2 := k
+	k2.Kind = layout.K
+	put(t, s, []layout.Key{k2}, 1)
+	for _, c := range []struct {
+		k layout.Key
+		v int
+	}{{k, 2}, {k2, 1}} {
+		got, err := get(s, c.k)
+		if err != nil || !bytes.Equal(got, groupData(testGeo, c.k, c.v)) {
+			t.Fatalf("%v: %v", c.k, err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Reopen: the index comes back from the headers.
+	s2, err := store.Open(m, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = get(s2, k)
+	if err != nil || !bytes.Equal(got, groupData(testGeo, k, 2)) {
+		t.Fatalf("after reopen: %v", err)
+	}
+	if n := len(s2.Blocks()); n != 1 {
+		t.Fatalf("%d blocks, want 1", n)
+	}
+}

@@ -1,0 +1,524 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvfs/kvfs/layout"
+)
+
+// WriteReq stores one group. Data must be exactly GroupBytes long.
+type WriteReq struct {
+	Key  layout.Key
+	Data []byte
+	// Err is set by Write: nil once the group is durable.
+	Err error
+}
+
+// plan is the work of one Write batch on one block.
+type plan struct {
+	block  uint64
+	reqs   []*WriteReq
+	groups map[int][]byte // group index → data (the last request wins)
+	base   *Header        // header the new one starts from (nil: new block)
+	old    int64          // slot being replaced (copy-on-write), -1 when none
+	target int64          // slot receiving the payloads and the new header
+	fresh  bool           // target came from the free list
+	hdr    *Header        // header to commit
+	copy   int            // header copy to write
+	err    error
+	carry  map[int][]byte // groups copied from the old slot (copy-on-write)
+}
+
+func (p *plan) fail(err error) {
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+// Write stores a batch of groups durably. Crash safety, per block:
+//
+//   - A block's new groups go into positions its current header marks
+//     absent, or (when they replace present groups, or readers are using the
+//     slot) into a fresh slot together with the block's other groups
+//     (copy-on-write).
+//   - Payloads are written and synced before the header; the header goes to
+//     the slot's other header copy with a higher generation and is synced
+//     before Write returns. A slot taken from an evicted block is tombstoned
+//     and synced before its payloads are overwritten.
+//
+// After a crash at any point every group reads as its old value, its new
+// value, or absent. The returned error is for the batch as a whole; each
+// request's Err says whether that group is durable.
+func (s *Store) Write(reqs []WriteReq) error {
+	start := time.Now()
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	gb := s.geo.GroupBytes()
+	byBlock := map[uint64]*plan{}
+	var plans []*plan
+	for i := range reqs {
+		r := &reqs[i]
+		r.Err = nil
+		if err := s.geo.CheckKey(r.Key); err != nil {
+			r.Err = fmt.Errorf("%w: %v", ErrInvalid, err)
+			continue
+		}
+		if len(r.Data) != gb {
+			r.Err = fmt.Errorf("%w: %d bytes for a %d-byte group", ErrSize, len(r.Data), gb)
+			continue
+		}
+		p := byBlock[r.Key.Block]
+		if p == nil {
+			p = &plan{block: r.Key.Block, groups: map[int][]byte{}, old: -1, target: -1}
+			byBlock[r.Key.Block] = p
+			plans = append(plans, p)
+		}
+		p.reqs = append(p.reqs, r)
+		p.groups[s.geo.Index(r.Key)] = r.Data
+	}
+	if len(plans) == 0 {
+		return nil
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if err := s.checkOpen(); err != nil {
+		return err
+	}
+	err := s.writePlans(plans)
+	for _, p := range plans {
+		for _, r := range p.reqs {
+			r.Err = p.err
+			if p.err == nil {
+				s.m.writes.Add(1)
+				s.m.bytesWritten.Add(uint64(gb))
+			}
+		}
+	}
+	if s.opts.Observe != nil {
+		s.opts.Observe(OpWrite, len(reqs), time.Since(start))
+	}
+	return err
+}
+
+// writePlans runs the write protocol. Called with wmu held.
+func (s *Store) writePlans(plans []*plan) error {
+	n := s.geo.GroupsPerBlock()
+	var victims []int64
+	var writerPins []int64
+	defer func() { s.unpin(writerPins) }()
+
+	// 1. Decide, per block, where its groups go; take slots, evicting the
+	// least recently used blocks that no one is using.
+	s.mu.Lock()
+	inBatch := map[uint64]bool{}
+	for _, p := range plans {
+		inBatch[p.block] = true
+	}
+	need := 0
+	for _, p := range plans {
+		slot, ok := s.mu.index[p.block]
+		if !ok {
+			need++
+			continue
+		}
+		st := &s.mu.slots[slot]
+		p.base = st.hdr.clone()
+		overlap := false
+		for idx := range p.groups {
+			if st.hdr.Has(idx) {
+				overlap = true
+				break
+			}
+		}
+		if !overlap && st.pins == 0 {
+			p.target = slot
+			continue
+		}
+		p.old = slot
+		st.pins++
+		writerPins = append(writerPins, slot)
+		need++
+	}
+	for need > len(s.mu.free) {
+		victim := s.lruVictimLocked(inBatch)
+		if victim < 0 {
+			break
+		}
+		st := &s.mu.slots[victim]
+		s.log.Debug("store: evict", zap.String("block", fmt.Sprintf("%016x", st.hdr.Block)))
+		delete(s.mu.index, st.hdr.Block)
+		s.mu.lru.Remove(st.lru)
+		st.lru = nil
+		st.pins++ // held by this writer until the tombstone is durable
+		writerPins = append(writerPins, victim)
+		victims = append(victims, victim)
+		s.m.evictions.Add(1)
+		need--
+	}
+	evicted := append([]int64(nil), victims...)
+	for _, p := range plans {
+		if p.target >= 0 || p.err != nil {
+			continue
+		}
+		if len(s.mu.free) == 0 {
+			if len(victims) > 0 {
+				// Reuse an evicted slot once its tombstone is durable.
+				p.target, victims = victims[len(victims)-1], victims[:len(victims)-1]
+				p.fresh = true
+				continue
+			}
+			p.fail(fmt.Errorf("%w: %d slots, all in use", ErrFull, s.sb.Slots))
+			continue
+		}
+		p.target = s.mu.free[len(s.mu.free)-1]
+		s.mu.free = s.mu.free[:len(s.mu.free)-1]
+		p.fresh = true
+	}
+	// Streams: slots allocated around the same time are evicted around the
+	// same time, so they share a placement stream.
+	for _, p := range plans {
+		if p.fresh {
+			s.mu.allocs++
+			s.mu.slots[p.target].stream = StreamData + uint16((s.mu.allocs/streamWindow(s.sb.Slots))%DataStreams)
+		}
+	}
+	s.mu.Unlock()
+
+	// 2. Tombstone evicted slots and make that durable before their payloads
+	// are overwritten.
+	if len(evicted) > 0 {
+		slots := evicted
+		err := s.tombstone(slots)
+		if err == nil {
+			err = s.sync()
+		}
+		s.mu.Lock()
+		for _, v := range slots {
+			st := &s.mu.slots[v]
+			st.hdr = nil
+			st.pins--
+			writerPins = removeOne(writerPins, v)
+			if err != nil {
+				st.quarantined = true
+			}
+		}
+		// Victims no plan took go back to the free list.
+		for _, v := range victims {
+			if err == nil {
+				s.mu.free = append(s.mu.free, v)
+			}
+		}
+		s.mu.Unlock()
+		if err != nil {
+			for _, p := range plans {
+				if p.fresh && slices.Contains(evicted, p.target) {
+					p.fail(err)
+				}
+			}
+		}
+	}
+
+	// 3. Copy-on-write: read the groups the new slot keeps from the old one.
+	s.carryGroups(plans)
+
+	// 4. Payloads, then sync.
+	if err := s.writePayloads(plans); err != nil {
+		return err
+	}
+
+	// 5. Headers, then sync.
+	now := s.now().UnixNano()
+	hb := int(s.sb.HeaderBytes)
+	live := livePlans(plans)
+	if len(live) > 0 {
+		buf, err := s.alloc(len(live) * hb)
+		if err != nil {
+			return err
+		}
+		defer s.freeBuf(buf)
+		ios := make([]IO, len(live))
+		s.mu.Lock()
+		for i, p := range live {
+			h := newHeader(n)
+			if p.base != nil {
+				if p.target == p.old || p.old < 0 {
+					h = p.base.clone()
+				}
+				for idx := range p.carry {
+					h.set(idx, p.base.CRC[idx], p.base.MTime[idx])
+				}
+			}
+			for idx, d := range p.groups {
+				h.set(idx, CRC32C(d), now)
+			}
+			s.mu.gen++
+			h.Slot, h.Block, h.Gen, h.Live = p.target, p.block, s.mu.gen, true
+			st := &s.mu.slots[p.target]
+			p.copy = 0
+			if st.cur >= 0 {
+				p.copy = 1 - st.cur
+			}
+			p.hdr = h
+			b := buf[i*hb : (i+1)*hb]
+			MarshalHeader(b, s.sb.UUID, h)
+			ios[i] = IO{Op: OpWrite, Off: s.headerOffset(p.target, p.copy), Buf: b, Stream: StreamMeta}
+		}
+		s.mu.Unlock()
+		s.doPhase("before-headers", live, ios)
+		if err := s.syncPhase(live); err != nil {
+			return err
+		}
+	}
+
+	// 6. Commit in memory; tombstone the slots that copy-on-write replaced.
+	var replaced []int64
+	s.mu.Lock()
+	for _, p := range plans {
+		switch {
+		case p.err == nil:
+			st := &s.mu.slots[p.target]
+			st.hdr, st.cur, st.gen = p.hdr, p.copy, p.hdr.Gen
+			s.mu.index[p.block] = p.target
+			if st.lru == nil {
+				st.lru = s.mu.lru.PushFront(p.block)
+			} else {
+				s.mu.lru.MoveToFront(st.lru)
+			}
+			if p.old >= 0 && p.old != p.target {
+				replaced = append(replaced, p.old)
+			}
+		case p.hdr != nil:
+			// The header write failed or was not synced: its copy holds
+			// unknown bytes. A fresh slot stays out of use until reopen; an
+			// in-place target keeps its old header, and the next header
+			// goes to the same copy again, overwriting the unknown one.
+			if p.fresh {
+				s.mu.slots[p.target].quarantined = true
+			}
+		case p.fresh && p.target >= 0:
+			// Nothing reached the header: the slot is still a tombstone.
+			if !s.mu.slots[p.target].quarantined {
+				s.mu.free = append(s.mu.free, p.target)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if len(replaced) > 0 {
+		// Not synced here: the next sync (of any later operation, or Close)
+		// makes them durable, and a replaced slot is tombstoned again, with a
+		// sync, before it is reused. A crash before then leaves two slots
+		// claiming the block; recovery keeps the higher generation.
+		err := s.tombstone(replaced)
+		s.mu.Lock()
+		for _, slot := range replaced {
+			s.releaseLocked(slot)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			s.log.Warn("store: tombstone of replaced slots failed; they stay unused until reopen", zap.Error(err))
+		}
+	}
+	return nil
+}
+
+// streamWindow is how many consecutive slot allocations share a stream.
+func streamWindow(slots int64) uint64 { return uint64(max(1, slots/int64(4*DataStreams))) }
+
+func removeOne(s []int64, v int64) []int64 {
+	for i, x := range s {
+		if x == v {
+			return append(s[:i], s[i+1:]...)
+		}
+	}
+	return s
+}
+
+func livePlans(plans []*plan) []*plan {
+	var out []*plan
+	for _, p := range plans {
+		if p.err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// lruVictimLocked is the least recently used block that no one uses and that
+// is not part of the current batch; -1 when there is none.
+func (s *Store) lruVictimLocked(skip map[uint64]bool) int64 {
+	for e := s.mu.lru.Back(); e != nil; e = e.Prev() {
+		id := e.Value.(uint64)
+		slot := s.mu.index[id]
+		if !skip[id] && s.mu.slots[slot].pins == 0 {
+			return slot
+		}
+	}
+	return -1
+}
+
+// carryGroups reads, for copy-on-write plans, the old slot's groups that the
+// new slot keeps. A group whose checksum fails is dropped (and logged).
+func (s *Store) carryGroups(plans []*plan) {
+	var reqs []ReadReq
+	var owners []*plan
+	for _, p := range plans {
+		if p.err != nil || p.old < 0 || p.old == p.target {
+			continue
+		}
+		p.carry = map[int][]byte{}
+		for idx := range s.geo.GroupsPerBlock() {
+			if _, replaced := p.groups[idx]; replaced || !p.base.Has(idx) {
+				continue
+			}
+			reqs = append(reqs, ReadReq{Key: s.geo.KeyAt(p.block, idx), Buf: make([]byte, s.geo.GroupBytes())})
+			owners = append(owners, p)
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	if err := s.readFromSlots(reqs, owners); err != nil {
+		for _, p := range owners {
+			p.fail(err)
+		}
+		return
+	}
+	for i, r := range reqs {
+		p := owners[i]
+		switch {
+		case r.Err == nil:
+			p.carry[s.geo.Index(r.Key)] = r.Buf
+		case errors.Is(r.Err, ErrCorrupt):
+			s.log.Warn("store: dropping corrupt group on copy-on-write", zap.Error(r.Err))
+		default:
+			p.fail(r.Err)
+		}
+	}
+}
+
+// readFromSlots reads groups from the plans' old slots (pinned by the
+// writer), verifying checksums against the plans' base headers.
+func (s *Store) readFromSlots(reqs []ReadReq, owners []*plan) error {
+	runs := make([]*run, 0, len(reqs))
+	for i := range reqs {
+		p := owners[i]
+		idx := s.geo.Index(reqs[i].Key)
+		runs = append(runs, &run{slot: p.old, first: idx, n: 1, reqs: []*ReadReq{&reqs[i]}, rel: []int{0}, crcs: []uint32{p.base.CRC[idx]}})
+	}
+	return s.readRuns(runs)
+}
+
+// writePayloads writes the new and carried groups of every live plan, then
+// syncs. Plans whose writes fail are marked failed.
+func (s *Store) writePayloads(plans []*plan) error {
+	stride := int(s.geo.GroupStride())
+	maxGroups := max(1, s.opts.MaxIO/stride)
+	var ios []IO
+	var owners []*plan
+	var bufs [][]byte
+	defer func() {
+		for _, b := range bufs {
+			s.freeBuf(b)
+		}
+	}()
+	for _, p := range live(plans) {
+		all := map[int][]byte{}
+		for idx, d := range p.carry {
+			all[idx] = d
+		}
+		for idx, d := range p.groups {
+			all[idx] = d
+		}
+		idxs := make([]int, 0, len(all))
+		for idx := range all {
+			idxs = append(idxs, idx)
+		}
+		sort.Ints(idxs)
+		s.mu.Lock()
+		stream := s.mu.slots[p.target].stream
+		s.mu.Unlock()
+		for lo := 0; lo < len(idxs); {
+			hi := lo + 1
+			for hi < len(idxs) && idxs[hi] == idxs[hi-1]+1 && hi-lo < maxGroups {
+				hi++
+			}
+			buf, err := s.alloc((hi - lo) * stride)
+			if err != nil {
+				return err
+			}
+			bufs = append(bufs, buf)
+			buf = buf[:(hi-lo)*stride]
+			clear(buf)
+			for k := lo; k < hi; k++ {
+				copy(buf[(k-lo)*stride:], all[idxs[k]])
+			}
+			ios = append(ios, IO{Op: OpWrite, Off: s.groupOffset(p.target, idxs[lo]), Buf: buf, Stream: stream})
+			owners = append(owners, p)
+			lo = hi
+		}
+	}
+	if len(ios) == 0 {
+		return nil
+	}
+	s.doPhaseOwners("before-payloads", owners, ios)
+	return s.syncPhase(live(plans))
+}
+
+func live(plans []*plan) []*plan { return livePlans(plans) }
+
+// doPhase runs one IO per plan; failures mark their plan.
+func (s *Store) doPhase(fp string, plans []*plan, ios []IO) {
+	s.doPhaseOwners(fp, plans, ios)
+}
+
+func (s *Store) doPhaseOwners(fp string, owners []*plan, ios []IO) {
+	if err := s.failpoint(fp); err != nil {
+		for _, p := range owners {
+			p.fail(err)
+		}
+		return
+	}
+	if err := s.e.Do(ios); err != nil {
+		for _, p := range owners {
+			p.fail(fmt.Errorf("store: write: %w", err))
+		}
+		return
+	}
+	for i, p := range owners {
+		if ios[i].Err != nil {
+			s.m.ioErrors.Add(1)
+			p.fail(fmt.Errorf("store: write block %016x: %w", p.block, ios[i].Err))
+		}
+	}
+}
+
+// syncPhase syncs; a failure fails every plan still live.
+func (s *Store) syncPhase(plans []*plan) error {
+	if len(plans) == 0 {
+		return nil
+	}
+	if err := s.sync(); err != nil {
+		for _, p := range plans {
+			p.fail(err)
+		}
+	}
+	return nil
+}
+
+func (s *Store) sync() error {
+	if err := s.failpoint("before-sync"); err != nil {
+		return err
+	}
+	if err := s.e.Sync(); err != nil {
+		s.m.ioErrors.Add(1)
+		return fmt.Errorf("store: sync: %w", err)
+	}
+	return nil
+}
