@@ -1,0 +1,64 @@
+// Command kvfs formats, inspects and mounts kvfs stores. See README.md.
+//
+// Every subcommand lives in its own file and registers itself with
+// addCommand from an init function. Exit status: 0 success, 1 failure,
+// 2 usage error (bad flags or arguments: return usageErrorf).
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+var root = &cobra.Command{
+	Use:           "kvfs",
+	Short:         "kvfs: a FUSE-mounted KV-cache store for LLM inference",
+	SilenceUsage:  true,
+	SilenceErrors: true,
+}
+
+// addCommand registers a subcommand; call it from init.
+func addCommand(c *cobra.Command) { root.AddCommand(c) }
+
+// usageError marks a bad invocation (exit status 2).
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usageErrorf(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+func init() {
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err} })
+}
+
+// exitCode maps an error from a command to the process exit status.
+func exitCode(err error) int {
+	var u usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &u):
+		return 2
+	}
+	return 1
+}
+
+func run(args []string) int {
+	root.SetArgs(args)
+	err := root.Execute()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kvfs:", err)
+		if exitCode(err) == 2 {
+			fmt.Fprintln(os.Stderr, "run 'kvfs --help' for usage")
+		}
+	}
+	return exitCode(err)
+}
+
+func main() { os.Exit(run(os.Args[1:])) }
