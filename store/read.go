@@ -142,8 +142,8 @@ func (s *Store) readRuns(runs []*run) error {
 		r.io = IO{Op: OpRead, Off: s.groupOffset(r.slot, r.first), Stream: StreamData}
 		// Direct landing: one request per group, groups packed without
 		// padding, destinations contiguous and aligned for the engine.
-		if stride == gb && n == len(r.reqs) && contiguous(r.reqs) {
-			dst := unsafe.Slice(&r.reqs[0].Buf[0], n*gb)
+		if stride == gb && n == len(r.reqs) && cap(r.reqs[0].Buf) >= n*gb && contiguous(r.reqs) {
+			dst := r.reqs[0].Buf[: n*gb : n*gb]
 			if Aligned(dst, align) {
 				r.io.Buf, r.direct = dst, true
 			}
@@ -189,7 +189,8 @@ func (s *Store) readRuns(runs []*run) error {
 }
 
 // contiguous reports whether the requests' buffers follow each other in
-// memory in order.
+// memory in order. Callers also check that the first buffer's capacity spans
+// them all, so they are parts of one allocation.
 func contiguous(reqs []*ReadReq) bool {
 	for i := 1; i < len(reqs); i++ {
 		prev := reqs[i-1].Buf

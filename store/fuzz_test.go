@@ -1,0 +1,65 @@
+package store_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/kvfs/kvfs/store"
+)
+
+// FuzzSuperblock: decoding arbitrary bytes never panics, fails with one of
+// the documented sentinels, and what decodes re-encodes to the same bytes.
+func FuzzSuperblock(f *testing.F) {
+	s, m := newMemStore(f, 2, testGeo)
+	sb := s.Superblock()
+	f.Add(m.Image()[:store.SuperblockSize])
+	f.Add(store.MarshalSuperblock(&sb)[:100])
+	f.Add(make([]byte, store.SuperblockSize))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := store.UnmarshalSuperblock(b)
+		if err != nil {
+			if !errors.Is(err, store.ErrNoStore) && !errors.Is(err, store.ErrSuperblock) && !errors.Is(err, store.ErrVersion) {
+				t.Fatalf("undocumented error: %v", err)
+			}
+			return
+		}
+		if err := got.Geometry.Validate(); err != nil {
+			t.Fatalf("decoded an invalid geometry: %v", err)
+		}
+		if re := store.MarshalSuperblock(got); !bytes.Equal(re[:112], b[:112]) {
+			t.Fatalf("re-encoding differs")
+		}
+	})
+}
+
+// FuzzSlotHeader: decoding never panics, errors wrap ErrHeader, and a
+// decoded header is self-consistent and re-encodes to the same bytes.
+func FuzzSlotHeader(f *testing.F) {
+	s, m := newMemStore(f, 2, testGeo)
+	put(f, s, keysOf(9, 0, 3, 7), 1)
+	sb := s.Superblock()
+	img := m.Image()
+	f.Add(img[sb.DataOffset : sb.DataOffset+sb.HeaderBytes])
+	f.Add(img[sb.DataOffset+sb.HeaderBytes : sb.DataOffset+2*sb.HeaderBytes])
+	f.Add([]byte("KVFSSLOT"))
+	n := testGeo.GroupsPerBlock()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := store.UnmarshalHeader(b, sb.UUID, 0, n)
+		if err != nil {
+			if !errors.Is(err, store.ErrHeader) {
+				t.Fatalf("undocumented error: %v", err)
+			}
+			return
+		}
+		if len(h.CRC) != n || h.Count() > n || (!h.Live && h.Count() != 0) {
+			t.Fatalf("inconsistent header: %+v", h)
+		}
+		re := make([]byte, len(b))
+		store.MarshalHeader(re, sb.UUID, h)
+		h2, err := store.UnmarshalHeader(re, sb.UUID, 0, n)
+		if err != nil || h2.Gen != h.Gen || h2.Block != h.Block || h2.Count() != h.Count() {
+			t.Fatalf("re-encoded header does not decode the same: %v", err)
+		}
+	})
+}
