@@ -3,19 +3,23 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin/kvfs
 
-.PHONY: all build test check unit fuzz test-nvme run bench clean
+.PHONY: all build deps test check unit fuzz run bench clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/kvfs
 
+deps:
+	@bash scripts/deps.sh
+	$(GO) mod download
+
 check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-unit:
-	$(GO) test -race -count=1 ./...
+unit: deps
+	$(GO) test -race -count=1 -timeout 20m ./...
 
 # Short runs of every fuzz target (FUZZTIME each).
 FUZZTIME ?= 5s
@@ -26,7 +30,7 @@ fuzz:
 	    echo "fuzz $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f\$$" -fuzztime=$(FUZZTIME) $$pkg; \
 	  done; done
 
-test: check unit fuzz
+test: deps check unit fuzz
 
 clean:
 	rm -rf bin out

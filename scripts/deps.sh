@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvfs's build, tests and `make run` use, when
+# missing. Idempotent; needs root (or sudo) for apt-get.
+set -euo pipefail
+want=()
+need() { command -v "$1" >/dev/null 2>&1 || want+=("$2"); }
+need getfattr attr         # getfattr in the FUSE tests and the README session
+need fusermount3 fuse3     # non-root mounts; the kernel's FUSE needs nothing else as root
+need python3 python3       # the Python client's tests
+need cc gcc                # the ABI test compiles include/kvfs.h
+need hexdump bsdextrautils # hexdump in the FUSE tests
+need fio fio               # kvfs bench --vs-fio and its tests
+if [ ${#want[@]} -eq 0 ]; then exit 0; fi
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "deps: installing ${want[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null
+$SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${want[@]}" >/dev/null
