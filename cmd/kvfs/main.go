@@ -50,12 +50,11 @@ func exitCode(err error) int {
 }
 
 func run(args []string) int {
-	root.SetArgs(args)
-	err := root.Execute()
+	err := execute(args) // see cli.go: cobra's own errors are usage errors
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "kvfs:", err)
+		fmt.Fprintln(root.ErrOrStderr(), "kvfs:", err)
 		if exitCode(err) == 2 {
-			fmt.Fprintln(os.Stderr, "run 'kvfs --help' for usage")
+			fmt.Fprintln(root.ErrOrStderr(), "run 'kvfs --help' for usage")
 		}
 	}
 	return exitCode(err)

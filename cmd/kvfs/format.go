@@ -1,0 +1,263 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvfs/kvfs/engine"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// formatOptions are the flags of kvfs format.
+type formatOptions struct {
+	storeFlags
+	size        string
+	layers      int
+	kvHeads     int
+	headDim     int
+	blockTokens int
+	dtype       string
+	align       int
+	force       bool
+}
+
+func init() {
+	var o formatOptions
+	c := &cobra.Command{
+		Use:   "format STORE --size SIZE --layers N --kv-heads N --head-dim N --block-tokens N --dtype DTYPE",
+		Short: "Create an empty store in a file or on a block device",
+		Long: `Create an empty store with the given geometry in STORE: a file (created or
+resized to --size) or a block device (--size optional: the whole device).
+
+Refusals change nothing on disk. Exit status 2 for bad or inconsistent
+geometry flags; 1 when STORE already holds a store (pass --force to
+overwrite it), when --size (or the device) is smaller than one slot of the
+geometry (the message says the minimum), or when the store is in use.`,
+		Args: storeArg,
+		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
+	}
+	f := c.Flags()
+	f.StringVar(&o.size, "size", "", "bytes to use: 256MiB, 4GiB, … (required for a file; default for a device: all of it)")
+	f.IntVar(&o.layers, "layers", 0, "model layers")
+	f.IntVar(&o.kvHeads, "kv-heads", 0, "KV heads per layer")
+	f.IntVar(&o.headDim, "head-dim", 0, "head dimension")
+	f.IntVar(&o.blockTokens, "block-tokens", 0, "tokens per KV-cache block")
+	f.StringVar(&o.dtype, "dtype", "", "element type: bf16, fp16, fp32 or fp8")
+	f.IntVar(&o.align, "align", layout.DefaultAlign, "alignment of every group in bytes (a power of two, 512 to 1MiB)")
+	f.BoolVar(&o.force, "force", false, "overwrite an existing store")
+	addEngineFlag(c, &o.engine)
+	for _, n := range []string{"layers", "kv-heads", "head-dim", "block-tokens", "dtype"} {
+		_ = c.MarkFlagRequired(n)
+	}
+	addCommand(c)
+}
+
+// geometry checks the geometry flags.
+func (o *formatOptions) geometry() (layout.Geometry, error) {
+	dt, err := layout.ParseDType(o.dtype)
+	if err != nil {
+		return layout.Geometry{}, usageErrorf("--dtype %q: want bf16, fp16, fp32 or fp8", o.dtype)
+	}
+	g := layout.Geometry{Layers: o.layers, KVHeads: o.kvHeads, HeadDim: o.headDim, BlockTokens: o.blockTokens, DType: dt, Align: o.align}
+	if err := g.Validate(); err != nil {
+		return layout.Geometry{}, usageErrorf("%v", err)
+	}
+	return g, nil
+}
+
+func (o *formatOptions) run(cmd *cobra.Command, path string) (err error) {
+	log, err := newLogger(cmd)
+	if err != nil {
+		return err
+	}
+	g, err := o.geometry()
+	if err != nil {
+		return err
+	}
+	kind, err := engine.ParseKind(o.engine)
+	if err != nil {
+		return usageErrorf("--engine: %v", err)
+	}
+	var size int64
+	if o.size != "" {
+		if size, err = layout.ParseSize(o.size); err != nil || size <= 0 {
+			return usageErrorf("--size %q: want a positive size like 256MiB or 4GiB", o.size)
+		}
+	}
+	st, statErr := os.Stat(path)
+	existed := statErr == nil
+	isDev := existed && st.Mode()&os.ModeDevice != 0
+	if existed && !isDev && !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is neither a regular file nor a block device", path)
+	}
+	if statErr != nil && !errors.Is(statErr, os.ErrNotExist) {
+		return statErr
+	}
+	if size == 0 && !existed {
+		return usageErrorf("--size is required to create %s", path)
+	}
+	if size == 0 && !isDev {
+		size = st.Size() // an existing file keeps its size
+	}
+	if err := checkSize(g, size, sizeSource(o.size, path)); err != nil && (size > 0 || !isDev) {
+		return err
+	}
+	eo := engine.Options{Kind: kind, Logger: log}
+
+	// An existing file or device: lock it and make sure it may be
+	// overwritten before anything changes.
+	if existed {
+		lock, err := engine.Lock(path)
+		if err != nil {
+			return err
+		}
+		defer lock.Close()
+		if err := o.checkExisting(path, eo, g); err != nil {
+			return err
+		}
+	}
+	if err := store.PrepareFile(path, size); err != nil {
+		return err
+	}
+	if !existed {
+		// Anything that fails from here leaves no new file behind.
+		defer func() {
+			if err != nil {
+				os.Remove(path)
+			}
+		}()
+		lock, err := engine.Lock(path)
+		if err != nil {
+			return err
+		}
+		defer lock.Close()
+	}
+	e, err := engine.Open(path, eo)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if !existed {
+		if err := checkAlign(e, g); err != nil {
+			return err
+		}
+	}
+	if isDev {
+		if size > e.Size() {
+			return fmt.Errorf("%w: --size %s is more than the %d bytes of %s", store.ErrTooSmall, o.size, e.Size(), path)
+		}
+		if err := checkSize(g, e.Size(), path); err != nil {
+			return err
+		}
+	}
+	sb, err := store.Format(e, g, store.FormatOptions{Force: o.force, Size: size})
+	if err != nil {
+		if errors.Is(err, layout.ErrGeometry) {
+			return usageErrorf("%v", err)
+		}
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := e.Close(); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "formatted %s: %v, %d slots of %s (%d groups of %d bytes each), %s used, uuid %s\n",
+		path, g, sb.Slots, humanBytes(sb.SlotBytes), g.GroupsPerBlock(), g.GroupBytes(), humanBytes(sb.DataOffset+sb.Slots*sb.SlotBytes), sb.UUIDString())
+	return nil
+}
+
+// checkExisting refuses, without writing, to format over an existing store
+// (unless --force) or with an alignment the device cannot do.
+func (o *formatOptions) checkExisting(path string, eo engine.Options, g layout.Geometry) error {
+	eo.ReadOnly = true
+	e, err := engine.Open(path, eo)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if err := checkAlign(e, g); err != nil {
+		return err
+	}
+	if o.force {
+		return nil
+	}
+	found, err := holdsStore(e)
+	if err != nil {
+		return fmt.Errorf("%s: looking for an existing store: %w", path, err)
+	}
+	if found {
+		return fmt.Errorf("%s: %w", path, store.ErrExists)
+	}
+	return nil
+}
+
+func checkAlign(e store.Engine, g layout.Geometry) error {
+	if a := e.Align(); a > store.SuperblockSize || g.Align%a != 0 {
+		return usageErrorf("--align %d: %s needs %d-byte alignment", g.Align, e.Name(), a)
+	}
+	return nil
+}
+
+// superblockOffsets are where the store keeps its two superblock copies
+// (store's on-disk format, docs/format).
+var superblockOffsets = []int64{0, 64 << 10}
+
+// holdsStore reports whether e holds a store, with store.Format's rule:
+// either superblock copy is valid, damaged or of another version. A device
+// too small for a copy holds none there.
+func holdsStore(e store.Engine) (bool, error) {
+	buf, err := store.AllocAligned(store.SuperblockSize)
+	if err != nil {
+		return false, err
+	}
+	defer store.FreeAligned(buf)
+	for _, off := range superblockOffsets {
+		if off+store.SuperblockSize > e.Size() {
+			break
+		}
+		ios := []store.IO{{Op: store.OpRead, Off: off, Buf: buf, Stream: store.StreamMeta}}
+		if err := e.Do(ios); err != nil {
+			return false, err
+		}
+		if ios[0].Err != nil {
+			return false, ios[0].Err
+		}
+		if _, err := store.UnmarshalSuperblock(buf); err == nil || !errors.Is(err, store.ErrNoStore) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// checkSize refuses a size below one slot of g, naming the minimum.
+func checkSize(g layout.Geometry, size int64, what string) error {
+	if minSize := store.MinSize(g); size < minSize {
+		return fmt.Errorf("%w: %s is %d bytes; one slot of this geometry (%v) needs at least %d bytes (%s)",
+			store.ErrTooSmall, what, size, g, minSize, humanBytes(minSize))
+	}
+	return nil
+}
+
+func sizeSource(flag, path string) string {
+	if flag != "" {
+		return "--size " + flag
+	}
+	return path
+}
+
+// humanBytes formats n with a binary unit.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvfs/kvfs/store"
+)
+
+// infoOptions are the flags of kvfs info.
+type infoOptions struct {
+	storeFlags
+	json bool
+}
+
+// infoGeometry is the geometry as info reports it.
+type infoGeometry struct {
+	Layers      int    `json:"layers"`
+	KVHeads     int    `json:"kv_heads"`
+	HeadDim     int    `json:"head_dim"`
+	BlockTokens int    `json:"block_tokens"`
+	DType       string `json:"dtype"`
+	Align       int    `json:"align"`
+}
+
+// infoReport is kvfs info's output.
+type infoReport struct {
+	Path           string       `json:"path"`
+	UUID           string       `json:"uuid"`
+	FormatVersion  uint32       `json:"format_version"`
+	Engine         string       `json:"engine"`
+	Geometry       infoGeometry `json:"geometry"`
+	GroupsPerBlock int          `json:"groups_per_block"`
+	GroupBytes     int          `json:"group_bytes"`
+	GroupStride    int64        `json:"group_stride"`
+	HeaderBytes    int64        `json:"header_bytes"`
+	SlotBytes      int64        `json:"slot_bytes"`
+	Slots          int64        `json:"slots"`
+	UsedSlots      int64        `json:"used_slots"`
+	FreeSlots      int64        `json:"free_slots"`
+	Blocks         int          `json:"blocks"`
+	Size           int64        `json:"size"`
+	Created        time.Time    `json:"created"`
+}
+
+func init() {
+	var o infoOptions
+	c := &cobra.Command{
+		Use:   "info STORE",
+		Short: "Show a store's geometry, sizes and slot usage",
+		Args:  storeArg,
+		RunE:  func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
+	}
+	c.Flags().BoolVar(&o.json, "json", false, "print JSON (snake_case keys)")
+	addEngineFlag(c, &o.engine)
+	addCommand(c)
+}
+
+func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
+	s, closeAll, _, err := o.openStore(cmd, path, true)
+	if err != nil {
+		return err
+	}
+	defer closeInto(&err, closeAll)
+	r := newInfoReport(path, s)
+	w := cmd.OutOrStdout()
+	if o.json {
+		return writeJSON(w, r)
+	}
+	g := s.Geometry()
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, l := range [][2]string{
+		{"store", r.Path},
+		{"uuid", r.UUID},
+		{"format version", fmt.Sprint(r.FormatVersion)},
+		{"engine", r.Engine},
+		{"geometry", fmt.Sprintf("layers=%d kv_heads=%d head_dim=%d block_tokens=%d dtype=%s align=%d",
+			g.Layers, g.KVHeads, g.HeadDim, g.BlockTokens, g.DType, g.Align)},
+		{"groups per block", fmt.Sprint(r.GroupsPerBlock)},
+		{"group bytes", fmt.Sprintf("%d (%s %s)", r.GroupBytes, g.Shape(), g.DType)},
+		{"group stride", fmt.Sprint(r.GroupStride)},
+		{"header bytes", fmt.Sprint(r.HeaderBytes)},
+		{"slot bytes", fmt.Sprintf("%d (%s)", r.SlotBytes, humanBytes(r.SlotBytes))},
+		{"slots", fmt.Sprintf("%d (%d used, %d free)", r.Slots, r.UsedSlots, r.FreeSlots)},
+		{"blocks", fmt.Sprint(r.Blocks)},
+		{"size", fmt.Sprintf("%d (%s)", r.Size, humanBytes(r.Size))},
+		{"created", r.Created.Format(time.RFC3339)},
+	} {
+		fmt.Fprintf(tw, "%s:\t%s\n", l[0], l[1])
+	}
+	return tw.Flush()
+}
+
+func newInfoReport(path string, s *store.Store) infoReport {
+	in := s.Info()
+	g := in.Geometry
+	return infoReport{
+		Path: path, UUID: in.UUID, FormatVersion: in.Version, Engine: in.Engine,
+		Geometry: infoGeometry{Layers: g.Layers, KVHeads: g.KVHeads, HeadDim: g.HeadDim,
+			BlockTokens: g.BlockTokens, DType: g.DType.String(), Align: g.Align},
+		GroupsPerBlock: g.GroupsPerBlock(), GroupBytes: in.GroupBytes, GroupStride: in.GroupStride,
+		HeaderBytes: in.HeaderBytes, SlotBytes: in.SlotBytes, Slots: in.Slots,
+		UsedSlots: in.UsedSlots, FreeSlots: in.FreeSlots, Blocks: len(s.Blocks()),
+		Size: in.Size, Created: in.Created.UTC(),
+	}
+}
