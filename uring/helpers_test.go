@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -117,3 +118,5 @@ func openDirect(tb testing.TB, dir string, size int) int {
 	tb.Cleanup(func() { unix.Close(fd) })
 	return fd
 }
+
+func runtimeGosched() { runtime.Gosched() }

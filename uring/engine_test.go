@@ -1,0 +1,627 @@
+package uring
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/store"
+)
+
+// ---- a generic store.Engine conformance suite ----
+
+// engineOpener opens an engine on an existing file.
+type engineOpener func(t *testing.T, path string) store.Engine
+
+func allocBuf(t *testing.T, e store.Engine, n int) []byte {
+	t.Helper()
+	if a, ok := e.(store.BufferAllocator); ok {
+		b, err := a.AllocBuffer(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.FreeBuffer(b) })
+		return b
+	}
+	b, err := store.AllocAligned(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.FreeAligned(b) })
+	return b
+}
+
+func newFile(t *testing.T, dir string, size int) string {
+	t.Helper()
+	f, err := os.CreateTemp(dir, "engine-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	return f.Name()
+}
+
+var errStale = errors.New("stale error the engine must clear")
+
+// testEngineConformance checks the store.Engine contract on a file in dir.
+func testEngineConformance(t *testing.T, dir string, open engineOpener) {
+	const size = 4 << 20
+	const unit = 4096
+
+	t.Run("WriteSyncRead", func(t *testing.T) {
+		path := newFile(t, dir, size)
+		e := open(t, path)
+		if e.Size() != size {
+			t.Fatalf("Size = %d, want %d", e.Size(), size)
+		}
+		if a := e.Align(); a < 1 || a > unit {
+			t.Fatalf("Align = %d", a)
+		}
+		var ios []store.IO
+		off := int64(0)
+		for i := 0; i < 24; i++ {
+			n := unit * (1 + i%5)
+			b := allocBuf(t, e, n)
+			fill(b, uint64(i))
+			ios = append(ios, store.IO{Op: store.OpWrite, Off: off, Buf: b, Stream: store.StreamData, Err: errStale})
+			off += int64(n) + unit // leave holes
+		}
+		if err := e.Do(ios); err != nil {
+			t.Fatal(err)
+		}
+		for i, w := range ios {
+			if w.Err != nil {
+				t.Fatalf("write %d: %v", i, w.Err)
+			}
+		}
+		if err := e.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		check := func(e store.Engine) {
+			t.Helper()
+			rs := make([]store.IO, len(ios))
+			for i, w := range ios {
+				rs[i] = store.IO{Op: store.OpRead, Off: w.Off, Buf: allocBuf(t, e, len(w.Buf)), Err: errStale}
+			}
+			if err := e.Do(rs); err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range rs {
+				if r.Err != nil {
+					t.Fatalf("read %d: %v", i, r.Err)
+				}
+				if !bytes.Equal(r.Buf, pattern(len(r.Buf), uint64(i))) {
+					t.Fatalf("read %d: data differs", i)
+				}
+			}
+		}
+		check(e)
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		check(open(t, path))
+	})
+
+	t.Run("ErrorPerRequest", func(t *testing.T) {
+		path := newFile(t, dir, size)
+		e := open(t, path)
+		good := allocBuf(t, e, unit)
+		fill(good, 42)
+		w := []store.IO{{Op: store.OpWrite, Off: unit, Buf: good}}
+		if err := e.Do(w); err != nil || w[0].Err != nil {
+			t.Fatalf("write: %v %v", err, w[0].Err)
+		}
+		ios := []store.IO{
+			{Op: store.OpRead, Off: unit, Buf: allocBuf(t, e, unit), Err: errStale},
+			{Op: store.OpRead, Off: size, Buf: allocBuf(t, e, unit), Err: errStale},          // past the end
+			{Op: store.OpRead, Off: -unit, Buf: allocBuf(t, e, unit), Err: errStale},         // invalid
+			{Op: store.OpRead, Off: size - unit, Buf: allocBuf(t, e, 2*unit), Err: errStale}, // across the end
+			{Op: store.OpRead, Off: unit, Buf: allocBuf(t, e, unit), Err: errStale},
+		}
+		if err := e.Do(ios); err != nil {
+			t.Fatalf("Do: %v (per-request failures must not fail the batch)", err)
+		}
+		for _, i := range []int{0, 4} {
+			if ios[i].Err != nil || !bytes.Equal(ios[i].Buf, good) {
+				t.Fatalf("good read %d: %v", i, ios[i].Err)
+			}
+		}
+		if !errors.Is(ios[1].Err, io.ErrUnexpectedEOF) {
+			t.Fatalf("read past the end: %v, want io.ErrUnexpectedEOF", ios[1].Err)
+		}
+		if !errors.Is(ios[2].Err, unix.EINVAL) {
+			t.Fatalf("negative offset: %v, want EINVAL", ios[2].Err)
+		}
+		if ios[3].Err == nil {
+			t.Fatal("read across the end succeeded")
+		}
+		// The engine keeps working after failures.
+		again := []store.IO{{Op: store.OpRead, Off: unit, Buf: allocBuf(t, e, unit)}}
+		if err := e.Do(again); err != nil || again[0].Err != nil || !bytes.Equal(again[0].Buf, good) {
+			t.Fatalf("read after failures: %v %v", err, again[0].Err)
+		}
+	})
+
+	t.Run("Concurrent", func(t *testing.T) {
+		path := newFile(t, dir, size)
+		e := open(t, path)
+		const workers, rounds, region = 8, 12, size / 8
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for w := 0; w < workers; w++ {
+			wbufs := make([][]byte, 4)
+			rbufs := make([][]byte, 4)
+			for i := range wbufs {
+				wbufs[i] = allocBuf(t, e, 2*unit)
+				rbufs[i] = allocBuf(t, e, 2*unit)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				base := int64(w * region)
+				for r := 0; r < rounds; r++ {
+					ws := make([]store.IO, len(wbufs))
+					rs := make([]store.IO, len(wbufs))
+					for i := range ws {
+						off := base + int64((r*len(wbufs)+i)%(region/(2*unit)))*2*unit
+						fill(wbufs[i], uint64(w<<20|r<<8|i))
+						ws[i] = store.IO{Op: store.OpWrite, Off: off, Buf: wbufs[i]}
+						rs[i] = store.IO{Op: store.OpRead, Off: off, Buf: rbufs[i]}
+					}
+					if err := e.Do(ws); err != nil {
+						errs <- err
+						return
+					}
+					if err := e.Do(rs); err != nil {
+						errs <- err
+						return
+					}
+					for i := range rs {
+						if ws[i].Err != nil || rs[i].Err != nil {
+							errs <- fmt.Errorf("worker %d: %v / %v", w, ws[i].Err, rs[i].Err)
+							return
+						}
+						if !bytes.Equal(rs[i].Buf, wbufs[i]) {
+							errs <- fmt.Errorf("worker %d round %d io %d: data differs", w, r, i)
+							return
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("Closed", func(t *testing.T) {
+		path := newFile(t, dir, size)
+		e := open(t, path)
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Do([]store.IO{{Op: store.OpRead, Off: 0, Buf: allocBuf(t, e, unit)}}); err == nil {
+			t.Fatal("Do after Close succeeded")
+		}
+		if err := e.Close(); err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+	})
+}
+
+func openUringT(o EngineOptions) engineOpener {
+	return func(t *testing.T, path string) store.Engine {
+		t.Helper()
+		o := o
+		o.Logger = zaptest.NewLogger(t)
+		e, err := OpenEngine(path, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+}
+
+func TestEngineConformance(t *testing.T) {
+	needURing(t)
+	t.Run("uring-direct", func(t *testing.T) {
+		testEngineConformance(t, diskDir(t), openUringT(EngineOptions{Direct: true, QueueDepth: 16, BufferPool: 1 << 20}))
+	})
+	t.Run("uring-buffered-shm", func(t *testing.T) {
+		dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
+		if err != nil {
+			t.Skipf("skipping: no /dev/shm: %v", err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		testEngineConformance(t, dir, openUringT(EngineOptions{Direct: true, QueueDepth: 4}))
+	})
+	// The suite itself is checked against the posix baseline.
+	t.Run("posix-direct", func(t *testing.T) {
+		testEngineConformance(t, diskDir(t), func(t *testing.T, path string) store.Engine {
+			e, err := store.OpenPosix(path, store.PosixOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			return e
+		})
+	})
+}
+
+// ---- uring engine specifics ----
+
+func openEngineT(t *testing.T, path string, o EngineOptions) *Engine {
+	t.Helper()
+	needURing(t)
+	o.Logger = zaptest.NewLogger(t)
+	e, err := OpenEngine(path, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+func TestEngineRoundTripQD(t *testing.T) {
+	needURing(t)
+	dir := diskDir(t)
+	const block = 16 << 10
+	for qd := 1; qd <= 256; qd *= 2 {
+		t.Run(fmt.Sprintf("QD=%d", qd), func(t *testing.T) {
+			n := max(2*qd, 16)
+			path := newFile(t, dir, n*block)
+			// The pool holds half of the buffers: the other half use plain
+			// READ/WRITE.
+			e := openEngineT(t, path, EngineOptions{Direct: true, QueueDepth: qd, BufferPool: n / 2 * block})
+			if !e.Direct() || e.Align() < 512 {
+				t.Fatalf("direct %v align %d", e.Direct(), e.Align())
+			}
+			ws := make([]store.IO, n)
+			rs := make([]store.IO, n)
+			for i := range ws {
+				b, err := e.AllocBuffer(block)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.FreeBuffer(b)
+				fill(b, uint64(qd<<20|i))
+				r, err := e.AllocBuffer(block)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.FreeBuffer(r)
+				ws[i] = store.IO{Op: store.OpWrite, Off: int64(i * block), Buf: b}
+				rs[i] = store.IO{Op: store.OpRead, Off: int64(i * block), Buf: r}
+			}
+			if err := e.Do(ws); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Do(rs); err != nil {
+				t.Fatal(err)
+			}
+			for i := range rs {
+				if ws[i].Err != nil || rs[i].Err != nil {
+					t.Fatalf("io %d: %v / %v", i, ws[i].Err, rs[i].Err)
+				}
+				if !bytes.Equal(rs[i].Buf, ws[i].Buf) {
+					t.Fatalf("io %d: data differs", i)
+				}
+			}
+			st := e.Stats()
+			if st.IOs != uint64(2*n) || st.FixedSQEs == 0 || st.FixedSQEs == st.SQEs || st.Syncs != 1 {
+				t.Fatalf("stats %v", st)
+			}
+		})
+	}
+}
+
+func TestEngineShortReadEOF(t *testing.T) {
+	needURing(t)
+	dir := diskDir(t)
+	for _, tc := range []struct {
+		name       string
+		size       int
+		off, n     int
+		wantPrefix int
+	}{
+		// A size that is not a multiple of the block: O_DIRECT returns the
+		// partial block, the rest is past the end.
+		{"partial-block", 10*4096 + 100, 8 * 4096, 4 * 4096, 2*4096 + 100},
+		// A block-aligned size that is not a multiple of the request.
+		{"aligned-size", 3<<20 + 4096, 3 << 20, 1 << 20, 4096},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, tc.name)
+			want := pattern(tc.size, 5)
+			if err := os.WriteFile(p, want, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for _, direct := range []bool{true, false} {
+				e := openEngineT(t, p, EngineOptions{Direct: direct, QueueDepth: 4, BufferPool: 2 << 20})
+				b, err := e.AllocBuffer(tc.n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ios := []store.IO{
+					{Op: store.OpRead, Off: int64(tc.off), Buf: b},
+					{Op: store.OpRead, Off: 0, Buf: make([]byte, 0)},
+				}
+				if err := e.Do(ios); err != nil {
+					t.Fatal(err)
+				}
+				if !errors.Is(ios[0].Err, io.ErrUnexpectedEOF) {
+					t.Fatalf("direct=%v: %v, want io.ErrUnexpectedEOF", direct, ios[0].Err)
+				}
+				if !bytes.Equal(b[:tc.wantPrefix], want[tc.off:tc.off+tc.wantPrefix]) {
+					t.Fatalf("direct=%v: bytes before the end differ", direct)
+				}
+				if ios[1].Err != nil {
+					t.Fatalf("empty read: %v", ios[1].Err)
+				}
+				e.FreeBuffer(b)
+			}
+		})
+	}
+}
+
+func TestEngineContinuesShortTransfers(t *testing.T) {
+	// maxChunk cuts every request into odd-sized SQEs: the continuation
+	// path that finishes short reads and writes.
+	p := newFile(t, t.TempDir(), 0)
+	e := openEngineT(t, p, EngineOptions{QueueDepth: 3, BufferPool: -1, maxChunk: 5000})
+	const n = 1<<20 + 123
+	w := pattern(n, 77)
+	r := make([]byte, n)
+	ios := []store.IO{{Op: store.OpWrite, Off: 11, Buf: w}}
+	if err := e.Do(ios); err != nil || ios[0].Err != nil {
+		t.Fatal(err, ios[0].Err)
+	}
+	ios = []store.IO{{Op: store.OpRead, Off: 11, Buf: r}}
+	if err := e.Do(ios); err != nil || ios[0].Err != nil {
+		t.Fatal(err, ios[0].Err)
+	}
+	if !bytes.Equal(r, w) {
+		t.Fatal("data differs")
+	}
+	if st := e.Stats(); st.SQEs != 2*(n/5000+1) {
+		t.Fatalf("stats %v", st)
+	}
+}
+
+func TestEngineBufferedFallback(t *testing.T) {
+	needURing(t)
+	check := func(t *testing.T, e *Engine) {
+		t.Helper()
+		if e.Direct() || e.Align() != 1 {
+			t.Fatalf("direct %v align %d, want buffered and 1", e.Direct(), e.Align())
+		}
+		w := pattern(1000, 3)
+		r := make([]byte, 1000)
+		ios := []store.IO{{Op: store.OpWrite, Off: 7, Buf: w}}
+		if err := e.Do(ios); err != nil || ios[0].Err != nil {
+			t.Fatal(err, ios[0].Err)
+		}
+		ios = []store.IO{{Op: store.OpRead, Off: 7, Buf: r}}
+		if err := e.Do(ios); err != nil || ios[0].Err != nil || !bytes.Equal(r, w) {
+			t.Fatal(err, ios[0].Err)
+		}
+	}
+	t.Run("refused", func(t *testing.T) {
+		check(t, openEngineT(t, newFile(t, t.TempDir(), 4096), EngineOptions{Direct: true, refuseDirect: true}))
+	})
+	t.Run("tmpfs", func(t *testing.T) {
+		// tmpfs accepts O_DIRECT since Linux 6.6 but does page-cache I/O
+		// with no alignment; older kernels refuse it (EINVAL). Either way
+		// nothing needs aligning.
+		dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
+		if err != nil {
+			t.Skipf("skipping: no /dev/shm: %v", err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		e := openEngineT(t, newFile(t, dir, 4096), EngineOptions{Direct: true})
+		if e.Align() != 1 {
+			t.Fatalf("align %d on tmpfs", e.Align())
+		}
+		w := pattern(1000, 3)
+		ios := []store.IO{{Op: store.OpWrite, Off: 7, Buf: w}}
+		if err := e.Do(ios); err != nil || ios[0].Err != nil {
+			t.Fatal(err, ios[0].Err)
+		}
+	})
+	t.Run("ramfs", func(t *testing.T) {
+		// ramfs really refuses O_DIRECT at open.
+		if os.Geteuid() != 0 {
+			t.Skip("skipping: mounting ramfs needs root")
+		}
+		dir := t.TempDir()
+		if err := unix.Mount("none", dir, "ramfs", 0, ""); err != nil {
+			t.Skipf("skipping: cannot mount ramfs: %v", err)
+		}
+		t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+		p := filepath.Join(dir, "f")
+		if err := os.WriteFile(p, make([]byte, 4096), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		e, err := OpenEngine(p, EngineOptions{Direct: true, Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		check(t, e)
+	})
+}
+
+func TestEngineRegisterMemory(t *testing.T) {
+	needURing(t)
+	dir := diskDir(t)
+	for _, legacy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("legacy=%v", legacy), func(t *testing.T) {
+			path := newFile(t, dir, 1<<20)
+			e := openEngineT(t, path, EngineOptions{Direct: true, QueueDepth: 8, BufferPool: 64 << 10, legacyBuffers: legacy, extraSlots: 2})
+			mem := alignedBuf(t, 256<<10)
+			fill(mem, 1)
+			fixedDelta := func() uint64 {
+				before := e.Stats().FixedSQEs
+				// Requests of one batch run concurrently: write, then read.
+				for _, rq := range []store.IO{
+					{Op: store.OpWrite, Off: 0, Buf: mem[:64<<10]},
+					{Op: store.OpRead, Off: 0, Buf: mem[128<<10 : 192<<10]},
+				} {
+					ios := []store.IO{rq}
+					if err := e.Do(ios); err != nil || ios[0].Err != nil {
+						t.Fatal(err, ios[0].Err)
+					}
+				}
+				if !bytes.Equal(mem[:64<<10], mem[128<<10:192<<10]) {
+					t.Fatal("data differs")
+				}
+				return e.Stats().FixedSQEs - before
+			}
+			if d := fixedDelta(); d != 0 {
+				t.Fatalf("unregistered memory used %d fixed SQEs", d)
+			}
+			undo, err := e.RegisterMemory(mem)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := fixedDelta(); d != 2 {
+				t.Fatalf("registered memory used %d fixed SQEs, want 2", d)
+			}
+			// The pool still works alongside.
+			pb, err := e.AllocBuffer(4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ios := []store.IO{{Op: store.OpRead, Off: 0, Buf: pb}}
+			before := e.Stats().FixedSQEs
+			if err := e.Do(ios); err != nil || ios[0].Err != nil || e.Stats().FixedSQEs != before+1 {
+				t.Fatal("pool read not fixed", err, ios[0].Err)
+			}
+			e.FreeBuffer(pb)
+			if !legacy {
+				// Two extra slots: the third registration does not fit.
+				m2, m3 := alignedBuf(t, 8192), alignedBuf(t, 8192)
+				undo2, err := e.RegisterMemory(m2)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.RegisterMemory(m3); !errors.Is(err, unix.ENOSPC) {
+					t.Fatalf("third registration: %v, want ENOSPC", err)
+				}
+				undo2()
+			}
+			undo()
+			undo() // idempotent
+			if d := fixedDelta(); d != 0 {
+				t.Fatalf("memory used %d fixed SQEs after undo", d)
+			}
+		})
+	}
+}
+
+func TestEngineReadOnly(t *testing.T) {
+	p := newFile(t, t.TempDir(), 8192)
+	e := openEngineT(t, p, EngineOptions{ReadOnly: true, BufferPool: -1})
+	ios := []store.IO{
+		{Op: store.OpWrite, Off: 0, Buf: make([]byte, 4096)},
+		{Op: store.OpRead, Off: 0, Buf: make([]byte, 4096)},
+	}
+	if err := e.Do(ios); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(ios[0].Err, unix.EBADF) || ios[1].Err != nil {
+		t.Fatalf("write %v, read %v", ios[0].Err, ios[1].Err)
+	}
+	if err := e.Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEnginePool(t *testing.T) {
+	p := newFile(t, t.TempDir(), 4096)
+	e := openEngineT(t, p, EngineOptions{BufferPool: 64 << 10})
+	var bufs [][]byte
+	for i := 0; i < 16; i++ {
+		b, err := e.AllocBuffer(4000) // rounds to a page
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !e.pool.owns(b) || len(b) != 4000 || addrOf(b)%4096 != 0 {
+			t.Fatalf("buffer %d not a pool page", i)
+		}
+		bufs = append(bufs, b)
+	}
+	over, err := e.AllocBuffer(4096) // pool exhausted: falls back
+	if err != nil || e.pool.owns(over) || addrOf(over)%4096 != 0 {
+		t.Fatalf("fallback buffer: %v", err)
+	}
+	e.FreeBuffer(over)
+	// Free in an order that needs merging on both sides.
+	for _, i := range []int{1, 3, 2, 0, 15, 14, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13} {
+		e.FreeBuffer(bufs[i])
+	}
+	if e.pool.inUse() != 0 || len(e.pool.free) != 1 {
+		t.Fatalf("pool not coalesced: used %d free %v", e.pool.inUse(), e.pool.free)
+	}
+	whole, err := e.AllocBuffer(64 << 10)
+	if err != nil || !e.pool.owns(whole) {
+		t.Fatalf("whole pool: %v", err)
+	}
+	e.FreeBuffer(whole)
+}
+
+func TestEngineCloseWhileBusy(t *testing.T) {
+	p := newFile(t, t.TempDir(), 1<<20)
+	needURing(t)
+	e, err := OpenEngine(p, EngineOptions{QueueDepth: 4, BufferPool: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 4096)
+			for i := 0; ; i++ {
+				ios := []store.IO{{Op: store.OpRead, Off: int64(rand.IntN(256)) * 4096, Buf: buf}}
+				err := e.Do(ios)
+				if errors.Is(err, ErrClosed) {
+					return
+				}
+				if err != nil || ios[0].Err != nil {
+					t.Errorf("Do: %v %v", err, ios[0].Err)
+					return
+				}
+			}
+		}()
+	}
+	for e.Stats().IOs < 200 {
+		runtimeGosched()
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if err := e.Sync(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Sync after Close: %v", err)
+	}
+}

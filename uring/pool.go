@@ -1,0 +1,99 @@
+package uring
+
+import (
+	"sort"
+	"sync"
+	"unsafe"
+)
+
+// pool carves aligned chunks out of one mmap'd region (the registered
+// buffer pool). First fit over a sorted, coalesced free list; the chunk
+// size is kept in the returned slice's capacity.
+type pool struct {
+	mu    sync.Mutex
+	mem   []byte
+	grain int
+	free  []extent // sorted by off, no two adjacent
+	used  int      // bytes handed out
+}
+
+type extent struct{ off, n int }
+
+func newPool(mem []byte, grain int) *pool {
+	p := &pool{mem: mem, grain: grain}
+	if len(mem) > 0 {
+		p.free = []extent{{0, len(mem)}}
+	}
+	return p
+}
+
+// alloc returns n bytes (capacity rounded up to the grain) or false when
+// no free extent is large enough.
+func (p *pool) alloc(n int) ([]byte, bool) {
+	if n <= 0 || len(p.mem) == 0 {
+		return nil, false
+	}
+	size := (n + p.grain - 1) / p.grain * p.grain
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, e := range p.free {
+		if e.n < size {
+			continue
+		}
+		if e.n == size {
+			p.free = append(p.free[:i], p.free[i+1:]...)
+		} else {
+			p.free[i] = extent{e.off + size, e.n - size}
+		}
+		p.used += size
+		return p.mem[e.off : e.off+n : e.off+size], true
+	}
+	return nil, false
+}
+
+// owns reports whether b was carved out of the pool.
+func (p *pool) owns(b []byte) bool {
+	if len(p.mem) == 0 || cap(b) == 0 {
+		return false
+	}
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(p.mem)))
+	a := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return a >= base && a < base+uintptr(len(p.mem))
+}
+
+// release returns a chunk from alloc; it reports false when b is not the
+// pool's.
+func (p *pool) release(b []byte) bool {
+	if !p.owns(b) {
+		return false
+	}
+	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(p.mem))))
+	size := cap(b)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > off })
+	// Merge with the previous and next free extents when adjacent.
+	prev := i > 0 && p.free[i-1].off+p.free[i-1].n == off
+	next := i < len(p.free) && off+size == p.free[i].off
+	switch {
+	case prev && next:
+		p.free[i-1].n += size + p.free[i].n
+		p.free = append(p.free[:i], p.free[i+1:]...)
+	case prev:
+		p.free[i-1].n += size
+	case next:
+		p.free[i] = extent{off, size + p.free[i].n}
+	default:
+		p.free = append(p.free, extent{})
+		copy(p.free[i+1:], p.free[i:])
+		p.free[i] = extent{off, size}
+	}
+	p.used -= size
+	return true
+}
+
+func (p *pool) inUse() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.used
+}
