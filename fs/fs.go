@@ -1,0 +1,254 @@
+package fs
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"go.uber.org/zap"
+
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// CtlHandler serves the ioctls of .kvfs/ctl. The fs package only moves
+// bytes: it opens one session per open file handle of ctl, forwards every
+// ioctl of that handle to it and releases it when the handle is closed (also
+// when the client dies), so registrations tied to a session cannot leak.
+type CtlHandler interface {
+	// Open starts a session for a client with the given credentials. A
+	// non-zero errno fails the open(2).
+	Open(uid, gid uint32) (CtlSession, syscall.Errno)
+}
+
+// CtlSession is one open handle of .kvfs/ctl.
+type CtlSession interface {
+	// Ioctl serves one restricted ioctl: in holds _IOC_SIZE(cmd) bytes
+	// when the command writes, out has room for _IOC_SIZE(cmd) bytes when
+	// it reads. The result is ioctl(2)'s return value.
+	Ioctl(cmd uint32, in, out []byte) (int32, syscall.Errno)
+	// Release is called once, after the last ioctl of the handle returned.
+	Release()
+}
+
+// Default values of Options.
+const (
+	DefaultDirTimeout = time.Second
+	DefaultMaxPending = 65536
+	DefaultCtlMode    = 0o600
+	// MaxWrite is the FUSE max_write (and max_read): reads and writes up
+	// to 1 MiB travel in one request, and ioctls up to the restricted
+	// limit of 16383 bytes fit (they need max_pages ≥ their size).
+	MaxWrite = 1 << 20
+)
+
+// Options control New and Mount. The zero value is usable.
+type Options struct {
+	// Logger receives the file system's log lines; nil means none.
+	Logger *zap.Logger
+	// Ctl serves the ioctls of .kvfs/ctl; nil makes every ioctl fail
+	// with ENOTTY.
+	Ctl CtlHandler
+	// CtlMode is the permission of .kvfs/ctl (default 0600).
+	CtlMode os.FileMode
+	// CtlGID, when set, is the group owning .kvfs/ctl (default: the
+	// mounting user's group).
+	CtlGID *uint32
+	// UID and GID own every node; nil means the mounting process's ids.
+	UID, GID *uint32
+	// DirTimeout is how long the kernel may cache directory entries and
+	// directory attributes (default 1 s; negative means 0). Group files
+	// are never cached: see the package documentation.
+	DirTimeout time.Duration
+	// MaxPending bounds the empty block directories kept in memory
+	// (made by mkdir, or left by rm of their last group); default 65536.
+	MaxPending int
+	// AllowOther lets other users use the mount (mount option
+	// allow_other). The kernel then checks permissions
+	// (default_permissions).
+	AllowOther bool
+	// FsName is shown as the source of the mount (default "kvfs").
+	FsName string
+	// Debug logs every FUSE request.
+	Debug bool
+	// Now is the clock for directory times; nil means time.Now.
+	Now func() time.Time
+}
+
+func (o *Options) ensureDefaults() {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.CtlMode == 0 {
+		o.CtlMode = DefaultCtlMode
+	}
+	if o.DirTimeout == 0 {
+		o.DirTimeout = DefaultDirTimeout
+	}
+	if o.DirTimeout < 0 {
+		o.DirTimeout = 0
+	}
+	if o.MaxPending <= 0 {
+		o.MaxPending = DefaultMaxPending
+	}
+	if o.FsName == "" {
+		o.FsName = "kvfs"
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// blockDirKey names one block directory: a block as seen from one layer.
+type blockDirKey struct {
+	layer int
+	block uint64
+}
+
+// FS is the kvfs file system over one open store. It keeps no state the
+// store already has: the tree is computed from the store's index on every
+// lookup. The only state of its own is the set of pending (empty) block
+// directories and counters.
+type FS struct {
+	st    *store.Store
+	geo   layout.Geometry
+	opts  Options
+	log   *zap.Logger
+	uid   uint32
+	gid   uint32
+	ctlG  uint32
+	start time.Time
+	align int // buffer alignment that lets store reads land without a copy
+
+	mu struct {
+		sync.Mutex
+		pending map[blockDirKey]time.Time // empty block directories → creation time
+	}
+	m counters
+}
+
+type counters struct {
+	lookups, opens, reads, readBytes, stored, storedBytes, deletes,
+	rejected, corrupt, errors, ioctls, ctlOpen, ctlSessions atomic.Uint64
+}
+
+// Metrics is a snapshot of the file system's own counters (the store keeps
+// its own: store.Metrics).
+type Metrics struct {
+	Lookups      uint64 // LOOKUP requests
+	Opens        uint64 // group files opened
+	Reads        uint64 // READ requests on group files
+	ReadBytes    uint64 // bytes returned by them
+	Stored       uint64 // groups stored through files (close of a write)
+	StoredBytes  uint64
+	Deletes      uint64 // groups removed through unlink
+	Rejected     uint64 // closes refused (wrong size, EFBIG)
+	Corrupt      uint64 // reads answered EIO for a checksum mismatch
+	Errors       uint64 // unexpected errors answered EIO
+	Ioctls       uint64 // ioctls on .kvfs/ctl
+	CtlOpen      uint64 // ctl sessions open now
+	CtlSessions  uint64 // ctl sessions opened in total
+	PendingDirs  uint64 // empty block directories held in memory
+	MountSeconds float64
+}
+
+// New returns the file system over st. The store must stay open until the
+// file system is unmounted.
+func New(st *store.Store, o Options) *FS {
+	o.ensureDefaults()
+	f := &FS{st: st, geo: st.Geometry(), opts: o, log: o.Logger, start: o.Now()}
+	f.uid, f.gid = uint32(os.Getuid()), uint32(os.Getgid())
+	if o.UID != nil {
+		f.uid = *o.UID
+	}
+	if o.GID != nil {
+		f.gid = *o.GID
+	}
+	f.ctlG = f.gid
+	if o.CtlGID != nil {
+		f.ctlG = *o.CtlGID
+	}
+	f.align = max(st.Engine().Align(), 8)
+	f.mu.pending = map[blockDirKey]time.Time{}
+	return f
+}
+
+// Metrics returns the file system's counters.
+func (f *FS) Metrics() Metrics {
+	f.mu.Lock()
+	pending := len(f.mu.pending)
+	f.mu.Unlock()
+	return Metrics{
+		Lookups: f.m.lookups.Load(), Opens: f.m.opens.Load(), Reads: f.m.reads.Load(),
+		ReadBytes: f.m.readBytes.Load(), Stored: f.m.stored.Load(), StoredBytes: f.m.storedBytes.Load(),
+		Deletes: f.m.deletes.Load(), Rejected: f.m.rejected.Load(), Corrupt: f.m.corrupt.Load(),
+		Errors: f.m.errors.Load(), Ioctls: f.m.ioctls.Load(), CtlOpen: f.m.ctlOpen.Load(),
+		CtlSessions: f.m.ctlSessions.Load(), PendingDirs: uint64(pending),
+		MountSeconds: f.opts.Now().Sub(f.start).Seconds(),
+	}
+}
+
+// Root is the root node of the tree, for gofs.Mount or gofs.NewNodeFS.
+func (f *FS) Root() gofs.InodeEmbedder { return &rootDir{dirBase: dirBase{fs: f}} }
+
+// GoFuseOptions are the go-fuse options the file system is meant to run
+// with (timeouts are set per node; see the package documentation).
+func (f *FS) GoFuseOptions() *gofs.Options {
+	zero := time.Duration(0)
+	mo := fuse.MountOptions{
+		FsName:               f.opts.FsName,
+		Name:                 "kvfs",
+		MaxWrite:             MaxWrite,
+		AllowOther:           f.opts.AllowOther,
+		DirectMountStrict:    os.Geteuid() == 0,
+		IgnoreSecurityLabels: true,
+		ExtraCapabilities:    fuse.CAP_ATOMIC_O_TRUNC,
+		Debug:                f.opts.Debug,
+		Logger:               zap.NewStdLog(f.log.Named("fuse")),
+	}
+	if f.opts.AllowOther {
+		mo.Options = append(mo.Options, "default_permissions")
+	}
+	return &gofs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    &zero,
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		UID:             f.uid,
+		GID:             f.gid,
+		Logger:          zap.NewStdLog(f.log.Named("fuse")),
+		RootStableAttr:  &gofs.StableAttr{Ino: inoRoot},
+	}
+}
+
+// Server is a mounted kvfs.
+type Server struct {
+	*fuse.Server
+	FS         *FS
+	Mountpoint string
+}
+
+// Mount mounts a kvfs over st on mountpoint and starts serving it. As root
+// it mounts with mount(2) directly; otherwise through fusermount3. Unmount
+// the returned server (or umount the mountpoint) and Wait for it before
+// closing the store.
+func Mount(mountpoint string, st *store.Store, o Options) (*Server, error) {
+	f := New(st, o)
+	opts := f.GoFuseOptions()
+	srv, err := fuse.NewServer(gofs.NewNodeFS(f.Root(), opts), mountpoint, &opts.MountOptions)
+	if err != nil {
+		return nil, fmt.Errorf("fs: mount %s: %w", mountpoint, err)
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
+		_ = srv.Unmount()
+		return nil, fmt.Errorf("fs: mount %s: %w", mountpoint, err)
+	}
+	f.log.Info("fs: mounted", zap.String("mountpoint", mountpoint), zap.String("geometry", f.geo.String()))
+	return &Server{Server: srv, FS: f, Mountpoint: mountpoint}, nil
+}

@@ -1,0 +1,297 @@
+package fs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"go.uber.org/zap"
+)
+
+// kvfsDir is .kvfs/: ctl, stats and geometry.
+type kvfsDir struct{ dirBase }
+
+var (
+	_ = (gofs.NodeLookuper)((*kvfsDir)(nil))
+	_ = (gofs.NodeReaddirer)((*kvfsDir)(nil))
+	_ = (gofs.NodeGetattrer)((*kvfsDir)(nil))
+	_ = (gofs.NodeCreater)((*kvfsDir)(nil))
+	_ = (gofs.NodeMkdirer)((*kvfsDir)(nil))
+	_ = (gofs.NodeUnlinker)((*kvfsDir)(nil))
+	_ = (gofs.NodeStatfser)((*kvfsDir)(nil))
+)
+
+type kvfsEntry struct {
+	name string
+	ino  uint64
+	node func(f *FS) gofs.InodeEmbedder
+}
+
+var kvfsEntries = []kvfsEntry{
+	{"ctl", inoCtl, func(f *FS) gofs.InodeEmbedder { return &ctlFile{fs: f} }},
+	{"geometry", inoGeometry, func(f *FS) gofs.InodeEmbedder { return &textFile{fs: f, ino: inoGeometry, render: f.geometryJSON} }},
+	{"stats", inoStats, func(f *FS) gofs.InodeEmbedder { return &textFile{fs: f, ino: inoStats, render: f.statsText} }},
+}
+
+func (d *kvfsDir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	d.fs.dirAttr(&out.Attr, inoKvfs, d.fs.start, 2)
+	dirOut(d.fs, out)
+	return 0
+}
+
+func (d *kvfsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	f := d.fs
+	f.m.lookups.Add(1)
+	for _, e := range kvfsEntries {
+		if e.name != name {
+			continue
+		}
+		node := e.node(f)
+		ga := node.(gofs.NodeGetattrer)
+		var ao fuse.AttrOut
+		ga.Getattr(ctx, nil, &ao)
+		out.Attr = ao.Attr
+		f.dirEntry(out)
+		out.SetAttrTimeout(0)
+		return d.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: e.ino}), 0
+	}
+	return nil, syscall.ENOENT
+}
+
+func (d *kvfsDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	es := make([]fuse.DirEntry, 0, len(kvfsEntries))
+	for _, e := range kvfsEntries {
+		es = append(es, fuse.DirEntry{Name: e.name, Mode: syscall.S_IFREG, Ino: e.ino})
+	}
+	return gofs.NewListDirStream(es), 0
+}
+
+// textFile is a read-only file whose content is rendered at open (stats,
+// geometry). Each handle keeps the text it was opened with, so a reader
+// sees one consistent snapshot however it reads.
+type textFile struct {
+	gofs.Inode
+	fs     *FS
+	ino    uint64
+	render func() []byte
+}
+
+var (
+	_ = (gofs.NodeGetattrer)((*textFile)(nil))
+	_ = (gofs.NodeOpener)((*textFile)(nil))
+	_ = (gofs.NodeReader)((*textFile)(nil))
+	_ = (gofs.NodeSetattrer)((*textFile)(nil))
+)
+
+func (t *textFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	f := t.fs
+	size := len(t.render())
+	if h, ok := fh.(*textHandle); ok {
+		size = len(h.b)
+	}
+	now := f.opts.Now()
+	out.Ino = t.ino
+	out.Mode = syscall.S_IFREG | 0o444
+	out.Nlink = 1
+	out.Size = uint64(size)
+	out.Uid, out.Gid = f.uid, f.gid
+	out.SetTimes(&now, &now, &now)
+	return 0
+}
+
+func (t *textFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	return syscall.EPERM
+}
+
+func (t *textFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EACCES
+	}
+	return &textHandle{t.render()}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// textHandle holds the text a textFile was opened with.
+type textHandle struct{ b []byte }
+
+func (t *textFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h, ok := fh.(*textHandle)
+	if !ok {
+		return nil, syscall.EBADF
+	}
+	b := h.b
+	if off >= int64(len(b)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(b[off:min(int64(len(b)), off+int64(len(dest)))]), 0
+}
+
+// geometryJSON renders .kvfs/geometry.
+func (f *FS) geometryJSON() []byte {
+	in := f.st.Info()
+	g := f.geo
+	v := struct {
+		Layers         int    `json:"layers"`
+		KVHeads        int    `json:"kv_heads"`
+		HeadDim        int    `json:"head_dim"`
+		BlockTokens    int    `json:"block_tokens"`
+		DType          string `json:"dtype"`
+		Align          int    `json:"align"`
+		Shape          string `json:"shape"`
+		GroupBytes     int    `json:"group_bytes"`
+		GroupStride    int64  `json:"group_stride"`
+		GroupsPerBlock int    `json:"groups_per_block"`
+		SlotBytes      int64  `json:"slot_bytes"`
+		Slots          int64  `json:"slots"`
+		UUID           string `json:"uuid"`
+		Version        uint32 `json:"format_version"`
+	}{g.Layers, g.KVHeads, g.HeadDim, g.BlockTokens, g.DType.String(), g.Align, g.Shape(),
+		g.GroupBytes(), g.GroupStride(), g.GroupsPerBlock(), in.SlotBytes, in.Slots, in.UUID, in.Version}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		f.log.Error("fs: geometry", zap.Error(err))
+	}
+	return append(b, '\n')
+}
+
+// statsText renders .kvfs/stats: one "name value" per line.
+func (f *FS) statsText() []byte {
+	in := f.st.Info()
+	sm := f.st.Metrics()
+	fm := f.Metrics()
+	blocks := f.st.Blocks()
+	groups := 0
+	for _, b := range blocks {
+		groups += b.Groups
+	}
+	var sb strings.Builder
+	line := func(name string, v any) { fmt.Fprintf(&sb, "%s %v\n", name, v) }
+	line("engine", in.Engine)
+	line("uuid", in.UUID)
+	line("slots", in.Slots)
+	line("slots_used", in.UsedSlots)
+	line("slots_free", in.FreeSlots)
+	line("slot_bytes", in.SlotBytes)
+	line("blocks", len(blocks))
+	line("groups", groups)
+	line("group_bytes", in.GroupBytes)
+	line("store_reads", sm.Reads)
+	line("store_writes", sm.Writes)
+	line("store_bytes_read", sm.BytesRead)
+	line("store_bytes_written", sm.BytesWritten)
+	line("store_hits", sm.Hits)
+	line("store_misses", sm.Misses)
+	line("store_evictions", sm.Evictions)
+	line("store_corrupt", sm.Corrupt)
+	line("store_io_errors", sm.IOErrors)
+	line("fs_lookups", fm.Lookups)
+	line("fs_opens", fm.Opens)
+	line("fs_reads", fm.Reads)
+	line("fs_read_bytes", fm.ReadBytes)
+	line("fs_stored", fm.Stored)
+	line("fs_stored_bytes", fm.StoredBytes)
+	line("fs_deletes", fm.Deletes)
+	line("fs_rejected", fm.Rejected)
+	line("fs_corrupt", fm.Corrupt)
+	line("fs_errors", fm.Errors)
+	line("fs_pending_dirs", fm.PendingDirs)
+	line("ctl_sessions_open", fm.CtlOpen)
+	line("ctl_sessions", fm.CtlSessions)
+	line("ctl_ioctls", fm.Ioctls)
+	line("uptime_seconds", fmt.Sprintf("%.0f", fm.MountSeconds))
+	return []byte(sb.String())
+}
+
+// ctl ------------------------------------------------------------------------
+
+// ctlFile is .kvfs/ctl: every open creates a CtlSession, every ioctl on the
+// handle goes to it, and closing the handle releases it.
+type ctlFile struct {
+	gofs.Inode
+	fs *FS
+}
+
+var (
+	_ = (gofs.NodeGetattrer)((*ctlFile)(nil))
+	_ = (gofs.NodeOpener)((*ctlFile)(nil))
+	_ = (gofs.NodeSetattrer)((*ctlFile)(nil))
+)
+
+func (c *ctlFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	f := c.fs
+	out.Ino = inoCtl
+	out.Mode = syscall.S_IFREG | uint32(f.opts.CtlMode.Perm())
+	out.Nlink = 1
+	out.Uid, out.Gid = f.uid, f.ctlG
+	out.SetTimes(&f.start, &f.start, &f.start)
+	return 0
+}
+
+func (c *ctlFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if _, ok := in.GetSize(); ok {
+		return 0 // O_TRUNC on open: there is nothing to truncate
+	}
+	return syscall.EPERM
+}
+
+func (c *ctlFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	f := c.fs
+	h := &ctlHandle{fs: f}
+	if f.opts.Ctl != nil {
+		var uid, gid uint32
+		if caller, ok := fuse.FromContext(ctx); ok {
+			uid, gid = caller.Uid, caller.Gid
+		}
+		s, errno := f.opts.Ctl.Open(uid, gid)
+		if errno != 0 {
+			return nil, 0, errno
+		}
+		h.s = s
+		f.m.ctlOpen.Add(1)
+		f.m.ctlSessions.Add(1)
+	}
+	return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE, 0
+}
+
+type ctlHandle struct {
+	fs   *FS
+	once sync.Once
+	s    CtlSession // nil without a handler
+}
+
+var (
+	_ = (gofs.FileIoctler)((*ctlHandle)(nil))
+	_ = (gofs.FileReleaser)((*ctlHandle)(nil))
+	_ = (gofs.FileReader)((*ctlHandle)(nil))
+	_ = (gofs.FileWriter)((*ctlHandle)(nil))
+)
+
+func (h *ctlHandle) Ioctl(ctx context.Context, cmd uint32, arg uint64, input, output []byte) (int32, syscall.Errno) {
+	if h.s == nil {
+		return 0, syscall.ENOTTY
+	}
+	h.fs.m.ioctls.Add(1)
+	return h.s.Ioctl(cmd, input, output)
+}
+
+func (h *ctlHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	return fuse.ReadResultData(nil), 0
+}
+
+func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	return 0, syscall.EINVAL
+}
+
+func (h *ctlHandle) Release(ctx context.Context) syscall.Errno {
+	h.once.Do(func() {
+		if h.s != nil {
+			h.s.Release()
+			h.fs.m.ctlOpen.Add(^uint64(0))
+		}
+	})
+	return 0
+}
