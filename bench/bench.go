@@ -1,0 +1,294 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvfs/kvfs/store"
+)
+
+// Ops and patterns.
+const (
+	OpRead        = "read"
+	OpWrite       = "write"
+	PatternSeq    = "seq"
+	PatternRandom = "random"
+)
+
+// ErrConfig is wrapped by errors about an invalid Config or FioConfig.
+var ErrConfig = errors.New("bench: invalid configuration")
+
+// Config describes one engine benchmark.
+type Config struct {
+	// Path names the file or device (for reports; the engine is already
+	// open on it).
+	Path string
+	// Engine is the opened engine. For QD > 1 its own queue depth should be
+	// at least QD (uring: EngineOptions.QueueDepth).
+	Engine store.Engine
+	// Op is "read" (default) or "write". Writes overwrite the region.
+	Op string
+	// Pattern is "random" (default; offsets uniform over the region, in
+	// IOSize steps) or "seq" (consecutive, wrapping around).
+	Pattern string
+	// IOSize is the bytes per request (default 1 MiB); a multiple of the
+	// engine's Align.
+	IOSize int
+	// QD is the number of requests in flight (default 1).
+	QD int
+	// Duration is how long requests are issued (default 5 s).
+	Duration time.Duration
+	// Region is how many bytes from Offset are used (default: the rest of
+	// the engine's size); it is rounded down to a multiple of IOSize.
+	Region int64
+	// Offset is where the region starts; a multiple of the engine's Align.
+	Offset int64
+	// Seed seeds the random offsets (0: a fixed default).
+	Seed uint64
+	// Logger receives progress lines; nil means none.
+	Logger *zap.Logger
+}
+
+func (c *Config) ensureDefaults() {
+	if c.Op == "" {
+		c.Op = OpRead
+	}
+	if c.Pattern == "" {
+		c.Pattern = PatternRandom
+	}
+	if c.IOSize == 0 {
+		c.IOSize = 1 << 20
+	}
+	if c.QD == 0 {
+		c.QD = 1
+	}
+	if c.Duration == 0 {
+		c.Duration = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Seed == 0 {
+		c.Seed = 0x6b766673 // "kvfs"
+	}
+}
+
+func checkShape(op, pattern string, ioSize, qd int, duration time.Duration, off, region int64) error {
+	switch {
+	case op != OpRead && op != OpWrite:
+		return fmt.Errorf("%w: op %q (want read or write)", ErrConfig, op)
+	case pattern != PatternSeq && pattern != PatternRandom:
+		return fmt.Errorf("%w: pattern %q (want seq or random)", ErrConfig, pattern)
+	case ioSize <= 0:
+		return fmt.Errorf("%w: io size %d", ErrConfig, ioSize)
+	case qd <= 0:
+		return fmt.Errorf("%w: queue depth %d", ErrConfig, qd)
+	case duration <= 0:
+		return fmt.Errorf("%w: duration %v", ErrConfig, duration)
+	case off < 0:
+		return fmt.Errorf("%w: offset %d", ErrConfig, off)
+	case region < int64(ioSize):
+		return fmt.Errorf("%w: region of %d bytes is smaller than one %d-byte request", ErrConfig, region, ioSize)
+	}
+	return nil
+}
+
+// Validate applies the defaults and checks c against its engine.
+func (c *Config) Validate() error {
+	c.ensureDefaults()
+	if c.Engine == nil {
+		return fmt.Errorf("%w: no engine", ErrConfig)
+	}
+	size := c.Engine.Size()
+	if c.Region == 0 {
+		c.Region = size - c.Offset
+	}
+	if err := checkShape(c.Op, c.Pattern, c.IOSize, c.QD, c.Duration, c.Offset, c.Region); err != nil {
+		return err
+	}
+	if c.Offset+c.Region > size {
+		return fmt.Errorf("%w: region [%d, %d) ends past the device's %d bytes", ErrConfig, c.Offset, c.Offset+c.Region, size)
+	}
+	if a := int64(max(1, c.Engine.Align())); int64(c.IOSize)%a != 0 || c.Offset%a != 0 {
+		return fmt.Errorf("%w: io size %d and offset %d must be multiples of the engine's alignment %d", ErrConfig, c.IOSize, c.Offset, a)
+	}
+	return nil
+}
+
+// Result is a benchmark's outcome. GBps is 10^9 bytes per second.
+type Result struct {
+	Engine     string  `json:"engine"`
+	Op         string  `json:"op"`
+	Pattern    string  `json:"pattern"`
+	IOSize     int     `json:"io_size"`
+	QD         int     `json:"qd"`
+	GBps       float64 `json:"gbps"`
+	IOPS       float64 `json:"iops"`
+	P50us      float64 `json:"p50_us"`
+	P99us      float64 `json:"p99_us"`
+	Bytes      int64   `json:"bytes"`
+	Ops        int64   `json:"ops"`
+	Seconds    float64 `json:"seconds"`
+	FioGBps    float64 `json:"fio_gbps,omitempty"`
+	RatioVsFio float64 `json:"ratio_vs_fio,omitempty"`
+}
+
+// CompareFio records fio's figure for the same job and the ratio of r's
+// throughput to it.
+func (r *Result) CompareFio(fio Result) {
+	r.FioGBps = fio.GBps
+	if fio.GBps > 0 {
+		r.RatioVsFio = r.GBps / fio.GBps
+	}
+}
+
+func (r Result) String() string {
+	s := fmt.Sprintf("%s %s %s bs=%d qd=%d: %.3f GB/s, %.0f IOPS, p50 %.0f µs, p99 %.0f µs (%d ops in %.2f s)",
+		r.Engine, r.Pattern, r.Op, r.IOSize, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.Ops, r.Seconds)
+	if r.FioGBps > 0 {
+		s += fmt.Sprintf("; fio %.3f GB/s, ratio %.3f", r.FioGBps, r.RatioVsFio)
+	}
+	return s
+}
+
+// Run issues requests through c.Engine.Do with c.QD in flight for
+// c.Duration (or until ctx ends) and measures them. A failed request ends
+// the run with its error.
+func Run(ctx context.Context, c Config) (Result, error) {
+	if err := c.Validate(); err != nil {
+		return Result{}, err
+	}
+	e := c.Engine
+	bufs := make([][]byte, c.QD)
+	alloc, _ := e.(store.BufferAllocator)
+	defer func() {
+		for _, b := range bufs {
+			switch {
+			case b == nil:
+			case alloc != nil:
+				alloc.FreeBuffer(b)
+			default:
+				store.FreeAligned(b)
+			}
+		}
+	}()
+	for i := range bufs {
+		var err error
+		if alloc != nil {
+			bufs[i], err = alloc.AllocBuffer(c.IOSize)
+		} else {
+			bufs[i], err = store.AllocAligned(c.IOSize)
+		}
+		if err != nil {
+			return Result{}, fmt.Errorf("bench: buffer: %w", err)
+		}
+		if c.Op == OpWrite {
+			fillRandom(bufs[i], c.Seed+uint64(i))
+		}
+	}
+	op := store.OpRead
+	if c.Op == OpWrite {
+		op = store.OpWrite
+	}
+	blocks := c.Region / int64(c.IOSize)
+	c.Logger.Info("bench: start", zap.String("engine", e.Name()), zap.String("path", c.Path),
+		zap.String("op", c.Op), zap.String("pattern", c.Pattern), zap.Int("io_size", c.IOSize),
+		zap.Int("qd", c.QD), zap.Duration("duration", c.Duration), zap.Int64("offset", c.Offset),
+		zap.Int64("region", blocks*int64(c.IOSize)))
+
+	var (
+		stop    atomic.Bool
+		seqNext atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		runErr  error
+		lats    = make([][]int64, c.QD)
+	)
+	ctx, cancel := context.WithTimeout(ctx, c.Duration)
+	defer cancel()
+	go func() {
+		<-ctx.Done()
+		stop.Store(true)
+	}()
+	start := time.Now()
+	for w := 0; w < c.QD; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(c.Seed, uint64(w)))
+			ios := []store.IO{{Op: op, Buf: bufs[w]}}
+			lat := make([]int64, 0, 1024)
+			for !stop.Load() {
+				var blk int64
+				if c.Pattern == PatternSeq {
+					blk = (seqNext.Add(1) - 1) % blocks
+				} else {
+					blk = rng.Int64N(blocks)
+				}
+				ios[0].Off = c.Offset + blk*int64(c.IOSize)
+				t0 := time.Now()
+				err := e.Do(ios)
+				d := time.Since(t0)
+				if err == nil {
+					err = ios[0].Err
+				}
+				if err != nil {
+					errOnce.Do(func() {
+						runErr = fmt.Errorf("bench: %s %s at offset %d: %w", e.Name(), c.Op, ios[0].Off, err)
+						stop.Store(true)
+					})
+					break
+				}
+				lat = append(lat, int64(d))
+			}
+			lats[w] = lat
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	if runErr != nil {
+		return Result{}, runErr
+	}
+	all := slices.Concat(lats...)
+	slices.Sort(all)
+	res := Result{
+		Engine: e.Name(), Op: c.Op, Pattern: c.Pattern, IOSize: c.IOSize, QD: c.QD,
+		Ops: int64(len(all)), Bytes: int64(len(all)) * int64(c.IOSize), Seconds: elapsed,
+		P50us: percentile(all, 50) / 1e3, P99us: percentile(all, 99) / 1e3,
+	}
+	if elapsed > 0 {
+		res.GBps = float64(res.Bytes) / elapsed / 1e9
+		res.IOPS = float64(res.Ops) / elapsed
+	}
+	c.Logger.Info("bench: done", zap.Stringer("result", res))
+	return res, nil
+}
+
+// percentile is the nearest-rank p-th percentile of sorted values.
+func percentile(sorted []int64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(p/100*float64(len(sorted))+0.5) - 1
+	rank = min(max(rank, 0), len(sorted)-1)
+	return float64(sorted[rank])
+}
+
+// fillRandom fills b with incompressible bytes, so that a thin-provisioned
+// or compressing device cannot shortcut the writes.
+func fillRandom(b []byte, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := rng.Uint64()
+		b[i], b[i+1], b[i+2], b[i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+		b[i+4], b[i+5], b[i+6], b[i+7] = byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56)
+	}
+}
