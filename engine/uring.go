@@ -1,12 +1,18 @@
 package engine
 
-import "github.com/kvfs/kvfs/store"
+import (
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/uring"
+)
 
 // probeUring reports whether io_uring can be used by this process.
-func probeUring(string) error {
-	return errNotBuilt // TODO(wire uring): return uring.Available()
-}
+func probeUring(string) error { return uring.Available() }
 
 func openUring(path string, o Options) (store.Engine, error) {
-	return nil, errNotBuilt // TODO(wire uring): uring.OpenEngine(path, uring.EngineOptions{…})
+	return uring.OpenEngine(path, uring.EngineOptions{
+		QueueDepth: o.QueueDepth,
+		Logger:     o.Logger,
+		Direct:     true, // dropped by the engine where the file system refuses it
+		ReadOnly:   o.ReadOnly,
+	})
 }
