@@ -1,6 +1,7 @@
 package nvme
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/uring"
 )
 
 // The ioctl structs and the io_uring command share Command's layout.
@@ -316,11 +318,7 @@ func (d *Device) FDP() (*FDPInfo, error) {
 		return nil, fmt.Errorf("%w: FDP configuration %d in use of %d", ErrFormat, info.ConfigIndex, len(cfgs))
 	}
 	info.Config = &cfgs[info.ConfigIndex]
-	n := int(info.Config.NRUH)
-	if info.Config.MaxPIDs > n {
-		n = info.Config.MaxPIDs
-	}
-	if info.Handles, err = d.RUHStatus(max(n, 1)); err != nil {
+	if info.Handles, err = d.RUHStatus(); err != nil {
 		return nil, err
 	}
 	info.Enabled = true
@@ -328,41 +326,67 @@ func (d *Device) FDP() (*FDPInfo, error) {
 }
 
 func (d *Device) fdpConfigs(endgid uint16) ([]FDPConfig, error) {
-	size := 4096
-	for {
-		buf, err := store.AllocAligned(size)
-		if err != nil {
-			return nil, err
-		}
-		_, err = d.Admin(GetLogPageCmd(LogFDPConfigs, endgid, 0, 0, addrOf(buf), uint32(size)), buf)
-		if err != nil {
-			store.FreeAligned(buf)
-			return nil, fmt.Errorf("nvme: %s: FDP configurations log: %w", d.Path, permission(err))
-		}
-		need := int(uint32(buf[4]) | uint32(buf[5])<<8 | uint32(buf[6])<<16 | uint32(buf[7])<<24)
-		if need > size && need <= maxFDPLogSize {
-			store.FreeAligned(buf)
-			size = (need + 4095) &^ 4095
-			continue
-		}
-		cfgs, err := DecodeFDPConfigs(buf)
-		store.FreeAligned(buf)
-		return cfgs, err
+	// Header first, then exactly the announced size (see RUHStatus on SGLs).
+	hdr, err := d.logPage(LogFDPConfigs, endgid, fdpConfsHeaderSize)
+	if err != nil {
+		return nil, err
 	}
+	size := int(binary.LittleEndian.Uint32(hdr[4:]))
+	if size < fdpConfsHeaderSize || size > maxFDPLogSize {
+		return nil, fmt.Errorf("%w: FDP configurations log size %d", ErrFormat, size)
+	}
+	b, err := d.logPage(LogFDPConfigs, endgid, (size+3)&^3)
+	if err != nil {
+		return nil, err
+	}
+	return DecodeFDPConfigs(b)
 }
 
-// RUHStatus reads the reclaim unit handle status (up to n descriptors).
-func (d *Device) RUHStatus(n int) ([]RUHStatus, error) {
-	size := (RUHStatusSize(n) + 4095) &^ 4095
-	buf, err := store.AllocAligned(size)
+func (d *Device) logPage(lid uint8, lsi uint16, n int) ([]byte, error) {
+	buf, err := store.AllocAligned(n)
 	if err != nil {
 		return nil, err
 	}
 	defer store.FreeAligned(buf)
-	if _, err := d.IO(IOMgmtRecvCmd(IOMgmtRUHS, d.NSID, addrOf(buf), uint32(size)), buf); err != nil {
+	if _, err := d.Admin(GetLogPageCmd(lid, lsi, 0, 0, addrOf(buf), uint32(n)), buf); err != nil {
+		return nil, fmt.Errorf("nvme: %s: log page %#x: %w", d.Path, lid, permission(err))
+	}
+	return append([]byte(nil), buf...), nil
+}
+
+// RUHStatus reads the reclaim unit handle status of the namespace.
+//
+// It asks for the 16-byte header first and then for exactly the
+// descriptors the header announces: Linux sends user passthrough data as
+// SGLs when the controller supports them, and a controller without SGL
+// "excess length" support (QEMU's) fails a transfer whose SGL is longer
+// than the data it returns (Data SGL Length Invalid).
+func (d *Device) RUHStatus() ([]RUHStatus, error) {
+	hdr, err := d.ioMgmtRecv(ruhsHeaderSize)
+	if err != nil {
+		return nil, err
+	}
+	n := int(hdr[14]) | int(hdr[15])<<8
+	if n == 0 {
+		return DecodeRUHStatus(hdr)
+	}
+	b, err := d.ioMgmtRecv(RUHStatusSize(n))
+	if err != nil {
+		return nil, err
+	}
+	return DecodeRUHStatus(b)
+}
+
+func (d *Device) ioMgmtRecv(n int) ([]byte, error) {
+	buf, err := store.AllocAligned(n)
+	if err != nil {
+		return nil, err
+	}
+	defer store.FreeAligned(buf)
+	if _, err := d.IO(IOMgmtRecvCmd(IOMgmtRUHS, d.NSID, addrOf(buf), uint32(n)), buf); err != nil {
 		return nil, fmt.Errorf("nvme: %s: reclaim unit handle status: %w", d.Path, permission(err))
 	}
-	return DecodeRUHStatus(buf)
+	return append([]byte(nil), buf...), nil
 }
 
 // Available reports why io_uring NVMe passthrough cannot be used on path,
@@ -381,6 +405,9 @@ func Available(path string) error {
 	}
 	if v := readSysInt("/proc/sys/kernel/io_uring_disabled"); v == 2 || (v == 1 && unix.Geteuid() != 0) {
 		return fmt.Errorf("%w: %w (= %d)", ErrUnavailable, ErrIOUringDisabled, v)
+	}
+	if err := uring.Available(); err != nil {
+		return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrIOUringDisabled, err)
 	}
 	d, err := OpenDevice(path)
 	if err != nil {

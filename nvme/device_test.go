@@ -1,0 +1,103 @@
+package nvme
+
+import (
+	"os"
+	"testing"
+)
+
+// Tests named TestDevice* and TestEngine* need a real (or emulated) NVMe
+// namespace. `make test-nvme` boots QEMU with one and runs them there; on
+// other machines they skip.
+
+// testDevicePath returns the namespace to test on, or skips.
+func testDevicePath(t *testing.T) string {
+	t.Helper()
+	p := os.Getenv("KVFS_NVME_DEV")
+	if p == "" {
+		if _, err := os.Stat("/dev/ng0n1"); err != nil {
+			t.Skip("no NVMe namespace: KVFS_NVME_DEV is unset and /dev/ng0n1 does not exist; `make test-nvme` runs this test under QEMU")
+		}
+		p = "/dev/ng0n1"
+	}
+	return p
+}
+
+// wantFDP is what the rig booted: KVFS_FDP=on|off ("" = don't check).
+func wantFDP() string { return os.Getenv("KVFS_FDP") }
+
+func TestDeviceIdentify(t *testing.T) {
+	path := testDevicePath(t)
+	if err := Available(path); err != nil {
+		t.Fatalf("Available(%s) = %v", path, err)
+	}
+	d, err := OpenDevice(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	t.Logf("nsid %d, model %q, serial %q, fw %q, mdts %d, ctratt %#x, lba %d (+%d meta), %d blocks",
+		d.NSID, d.Ctrl.Model, d.Ctrl.Serial, d.Ctrl.Firmware, d.Ctrl.MDTS, d.Ctrl.CTRATT,
+		d.NS.LBASize(), d.NS.Format().MetaSize, d.NS.NSZE)
+	t.Logf("limits %+v", d.Limits)
+	if d.NSID != 1 || d.NS.LBASize() < 512 || d.Limits.MaxTransfer < int64(d.NS.LBASize()) {
+		t.Fatalf("implausible identify: nsid %d, lba %d, limits %+v", d.NSID, d.NS.LBASize(), d.Limits)
+	}
+	if d.Limits.MaxHWSectorsKB == 0 || d.Limits.MaxSegments == 0 {
+		t.Errorf("no block queue limits found in sysfs for %s: %+v", d.Path, d.Limits)
+	}
+	switch wantFDP() {
+	case "on":
+		if !d.Ctrl.FDP() {
+			t.Errorf("controller does not report FDP (ctratt %#x)", d.Ctrl.CTRATT)
+		}
+	case "off":
+		if d.Ctrl.FDP() {
+			t.Errorf("controller reports FDP (ctratt %#x)", d.Ctrl.CTRATT)
+		}
+	}
+}
+
+func TestDeviceBlockPath(t *testing.T) {
+	path := testDevicePath(t)
+	blk := "/dev/nvme0n1"
+	if _, err := os.Stat(blk); err != nil {
+		t.Skipf("no block device %s", blk)
+	}
+	got, err := CharDevice(blk)
+	if err != nil || got != path {
+		t.Fatalf("CharDevice(%s) = %q, %v; want %s", blk, got, err, path)
+	}
+	if err := Available(blk); err != nil {
+		t.Fatalf("Available(%s) = %v", blk, err)
+	}
+}
+
+func TestDeviceFDP(t *testing.T) {
+	path := testDevicePath(t)
+	d, err := OpenDevice(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	info, err := d.FDP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fdp: supported %v enabled %v endgid %d config %d reason %q", info.Supported, info.Enabled, info.EnduranceGroup, info.ConfigIndex, info.Reason)
+	if info.Config != nil {
+		t.Logf("config %+v", *info.Config)
+	}
+	for i, h := range info.Handles {
+		t.Logf("handle %d: pid %d ruhid %d available %d blocks (%d bytes)", i, h.PID, h.RUHID, h.RUAMW, info.AvailableBytes(i))
+	}
+	switch wantFDP() {
+	case "on":
+		if !info.Enabled || info.Config == nil || len(info.Handles) != 8 {
+			t.Fatalf("want FDP with 8 handles, got %+v", info)
+		}
+	case "off":
+		if info.Enabled || info.Supported {
+			t.Fatalf("want no FDP, got %+v", info)
+		}
+	}
+}

@@ -1,0 +1,459 @@
+package nvme
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kvfs/kvfs/store"
+)
+
+func openTestEngine(t *testing.T, o EngineOptions) *Engine {
+	t.Helper()
+	path := testDevicePath(t)
+	if o.Logger == nil {
+		o.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+	}
+	e, err := OpenEngine(path, o)
+	if err != nil {
+		t.Fatalf("OpenEngine(%s): %v", path, err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	t.Logf("%s", e)
+	return e
+}
+
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := r.Uint64()
+		for j := 0; j < 8; j++ {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+}
+
+func alloc(t *testing.T, e *Engine, n int, fixed bool) []byte {
+	t.Helper()
+	var (
+		b   []byte
+		err error
+	)
+	if fixed {
+		b, err = e.AllocBuffer(n)
+		t.Cleanup(func() { e.FreeBuffer(b) })
+	} else {
+		b, err = store.AllocAligned(n)
+		t.Cleanup(func() { store.FreeAligned(b) })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func doOK(t *testing.T, e *Engine, ios []store.IO) {
+	t.Helper()
+	if err := e.Do(ios); err != nil {
+		t.Fatalf("Do: %v", err)
+	}
+	for i, io := range ios {
+		if io.Err != nil {
+			t.Fatalf("IO %d (%s %d bytes at %d): %v", i, io.Op, len(io.Buf), io.Off, io.Err)
+		}
+	}
+}
+
+func TestEngineRoundTrip(t *testing.T) {
+	e := openTestEngine(t, EngineOptions{QueueDepth: 8})
+	lba := e.Align()
+	if e.Name() != "nvme" || e.Size() <= 0 || lba < 512 {
+		t.Fatalf("name %q size %d align %d", e.Name(), e.Size(), lba)
+	}
+	before := e.Stats()
+	for _, fixed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fixed=%v", fixed), func(t *testing.T) {
+			sizes := []int{lba, 3 * lba, 64 << 10, 256 << 10}
+			var ios, reads []store.IO
+			off := int64(1 << 20)
+			if !fixed {
+				off += 16 << 20
+			}
+			for i, n := range sizes {
+				w := alloc(t, e, n, fixed)
+				fill(w, uint64(i)+1)
+				ios = append(ios, store.IO{Op: store.OpWrite, Off: off, Buf: w, Stream: store.StreamData + uint16(i)})
+				reads = append(reads, store.IO{Op: store.OpRead, Off: off, Buf: alloc(t, e, n, fixed)})
+				off += int64(n) + int64(lba)
+			}
+			doOK(t, e, ios)
+			if err := e.Sync(); err != nil {
+				t.Fatalf("Sync: %v", err)
+			}
+			doOK(t, e, reads)
+			for i := range ios {
+				if !bytes.Equal(ios[i].Buf, reads[i].Buf) {
+					t.Fatalf("IO %d: read back differs from what was written", i)
+				}
+			}
+		})
+	}
+	s := e.Stats()
+	t.Logf("stats %s", s)
+	if s.FixedCommands == before.FixedCommands {
+		t.Errorf("no command used a fixed buffer (kernel %s)", kernelRelease())
+	}
+	if s.Flushes < 2 {
+		t.Errorf("flushes %d", s.Flushes)
+	}
+}
+
+func kernelRelease() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+// TestEngineBatchAboveTransferLimit: IOs larger than the transfer limit are
+// split, and more commands than the queue depth are kept flowing.
+func TestEngineBatchAboveTransferLimit(t *testing.T) {
+	e := openTestEngine(t, EngineOptions{QueueDepth: 4})
+	mx := e.MaxTransfer()
+	lba := e.Align()
+	sizes := []int{4*mx + 3*lba, mx, mx + lba, 2 << 20, lba}
+	var writes, reads []store.IO
+	off := int64(64 << 20)
+	wantCmds := 0
+	for i, n := range sizes {
+		w := alloc(t, e, n, i%2 == 0)
+		fill(w, uint64(100+i))
+		writes = append(writes, store.IO{Op: store.OpWrite, Off: off, Buf: w, Stream: store.StreamData + uint16(i%store.DataStreams)})
+		reads = append(reads, store.IO{Op: store.OpRead, Off: off, Buf: alloc(t, e, n, i%2 == 1)})
+		off += int64(n)
+		wantCmds += (n + mx - 1) / mx
+	}
+	before := e.Stats()
+	doOK(t, e, writes)
+	if got := e.Stats().Commands - before.Commands; got != uint64(wantCmds) {
+		t.Errorf("%d commands for the writes, want %d (max transfer %d)", got, wantCmds, mx)
+	}
+	doOK(t, e, reads)
+	for i := range writes {
+		if !bytes.Equal(writes[i].Buf, reads[i].Buf) {
+			t.Fatalf("IO %d of %d bytes: read back differs", i, len(writes[i].Buf))
+		}
+	}
+	// One read spanning all of the writes at once.
+	all := alloc(t, e, int(off-64<<20), true)
+	doOK(t, e, []store.IO{{Op: store.OpRead, Off: 64 << 20, Buf: all}})
+	var want []byte
+	for _, w := range writes {
+		want = append(want, w.Buf...)
+	}
+	if !bytes.Equal(all, want) {
+		t.Fatal("spanning read differs")
+	}
+	t.Logf("max transfer %d, %d commands for %d bytes of writes; %s", mx, wantCmds, len(want), e.Stats())
+}
+
+func TestEngineErrors(t *testing.T) {
+	e := openTestEngine(t, EngineOptions{QueueDepth: 4})
+	lba := e.Align()
+	b := alloc(t, e, 2*lba, true)
+	ios := []store.IO{
+		{Op: store.OpRead, Off: e.Size() - int64(lba), Buf: b}, // past the end
+		{Op: store.OpWrite, Off: e.Size(), Buf: b[:lba]},       // past the end
+		{Op: store.OpRead, Off: 7, Buf: b[:lba]},               // misaligned offset
+		{Op: store.OpRead, Off: 0, Buf: b[:lba/2]},             // misaligned length
+		{Op: store.OpRead, Off: int64(lba), Buf: b[1 : lba+1]}, // misaligned address
+		{Op: store.OpRead, Off: int64(2 * lba), Buf: b[:lba]},  // fine
+		{Op: store.OpWrite, Off: int64(3 * lba), Buf: b[:0]},   // empty: nothing to do
+	}
+	if err := e.Do(ios); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []error{io.ErrUnexpectedEOF, ErrRange, ErrAlign, ErrAlign, ErrAlign, nil, nil} {
+		if got := ios[i].Err; (want == nil) != (got == nil) || (want != nil && !errors.Is(got, want)) {
+			t.Errorf("IO %d: %v, want %v", i, got, want)
+		}
+	}
+
+	// A device status: make the engine believe the namespace is one block
+	// larger and read that block. The controller answers LBA Out of Range.
+	e.size += int64(lba)
+	ios = []store.IO{{Op: store.OpRead, Off: e.size - int64(lba), Buf: b[:lba]}, {Op: store.OpRead, Off: 0, Buf: b[lba:]}}
+	err := e.Do(ios)
+	e.size -= int64(lba)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var se *StatusError
+	if !errors.As(ios[0].Err, &se) || !errors.Is(ios[0].Err, ErrRange) || se.Status.SCT() != SCTGeneric || se.Status.SC() != 0x80 {
+		t.Fatalf("read past the namespace: %v, want an LBA out of range status", ios[0].Err)
+	}
+	t.Logf("device status reported as: %v", ios[0].Err)
+	if ios[1].Err != nil {
+		t.Fatalf("the other IO of the batch: %v", ios[1].Err)
+	}
+
+	// The same through the ioctl path.
+	d := e.Device()
+	c, _ := ReadCmd(RW{NSID: d.NSID, SLBA: d.NS.NSZE, NLB: 1, Addr: addrOf(b), Len: uint32(lba)})
+	if _, err := d.IO(c, b); !errors.As(err, &se) || !errors.Is(err, ErrRange) {
+		t.Fatalf("ioctl read past the end: %v", err)
+	}
+
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Do(ios); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Do after Close: %v", err)
+	}
+	if err := e.Sync(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Sync after Close: %v", err)
+	}
+}
+
+func TestEngineRegisterMemory(t *testing.T) {
+	e := openTestEngine(t, EngineOptions{QueueDepth: 4, BufferPool: -1})
+	mem := alloc(t, e, 1<<20, false)
+	unregister, err := e.RegisterMemory(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(mem, 42)
+	before := e.Stats().FixedCommands
+	doOK(t, e, []store.IO{{Op: store.OpWrite, Off: 200 << 20, Buf: mem}})
+	if e.Stats().FixedCommands == before {
+		t.Errorf("registered memory not used as a fixed buffer")
+	}
+	unregister()
+	got := alloc(t, e, 1<<20, false)
+	doOK(t, e, []store.IO{{Op: store.OpRead, Off: 200 << 20, Buf: got}})
+	if !bytes.Equal(got, mem) {
+		t.Fatal("read back differs")
+	}
+	fixed := e.Stats().FixedCommands
+	doOK(t, e, []store.IO{{Op: store.OpRead, Off: 200 << 20, Buf: mem}})
+	if e.Stats().FixedCommands != fixed {
+		t.Errorf("unregistered memory still used as a fixed buffer")
+	}
+}
+
+// TestEnginePlacement checks, through the reclaim unit handle status, that
+// a write tagged for a stream lowers exactly the available space of that
+// stream's handle. (QEMU accepts invalid placement identifiers silently,
+// so only the handle status proves where a write went.)
+func TestEnginePlacement(t *testing.T) {
+	if wantFDP() == "off" {
+		t.Skip("booted without FDP")
+	}
+	e := openTestEngine(t, EngineOptions{QueueDepth: 8})
+	info, err := e.FDPInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Enabled {
+		t.Skipf("namespace without FDP: %s", info.Reason)
+	}
+	lba := e.Align()
+	const blocks = 5
+	buf := alloc(t, e, blocks*lba, true)
+	off := int64(300 << 20)
+	streams := []uint16{store.StreamMeta}
+	for i := 0; i < store.DataStreams; i++ {
+		streams = append(streams, store.StreamData+uint16(i))
+	}
+	seen := map[int]bool{}
+	for _, s := range streams {
+		h := e.Placement().Handle(s)
+		seen[h] = true
+		before, err := e.FDPInfo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill(buf, uint64(s))
+		doOK(t, e, []store.IO{{Op: store.OpWrite, Off: off, Buf: buf, Stream: s}})
+		off += int64(len(buf))
+		after, err := e.FDPInfo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range after.Handles {
+			want := before.Handles[i].RUAMW
+			if i == h {
+				want -= blocks
+			}
+			if after.Handles[i].RUAMW != want {
+				t.Errorf("stream %d (handle %d, pid %d): handle %d available %d → %d, want %d",
+					s, h, e.Placement().PID(s), i, before.Handles[i].RUAMW, after.Handles[i].RUAMW, want)
+			}
+		}
+	}
+	if len(info.Handles) >= 8 && len(seen) != 8 {
+		t.Errorf("8 streams on %d handles, want 8", len(seen))
+	}
+	t.Logf("stats %s", e.Stats())
+
+	// FDP "off" on the same namespace: writes go untagged, which the
+	// controller places on placement handle 0, whatever the stream.
+	e.Close()
+	off2 := openTestEngine(t, EngineOptions{FDP: "off"})
+	if len(off2.Placement().PIDs) != 0 {
+		t.Fatalf("placement with FDP off: %v", off2.Placement())
+	}
+	before, err := off2.Device().RUHStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doOK(t, off2, []store.IO{{Op: store.OpWrite, Off: off, Buf: buf, Stream: store.StreamData + 4}})
+	after, err := off2.Device().RUHStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range after {
+		want := before[i].RUAMW
+		if i == 0 {
+			want -= blocks
+		}
+		if after[i].RUAMW != want {
+			t.Errorf("FDP off: handle %d available %d → %d, want %d", i, before[i].RUAMW, after[i].RUAMW, want)
+		}
+	}
+}
+
+// TestEngineNoFDP: on a namespace without FDP the engine works without
+// placement (the fallback path) and says why.
+func TestEngineNoFDP(t *testing.T) {
+	if wantFDP() == "on" {
+		t.Skip("booted with FDP")
+	}
+	e := openTestEngine(t, EngineOptions{})
+	info, err := e.FDPInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Enabled || info.Reason == "" || len(e.Placement().PIDs) != 0 {
+		t.Fatalf("FDP info %+v, placement %v", info, e.Placement())
+	}
+	t.Logf("no FDP: %s", info.Reason)
+	w := alloc(t, e, 128<<10, true)
+	r := alloc(t, e, 128<<10, true)
+	fill(w, 9)
+	doOK(t, e, []store.IO{{Op: store.OpWrite, Off: 4 << 20, Buf: w, Stream: store.StreamData + 3}})
+	if err := e.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	doOK(t, e, []store.IO{{Op: store.OpRead, Off: 4 << 20, Buf: r}})
+	if !bytes.Equal(w, r) {
+		t.Fatal("read back differs")
+	}
+}
+
+func TestEngineBlockDevicePath(t *testing.T) {
+	testDevicePath(t)
+	if _, err := os.Stat("/dev/nvme0n1"); err != nil {
+		t.Skip("no /dev/nvme0n1")
+	}
+	e, err := OpenEngine("/dev/nvme0n1", EngineOptions{Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if e.Device().Path != "/dev/ng0n1" {
+		t.Fatalf("block device mapped to %s", e.Device().Path)
+	}
+}
+
+// TestAvailableUnprivileged runs Available in a child process as nobody:
+// the char device is root's (0600), so passthrough is unavailable for
+// permission reasons and Available says so.
+func TestAvailableUnprivileged(t *testing.T) {
+	path := testDevicePath(t)
+	if os.Getenv("KVFS_NVME_CHILD") == "1" {
+		err := Available(path)
+		fmt.Printf("CHILD-RESULT %v|perm=%v|unavail=%v\n", err, errors.Is(err, ErrPermission), errors.Is(err, ErrUnavailable))
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to switch to an unprivileged user")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestAvailableUnprivileged$", "-test.v")
+	cmd.Env = append(os.Environ(), "KVFS_NVME_CHILD=1", "KVFS_NVME_DEV="+path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	line := ""
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "CHILD-RESULT ") {
+			line = l
+		}
+	}
+	t.Logf("as uid 65534: %s", line)
+	if !strings.Contains(line, "perm=true") || !strings.Contains(line, "unavail=true") {
+		t.Fatalf("Available as nobody: %q, want a permission error\n%s", line, out)
+	}
+}
+
+// TestAvailableNotNVMe: paths that are not NVMe namespaces.
+func TestAvailableNotNVMe(t *testing.T) {
+	for _, c := range []struct {
+		path string
+		want error
+	}{
+		{"/dev/null", ErrNotNVMe},
+		{"/dev/nonexistent-ng9n9", ErrNotCharDevice},
+		{"/proc/self/status", ErrNotCharDevice},
+	} {
+		err := Available(c.path)
+		if !errors.Is(err, ErrUnavailable) || !errors.Is(err, c.want) {
+			t.Errorf("Available(%s) = %v, want %v", c.path, err, c.want)
+		}
+		if _, err := OpenEngine(c.path, EngineOptions{}); !errors.Is(err, ErrUnavailable) {
+			t.Errorf("OpenEngine(%s) = %v", c.path, err)
+		}
+	}
+	if _, err := OpenEngine("/dev/null", EngineOptions{FDP: "sometimes"}); err == nil {
+		t.Error("bad FDP option accepted")
+	}
+}
+
+func TestBufPool(t *testing.T) {
+	mem, err := store.AllocAligned(64 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.FreeAligned(mem)
+	p := newBufPool(mem, 4096)
+	a, ok1 := p.alloc(5000) // 2 pages
+	b, ok2 := p.alloc(4096)
+	c, ok3 := p.alloc(40 << 10)
+	if !ok1 || !ok2 || !ok3 || len(a) != 5000 || cap(a) != 8192 {
+		t.Fatalf("allocs %v %v %v len %d cap %d", ok1, ok2, ok3, len(a), cap(a))
+	}
+	if _, ok := p.alloc(16 << 10); ok {
+		t.Fatal("allocated past the pool")
+	}
+	if !p.release(b) || p.release(make([]byte, 10)) {
+		t.Fatal("release")
+	}
+	p.release(a)
+	p.release(c)
+	if len(p.free) != 1 || p.free[0] != [2]int{0, 64 << 10} {
+		t.Fatalf("free list not coalesced: %v", p.free)
+	}
+	if _, ok := p.alloc(64 << 10); !ok {
+		t.Fatal("whole pool after release")
+	}
+}
