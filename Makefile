@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin/kvfs
 
-.PHONY: all build deps test check unit fuzz run bench clean
+.PHONY: all build deps test check unit fuzz test-nvme run bench clean
 
 all: build
 
@@ -30,7 +30,12 @@ fuzz:
 	    echo "fuzz $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f\$$" -fuzztime=$(FUZZTIME) $$pkg; \
 	  done; done
 
-test: deps check unit fuzz
+# NVMe passthrough engine tests inside QEMU's emulated NVMe (FDP and plain
+# namespaces, power-cut crash test); see integration/nvme/run.sh.
+test-nvme:
+	bash integration/nvme/run.sh
+
+test: deps check unit fuzz test-nvme
 
 clean:
 	rm -rf bin out
