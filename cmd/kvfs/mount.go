@@ -1,0 +1,465 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/engine"
+	"github.com/kvfs/kvfs/fs"
+	"github.com/kvfs/kvfs/store"
+)
+
+// mountOptions are the flags of kvfs mount.
+type mountOptions struct {
+	storeFlags
+	daemon      bool
+	allowOther  bool
+	metricsAddr string
+	ctlMode     string
+	ctlGroup    string
+	logFile     string
+	wait        time.Duration
+	debugFUSE   bool
+}
+
+// daemonEnv marks the detached child of kvfs mount --daemon.
+const daemonEnv = "KVFS_MOUNT_DAEMON_CHILD"
+
+func init() {
+	var o mountOptions
+	c := &cobra.Command{
+		Use:   "mount STORE MOUNTPOINT",
+		Short: "Mount a store as a FUSE file system",
+		Long: `Mount STORE on MOUNTPOINT: layer-<L>/block-<id>/head-<H>/K|V are the groups,
+.kvfs/ctl takes the control ioctls, .kvfs/stats and .kvfs/geometry describe the
+store. See the fs package documentation for what each file operation does.
+
+Runs in the foreground until SIGINT or SIGTERM (or kvfs umount), then
+unmounts, closes the store durably and exits 0. A stale mount left on
+MOUNTPOINT by a daemon that died ("transport endpoint is not connected") is
+detached first.
+
+--daemon starts the same command detached (new session, stdin /dev/null,
+output to --log-file) and returns once the mount answers, or fails after
+--wait with the end of the log. The default log file is
+/var/log/kvfs/<store name>.log as root, else <STORE>.log next to the store.
+
+As root the mount is made with mount(2); other users need fusermount3
+(Debian: apt-get install fuse3) and, for --allow-other, user_allow_other in
+/etc/fuse.conf.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 2 || args[0] == "" || args[1] == "" {
+				return usageErrorf("mount takes STORE and MOUNTPOINT, got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0], args[1]) },
+	}
+	f := c.Flags()
+	addEngineFlag(c, &o.engine)
+	f.BoolVar(&o.daemon, "daemon", false, "run detached; return once the mount answers")
+	f.BoolVar(&o.allowOther, "allow-other", false, "let other users use the mount (the kernel then checks permissions)")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on ADDR (host:port) at /metrics")
+	f.StringVar(&o.ctlMode, "ctl-mode", "0600", "permission bits of .kvfs/ctl (octal)")
+	f.StringVar(&o.ctlGroup, "ctl-group", "", "group owning .kvfs/ctl (name or gid; default: the mounting user's group)")
+	f.StringVar(&o.logFile, "log-file", "", "log file of --daemon (default: see above)")
+	f.DurationVar(&o.wait, "wait", time.Minute, "how long --daemon waits for the mount to answer")
+	f.BoolVar(&o.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
+	addCommand(c)
+}
+
+// parseCtl checks --ctl-mode and --ctl-group.
+func (o *mountOptions) parseCtl() (os.FileMode, *uint32, error) {
+	m, err := strconv.ParseUint(o.ctlMode, 8, 32)
+	if err != nil || m > 0o777 {
+		return 0, nil, usageErrorf("--ctl-mode %q: want octal permission bits such as 0600 or 0660", o.ctlMode)
+	}
+	if m == 0 {
+		return 0, nil, usageErrorf("--ctl-mode 0 would let nobody but root open .kvfs/ctl")
+	}
+	if o.ctlGroup == "" {
+		return os.FileMode(m), nil, nil
+	}
+	gid, err := strconv.ParseUint(o.ctlGroup, 10, 32)
+	if err != nil {
+		g, lerr := user.LookupGroup(o.ctlGroup)
+		if lerr != nil {
+			return 0, nil, usageErrorf("--ctl-group %q: %v", o.ctlGroup, lerr)
+		}
+		if gid, err = strconv.ParseUint(g.Gid, 10, 32); err != nil {
+			return 0, nil, usageErrorf("--ctl-group %q: gid %q", o.ctlGroup, g.Gid)
+		}
+	}
+	g := uint32(gid)
+	return os.FileMode(m), &g, nil
+}
+
+func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) error {
+	if _, _, err := o.parseCtl(); err != nil {
+		return err
+	}
+	if o.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(o.metricsAddr); err != nil {
+			return usageErrorf("--metrics-addr %q: want host:port (e.g. :9400)", o.metricsAddr)
+		}
+	}
+	if _, err := newLogger(cmd); err != nil {
+		return err
+	}
+	if _, err := engine.ParseKind(o.engine); err != nil {
+		return usageErrorf("--engine: %v", err)
+	}
+	if o.daemon && os.Getenv(daemonEnv) == "" {
+		return o.startDaemon(cmd, storePath, mountpoint)
+	}
+	return o.serve(cmd, storePath, mountpoint)
+}
+
+// defaultLogFile is where --daemon writes its log.
+func defaultLogFile(storePath string) string {
+	if os.Geteuid() == 0 {
+		name := strings.TrimSuffix(filepath.Base(storePath), filepath.Ext(storePath))
+		if name == "" || name == "." || name == "/" {
+			name = "kvfs"
+		}
+		return filepath.Join("/var/log/kvfs", name+".log")
+	}
+	abs, err := filepath.Abs(storePath)
+	if err != nil {
+		abs = storePath
+	}
+	return abs + ".log"
+}
+
+// startDaemon re-executes this command detached and waits until the mount
+// answers (a stat of MOUNTPOINT/.kvfs/geometry), the child exits, or --wait
+// passes.
+func (o *mountOptions) startDaemon(cmd *cobra.Command, storePath, mountpoint string) error {
+	if _, err := checkMountpoint(mountpoint); err != nil {
+		return err
+	}
+	logPath := o.logFile
+	if logPath == "" {
+		logPath = defaultLogFile(storePath)
+	}
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return fmt.Errorf("log directory: %w", err)
+	}
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("log file: %w", err)
+	}
+	defer logf.Close()
+	start, _ := logf.Seek(0, io.SeekEnd)
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	// The daemon runs in / so that it pins no directory: give it absolute
+	// paths and the flags this command was given.
+	absStore, err := filepath.Abs(storePath)
+	if err != nil {
+		return err
+	}
+	absMount, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return err
+	}
+	args := []string{cmd.Name(), absStore, absMount}
+	cmd.Flags().Visit(func(f *pflag.Flag) { args = append(args, "--"+f.Name+"="+f.Value.String()) })
+	child := exec.Command(exe, args...)
+	child.Env = append(os.Environ(), daemonEnv+"=1")
+	child.Stdin, child.Stdout, child.Stderr = devnull, logf, logf
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	child.Dir = "/"
+	if err := child.Start(); err != nil {
+		return fmt.Errorf("start daemon: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	probe := filepath.Join(mountpoint, ".kvfs", "geometry")
+	deadline := time.Now().Add(o.wait)
+	for {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("daemon exited before the mount was ready (%v); log %s:\n%s", err, logPath, logTail(logPath, start))
+		case <-time.After(50 * time.Millisecond):
+		}
+		if mi, ok, _ := fs.FindMount(mountpoint); ok && mi.FSType == "fuse.kvfs" {
+			if _, err := os.Stat(probe); err == nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "kvfs: mounted %s on %s (pid %d, log %s)\n", storePath, mountpoint, child.Process.Pid, logPath)
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			_ = child.Process.Signal(syscall.SIGTERM)
+			return fmt.Errorf("mount not ready after %v (daemon pid %d stopped); log %s:\n%s", o.wait, child.Process.Pid, logPath, logTail(logPath, start))
+		}
+	}
+}
+
+// logTail returns the last lines a daemon wrote to its log since offset.
+func logTail(path string, offset int64) string {
+	b, err := os.ReadFile(path)
+	if err != nil || offset > int64(len(b)) {
+		return ""
+	}
+	b = b[offset:]
+	if len(b) > 4096 {
+		b = b[len(b)-4096:]
+	}
+	return strings.TrimRight(string(b), "\n")
+}
+
+// checkMountpoint detaches a stale mount on mountpoint (reporting whether
+// there was one) and refuses a mountpoint serving a live kvfs mount.
+func checkMountpoint(mountpoint string) (stale bool, err error) {
+	if stale, err = fs.CleanStale(mountpoint); err != nil {
+		return stale, err
+	}
+	st, err := os.Stat(mountpoint)
+	if err != nil {
+		return stale, fmt.Errorf("mountpoint: %w", err)
+	}
+	if !st.IsDir() {
+		return stale, fmt.Errorf("mountpoint %s is not a directory", mountpoint)
+	}
+	if mi, ok, err := fs.FindMount(mountpoint); err == nil && ok && mi.FSType == "fuse.kvfs" {
+		return stale, fmt.Errorf("%s is already a kvfs mount (of %s); kvfs umount it first", mountpoint, mi.Source)
+	}
+	return stale, nil
+}
+
+// serve mounts in this process and serves until a signal or an unmount.
+func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (err error) {
+	log, err := newLogger(cmd)
+	if err != nil {
+		return err
+	}
+	ctlMode, ctlGID, err := o.parseCtl()
+	if err != nil {
+		return err
+	}
+	kind, err := engine.ParseKind(o.engine)
+	if err != nil {
+		return usageErrorf("--engine: %v", err)
+	}
+	if stale, err := checkMountpoint(mountpoint); err != nil {
+		return err
+	} else if stale {
+		log.Warn("mount: detached a stale mount left by a dead daemon", zap.String("mountpoint", mountpoint))
+	}
+	abs, err := filepath.Abs(storePath)
+	if err != nil {
+		return err
+	}
+
+	pm := newPromMetrics()
+	s, closeAll, err := engine.OpenStore(storePath, engine.Options{Kind: kind, Logger: log},
+		store.Options{Logger: log, Observe: pm.observe})
+	if err != nil {
+		return err
+	}
+	defer closeInto(&err, closeAll)
+
+	srv, err := fs.Mount(mountpoint, s, fs.Options{
+		Logger: log, CtlMode: ctlMode, CtlGID: ctlGID, AllowOther: o.allowOther,
+		FsName: abs, Debug: o.debugFUSE,
+	})
+	if err != nil {
+		return err
+	}
+	var fuseConn uint32
+	var st unix.Stat_t
+	if unix.Stat(mountpoint, &st) == nil {
+		fuseConn = unix.Minor(st.Dev)
+	}
+	log.Info("mount: serving", zap.String("store", abs), zap.String("mountpoint", mountpoint),
+		zap.String("engine", s.Engine().Name()), zap.Int("pid", os.Getpid()))
+
+	var httpSrv *http.Server
+	if o.metricsAddr != "" {
+		pm.register(s, srv.FS)
+		ln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			_ = fs.Detach(mountpoint)
+			srv.Wait()
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(pm.reg, promhttp.HandlerOpts{}))
+		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("mount: metrics server", zap.Error(err))
+			}
+		}()
+		log.Info("mount: metrics", zap.String("addr", ln.Addr().String()))
+	}
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case sig := <-sigs:
+			log.Info("mount: signal, unmounting", zap.String("signal", sig.String()))
+			shutdown(log, mountpoint, fuseConn, sigs, done)
+		case <-done:
+		}
+	})
+	srv.Wait()
+	close(done)
+	wg.Wait()
+	if httpSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = httpSrv.Shutdown(ctx)
+		cancel()
+	}
+	log.Info("mount: unmounted; closing the store", zap.String("mountpoint", mountpoint))
+	return nil
+}
+
+// shutdown unmounts after a signal: a clean unmount, retried while files are
+// open (EBUSY) for a few seconds, then a lazy one (the mount disappears at
+// once and goes when the last file closes). If the server still has not
+// stopped after shutdownGrace, or a second signal comes, the FUSE connection
+// is aborted so the store can be closed.
+func shutdown(log *zap.Logger, mountpoint string, conn uint32, sigs <-chan os.Signal, done <-chan struct{}) {
+	const busyRetry, shutdownGrace = 3 * time.Second, 10 * time.Second
+	deadline := time.Now().Add(busyRetry)
+	for {
+		err := fs.Unmount(mountpoint)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			log.Warn("mount: unmount failed, detaching lazily", zap.Error(err))
+			if err := fs.Detach(mountpoint); err != nil {
+				log.Error("mount: lazy unmount", zap.Error(err))
+			}
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case <-done:
+		return
+	case <-sigs:
+		log.Warn("mount: second signal, aborting the FUSE connection")
+	case <-time.After(shutdownGrace):
+		log.Warn("mount: files still open after the unmount, aborting the FUSE connection")
+	}
+	abortConn(log, conn)
+}
+
+// abortConn aborts FUSE connection conn through fusectl: every request in
+// flight fails and the server's loop ends.
+func abortConn(log *zap.Logger, conn uint32) {
+	if conn == 0 {
+		return
+	}
+	p := fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", conn)
+	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
+		log.Error("mount: abort FUSE connection", zap.String("path", p), zap.Error(err))
+	}
+}
+
+// promMetrics is what --metrics-addr exports.
+type promMetrics struct {
+	reg     *prometheus.Registry
+	latency *prometheus.HistogramVec
+	groups  *prometheus.HistogramVec
+}
+
+func newPromMetrics() *promMetrics {
+	pm := &promMetrics{reg: prometheus.NewRegistry()}
+	pm.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvfs_store_batch_seconds",
+		Help:    "Latency of store Read and Write batches.",
+		Buckets: prometheus.ExponentialBuckets(10e-6, 2, 20), // 10 µs … 5 s
+	}, []string{"op"})
+	pm.groups = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvfs_store_batch_groups",
+		Help:    "Groups per store Read and Write batch.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 14), // 1 … 8192
+	}, []string{"op"})
+	pm.reg.MustRegister(pm.latency, pm.groups,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return pm
+}
+
+// observe is store.Options.Observe.
+func (pm *promMetrics) observe(op store.Op, groups int, d time.Duration) {
+	name := "read"
+	if op == store.OpWrite {
+		name = "write"
+	}
+	pm.latency.WithLabelValues(name).Observe(d.Seconds())
+	pm.groups.WithLabelValues(name).Observe(float64(groups))
+}
+
+// register exports the store's and the file system's counters, read at
+// scrape time.
+func (pm *promMetrics) register(s *store.Store, f *fs.FS) {
+	counter := func(name, help string, v func() uint64) {
+		pm.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(v()) }))
+	}
+	gauge := func(name, help string, v func() float64) {
+		pm.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, v))
+	}
+	sm := s.Metrics
+	counter("kvfs_store_reads_total", "Groups read from the store.", func() uint64 { return sm().Reads })
+	counter("kvfs_store_writes_total", "Groups written to the store.", func() uint64 { return sm().Writes })
+	counter("kvfs_store_read_bytes_total", "Bytes of groups read.", func() uint64 { return sm().BytesRead })
+	counter("kvfs_store_written_bytes_total", "Bytes of groups written.", func() uint64 { return sm().BytesWritten })
+	counter("kvfs_store_hits_total", "Groups asked for and found.", func() uint64 { return sm().Hits })
+	counter("kvfs_store_misses_total", "Groups asked for and absent.", func() uint64 { return sm().Misses })
+	counter("kvfs_store_evictions_total", "Blocks evicted to make room.", func() uint64 { return sm().Evictions })
+	counter("kvfs_store_corrupt_total", "Groups whose checksum failed on read.", func() uint64 { return sm().Corrupt })
+	counter("kvfs_store_io_errors_total", "I/O errors of the store's engine.", func() uint64 { return sm().IOErrors })
+	gauge("kvfs_store_slots_used", "Slots holding a block.", func() float64 { return float64(s.Info().UsedSlots) })
+	gauge("kvfs_store_slots_free", "Slots free.", func() float64 { return float64(s.Info().FreeSlots) })
+	fm := f.Metrics
+	counter("kvfs_fs_lookups_total", "FUSE lookups.", func() uint64 { return fm().Lookups })
+	counter("kvfs_fs_opens_total", "Group files opened.", func() uint64 { return fm().Opens })
+	counter("kvfs_fs_reads_total", "FUSE reads of group files.", func() uint64 { return fm().Reads })
+	counter("kvfs_fs_read_bytes_total", "Bytes returned by reads of group files.", func() uint64 { return fm().ReadBytes })
+	counter("kvfs_fs_stored_total", "Groups stored through files.", func() uint64 { return fm().Stored })
+	counter("kvfs_fs_stored_bytes_total", "Bytes of groups stored through files.", func() uint64 { return fm().StoredBytes })
+	counter("kvfs_fs_deletes_total", "Groups removed through unlink.", func() uint64 { return fm().Deletes })
+	counter("kvfs_fs_rejected_total", "Closes refused for a wrong size.", func() uint64 { return fm().Rejected })
+	counter("kvfs_fs_errors_total", "Unexpected errors answered with EIO.", func() uint64 { return fm().Errors })
+	counter("kvfs_ctl_ioctls_total", "Ioctls on .kvfs/ctl.", func() uint64 { return fm().Ioctls })
+	gauge("kvfs_ctl_sessions_open", "Open handles of .kvfs/ctl.", func() float64 { return float64(fm().CtlOpen) })
+}
