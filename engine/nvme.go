@@ -19,12 +19,15 @@ func probeNVMe(path string) error {
 	if st.Mode()&os.ModeDevice == 0 {
 		return fmt.Errorf("%s is not a device, so not an NVMe namespace", path)
 	}
-	if err := nvme.Available(path); err != nil {
-		return err
-	}
-	return errNotBuilt // TODO(wire nvme): drop once openNVMe is wired
+	return nvme.Available(path)
 }
 
+// openNVMe opens the passthrough engine. It has no read-only mode: a
+// read-only store simply issues no writes.
 func openNVMe(path string, o Options) (store.Engine, error) {
-	return nil, errNotBuilt // TODO(wire nvme): nvme.OpenEngine(path, nvme.EngineOptions{…})
+	return nvme.OpenEngine(path, nvme.EngineOptions{
+		QueueDepth: o.QueueDepth,
+		FDP:        o.FDP,
+		Logger:     o.Logger,
+	})
 }
