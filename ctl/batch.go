@@ -1,0 +1,335 @@
+package ctl
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"unsafe"
+
+	"go.uber.org/zap"
+
+	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// ent is one decoded batch entry and its outcome.
+type ent struct {
+	e       abi.Entry
+	b       *buffer
+	valid   bool // passed every check; I/O may touch its tile
+	pitched bool // rows are not packed: bounce (LOAD) or gather row by row
+	st      abi.Status
+	det     abi.Detail
+	stage   int // offset of the entry's bounce or gather space in the staging buffer
+}
+
+// scratch is per-call working memory, pooled to keep a batch free of
+// allocations proportional to its entries.
+type scratch struct {
+	ents  []ent
+	rreqs []store.ReadReq
+	wreqs []store.WriteReq
+	idx   []int
+}
+
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+func (e *ent) key() layout.Key {
+	return layout.Key{Block: e.e.Block, Layer: int(e.e.Layer), Head: int(e.e.Head), Kind: layout.Kind(e.e.Kind)}
+}
+
+// tile is the entry's span of its registered buffer.
+func (e *ent) tile(extent int) []byte {
+	off := int(e.e.Offset)
+	return e.b.mem[off : off+extent : off+extent]
+}
+
+// batch serves LOAD and STORE: decode and check every entry, then move the
+// valid ones in as few store calls as the staging budget allows (one for
+// any batch of packed tiles), then write the statuses.
+func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
+	s := ss.srv
+	load := req.Op == abi.OpLoad
+	if !load && s.opts.ReadOnly {
+		return 0, ErrReadOnly
+	}
+	copy(out, in)
+	n := int(req.Header.Count)
+	sc := s.scratch.Get().(*scratch)
+	defer s.scratch.Put(sc)
+	if cap(sc.ents) < n {
+		sc.ents = make([]ent, n)
+	}
+	ents := sc.ents[:n]
+
+	ss.io.RLock()
+	defer ss.io.RUnlock()
+	ss.mu.Lock()
+	if ss.mu.closed {
+		ss.mu.Unlock()
+		return 0, ErrClosed
+	}
+	var last *buffer
+	for i := range ents {
+		e := &ents[i]
+		*e = ent{}
+		e.e.Unmarshal(req.Entries[i*abi.EntrySize:])
+		if last != nil && last.id == e.e.Buffer {
+			e.b = last
+		} else {
+			e.b = ss.mu.bufs[e.e.Buffer]
+			last = e.b
+		}
+	}
+	ss.mu.Unlock()
+
+	bad := 0
+	rowBytes := s.tile.RowBytes
+	for i := range ents {
+		e := &ents[i]
+		var bufLen uint64
+		if e.b != nil {
+			bufLen = uint64(len(e.b.mem))
+		}
+		if _, err := s.tile.Check(&e.e, bufLen, e.b != nil); err != nil {
+			e.st, e.det = abi.BadRequest, abi.DetailOf(err)
+			bad++
+			continue
+		}
+		e.valid = true
+		e.pitched = e.e.Pitch != 0 && e.e.Pitch != rowBytes
+	}
+
+	// Windows of entries whose staging fits the budget.
+	for lo := 0; lo < n; {
+		hi, bytes := lo, 0
+		for ; hi < n; hi++ {
+			need := 0
+			if e := &ents[hi]; e.valid && (e.pitched || !load) {
+				need = s.gb
+			}
+			if hi > lo && bytes+need > s.opts.MaxStagingBytes {
+				break
+			}
+			bytes += need
+		}
+		var err error
+		if load {
+			err = ss.load(ents[lo:hi], bytes, sc)
+		} else {
+			err = ss.store(ents[lo:hi], bytes, sc)
+		}
+		if err != nil {
+			return 0, err
+		}
+		lo = hi
+	}
+
+	nok := 0
+	for i := range ents {
+		b := out[abi.BatchHeaderSize+i*abi.EntrySize:]
+		b[abi.EntryStatusOff] = uint8(ents[i].st)
+		b[abi.EntryDetailOff] = uint8(ents[i].det)
+		if ents[i].st == abi.OK {
+			nok++
+		}
+	}
+	binary.LittleEndian.PutUint32(out[abi.HeaderNOKOff:], uint32(nok))
+	s.m.bad.Add(uint64(bad))
+	if load {
+		s.m.loads.Add(1)
+		s.m.loaded.Add(uint64(nok))
+	} else {
+		s.m.stores.Add(1)
+		s.m.stored.Add(uint64(nok))
+	}
+	return int32(nok), nil
+}
+
+// load reads the valid entries of ents with one store.Read. Packed tiles are
+// read straight into the registered memory (the store lands coalesced runs
+// there directly when the tiles are contiguous and aligned); pitched tiles
+// are read into staging and scattered row by row.
+func (ss *Session) load(ents []ent, stageBytes int, sc *scratch) error {
+	s := ss.srv
+	var stage []byte
+	if stageBytes > 0 {
+		var err error
+		if stage, err = s.stage.get(stageBytes); err != nil {
+			return err
+		}
+		defer s.stage.put(stage)
+	}
+	reqs, idx := sc.rreqs[:0], sc.idx[:0]
+	off := 0
+	for i := range ents {
+		e := &ents[i]
+		if !e.valid {
+			continue
+		}
+		var buf []byte
+		if e.pitched {
+			e.stage = off
+			buf = stage[off : off+s.gb : off+s.gb]
+			off += s.gb
+		} else {
+			buf = e.tile(s.gb)
+		}
+		reqs = append(reqs, store.ReadReq{Key: e.key(), Buf: buf})
+		idx = append(idx, i)
+	}
+	defer func() {
+		clear(reqs) // drop references to client memory
+		sc.rreqs, sc.idx = reqs[:0], idx[:0]
+	}()
+	if len(reqs) == 0 {
+		return nil
+	}
+	return ss.guard(ents, func() error {
+		if err := s.st.Read(reqs); err != nil {
+			return err
+		}
+		rows, rowBytes := int(s.tile.Rows), int(s.tile.RowBytes)
+		for k := range reqs {
+			e := &ents[idx[k]]
+			e.st, e.det = loadStatus(reqs[k].Err)
+			if !e.pitched || (e.st != abi.OK && e.st != abi.Corrupt) {
+				continue
+			}
+			// Scatter; a corrupt group's staging was zeroed by the store,
+			// so its tile is zeroed as a packed one would be.
+			src := reqs[k].Buf
+			pitch := int(e.e.Pitch)
+			dst := e.tile((rows-1)*pitch + rowBytes)
+			for r := range rows {
+				copy(dst[r*pitch:r*pitch+rowBytes], src[r*rowBytes:(r+1)*rowBytes])
+			}
+		}
+		return nil
+	})
+}
+
+// store copies the valid entries' tiles out of the registered memory into
+// staging (so the checksum the store computes is of the bytes it writes) and
+// writes them with one store.Write.
+func (ss *Session) store(ents []ent, stageBytes int, sc *scratch) error {
+	s := ss.srv
+	if stageBytes == 0 {
+		return nil
+	}
+	stage, err := s.stage.get(stageBytes)
+	if err != nil {
+		return err
+	}
+	defer s.stage.put(stage)
+	reqs, idx := sc.wreqs[:0], sc.idx[:0]
+	defer func() {
+		clear(reqs)
+		sc.wreqs, sc.idx = reqs[:0], idx[:0]
+	}()
+	rows, rowBytes := int(s.tile.Rows), int(s.tile.RowBytes)
+	err = ss.guard(ents, func() error {
+		off := 0
+		for i := range ents {
+			e := &ents[i]
+			if !e.valid {
+				continue
+			}
+			dst := stage[off : off+s.gb : off+s.gb]
+			off += s.gb
+			if e.pitched {
+				pitch := int(e.e.Pitch)
+				src := e.tile((rows-1)*pitch + rowBytes)
+				for r := range rows {
+					copy(dst[r*rowBytes:(r+1)*rowBytes], src[r*pitch:r*pitch+rowBytes])
+				}
+			} else {
+				copy(dst, e.tile(s.gb))
+			}
+			reqs = append(reqs, store.WriteReq{Key: e.key(), Data: dst})
+			idx = append(idx, i)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	werr := s.st.Write(reqs)
+	if errors.Is(werr, store.ErrClosed) {
+		return werr
+	}
+	for k := range reqs {
+		e := &ents[idx[k]]
+		e.st, e.det = storeStatus(reqs[k].Err)
+		if werr != nil && e.st == abi.OK {
+			// The batch failed as a whole: claim nothing.
+			e.st = abi.IOError
+		}
+	}
+	if werr != nil {
+		s.log.Warn("ctl: store batch failed", zap.Error(werr))
+	}
+	return nil
+}
+
+// guard runs f with faults on memory access turned into panics, and turns a
+// fault inside one of the entries' registered buffers into ErrFault. Any
+// other panic propagates.
+func (ss *Session) guard(ents []ent, f func() error) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		r := recover()
+		if r == nil {
+			return
+		}
+		a, ok := r.(interface{ Addr() uintptr })
+		if !ok || !owns(ents, a.Addr()) {
+			panic(r)
+		}
+		ss.srv.m.faults.Add(1)
+		err = fmt.Errorf("%w: at %#x", ErrFault, a.Addr())
+	}()
+	return f()
+}
+
+func owns(ents []ent, addr uintptr) bool {
+	var last *buffer
+	for i := range ents {
+		if b := ents[i].b; b != nil && b != last {
+			if b.contains(addr) {
+				return true
+			}
+			last = b
+		}
+	}
+	return false
+}
+
+func loadStatus(err error) (abi.Status, abi.Detail) {
+	switch {
+	case err == nil:
+		return abi.OK, abi.BadNone
+	case errors.Is(err, store.ErrNotFound):
+		return abi.Absent, abi.BadNone
+	case errors.Is(err, store.ErrCorrupt):
+		return abi.Corrupt, abi.BadNone
+	case errors.Is(err, store.ErrInvalid), errors.Is(err, store.ErrSize):
+		return abi.BadRequest, abi.BadKey
+	}
+	return abi.IOError, abi.BadNone
+}
+
+func storeStatus(err error) (abi.Status, abi.Detail) {
+	switch {
+	case err == nil:
+		return abi.OK, abi.BadNone
+	case errors.Is(err, store.ErrFull):
+		return abi.NoSpace, abi.BadNone
+	case errors.Is(err, store.ErrInvalid), errors.Is(err, store.ErrSize):
+		return abi.BadRequest, abi.BadKey
+	}
+	return abi.IOError, abi.BadNone
+}

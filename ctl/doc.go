@@ -1,0 +1,37 @@
+// Package ctl serves the kvfs control ioctls (ABI in package ctl/abi,
+// docs/abi.md and include/kvfs.h): INFO, REGISTER_HOST, UNREGISTER, and the
+// batched LOAD and STORE of groups between the store and memory a client
+// registered.
+//
+// The FUSE layer (package fs) calls Server.Open when a process opens
+// .kvfs/ctl, with the caller's uid and gid, and routes that open file's
+// ioctls to the returned Session and its release to Session.Release. This
+// package does not import fs (nor fs this one): cmd/kvfs wires them with a
+// two-line adapter.
+//
+// Invariants:
+//
+//   - Every entry of a batch is checked before any I/O: its key against the
+//     geometry, its buffer id against the registrations of this session
+//     only, and offset + extent against the registered length in exact
+//     (overflow-free) arithmetic. An entry that fails gets status
+//     BadRequest and is not touched; the others proceed.
+//   - The daemon writes into a registered buffer only inside a tile of an
+//     entry that passed those checks, and reads (STORE) only from such
+//     tiles. STORE copies each tile out of the client's memory before the
+//     store checksums it, so a client racing its own memory cannot make a
+//     checksum disagree with the data written.
+//   - Registrations belong to the session. Release (the last close of the
+//     file, including when the client was killed) unmaps and unregisters all
+//     of them; nothing outlives the session.
+//   - A client that shrinks a registered file makes the daemon's accesses
+//     past the new end fault (SIGBUS). LOAD and STORE run with
+//     debug.SetPanicOnFault, recover a fault whose address lies inside one of
+//     the session's mappings, and fail that ioctl with EFAULT; the daemon
+//     keeps serving.
+//
+// Lock order: Session.io before Session.mu. io is held shared by LOAD and
+// STORE for the duration of their I/O and exclusively by UNREGISTER and
+// Release while they unmap; mu guards the session's registration table and
+// is never held across I/O or mmap.
+package ctl

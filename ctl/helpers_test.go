@@ -1,0 +1,273 @@
+package ctl
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
+)
+
+// testGeo: 2 layers × 4 heads × 2 = 16 groups of 16 rows × 32 bytes = 512 bytes.
+var testGeo = layout.Geometry{Layers: 2, KVHeads: 4, HeadDim: 16, BlockTokens: 16, DType: layout.BF16, Align: 512}
+
+type fixture struct {
+	t   testing.TB
+	srv *Server
+	st  *store.Store
+	mem *storetest.Mem
+	gb  int
+}
+
+func newFixture(t testing.TB, slots int, o Options) *fixture {
+	t.Helper()
+	m := storetest.NewMem(store.SizeFor(testGeo, int64(slots)), 512)
+	if _, err := store.Format(m, testGeo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(m, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(st, o)
+	t.Cleanup(func() {
+		if n := srv.Sessions(); n != 0 {
+			t.Errorf("%d sessions left open", n)
+		}
+		if m := srv.Metrics(); m.Buffers != 0 || m.RegisteredBytes != 0 {
+			t.Errorf("registrations left: %+v", m)
+		}
+		srv.Close()
+		st.Close()
+	})
+	return &fixture{t: t, srv: srv, st: st, mem: m, gb: testGeo.GroupBytes()}
+}
+
+func (f *fixture) open(uid, gid uint32) *Session {
+	f.t.Helper()
+	ss, errno := f.srv.Open(uid, gid)
+	if errno != 0 {
+		f.t.Fatalf("open: %v", errno)
+	}
+	f.t.Cleanup(ss.Release)
+	return ss
+}
+
+// groupData is deterministic content for a key and a version.
+func groupData(k layout.Key, version int) []byte {
+	b := make([]byte, testGeo.GroupBytes())
+	r := rand.New(rand.NewPCG(k.Block, uint64(testGeo.Index(k))<<32|uint64(version)))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func (f *fixture) put(keys []layout.Key, version int) {
+	f.t.Helper()
+	reqs := make([]store.WriteReq, len(keys))
+	for i, k := range keys {
+		reqs[i] = store.WriteReq{Key: k, Data: groupData(k, version)}
+	}
+	if err := f.st.Write(reqs); err != nil {
+		f.t.Fatal(err)
+	}
+	for _, r := range reqs {
+		if r.Err != nil {
+			f.t.Fatal(r.Err)
+		}
+	}
+}
+
+// corrupt flips a byte of a stored group's payload on the device.
+func (f *fixture) corrupt(k layout.Key) {
+	f.t.Helper()
+	gi, err := f.st.Stat(k)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	sb := f.st.Superblock()
+	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + testGeo.Offset(testGeo.Index(k))
+	img := f.mem.Image()
+	f.mem.Poke(off+7, []byte{img[off+7] ^ 0xff})
+}
+
+func blockKeys(block uint64) []layout.Key {
+	keys := make([]layout.Key, testGeo.GroupsPerBlock())
+	for i := range keys {
+		keys[i] = testGeo.KeyAt(block, i)
+	}
+	return keys
+}
+
+const guardByte = 0xA5
+
+// shm is a file in /dev/shm mapped by the test (the client's view). The
+// registered part is its first n bytes; the guard bytes after it must never
+// change.
+type shm struct {
+	path  string
+	mem   []byte // whole file
+	n     int    // registered length
+	guard int
+}
+
+func needShm(t testing.TB) {
+	var fs unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		t.Skip("needs /dev/shm on tmpfs")
+	}
+}
+
+func newShm(t testing.TB, n, guard int) *shm {
+	t.Helper()
+	needShm(t)
+	path := filepath.Join("/dev/shm", fmt.Sprintf("kvfs-ctl-test-%d-%x", os.Getpid(), rand.Uint64()))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	t.Cleanup(func() { os.Remove(path) })
+	if err := f.Truncate(int64(n + guard)); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, n+guard, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	for i := n; i < n+guard; i++ {
+		mem[i] = guardByte
+	}
+	return &shm{path: path, mem: mem, n: n, guard: guard}
+}
+
+func (s *shm) checkGuard(t testing.TB) {
+	t.Helper()
+	for i := s.n; i < s.n+s.guard; i++ {
+		if s.mem[i] != guardByte {
+			t.Fatalf("guard byte %d after the registered region changed to %#x", i-s.n, s.mem[i])
+		}
+	}
+}
+
+func register(t testing.TB, ss *Session, path string, length uint64) (uint32, syscall.Errno) {
+	t.Helper()
+	var r abi.RegisterHost
+	r.ABI, r.Length = abi.Version, length
+	if !r.SetPath(path) {
+		t.Fatalf("path too long")
+	}
+	in := make([]byte, abi.RegisterHostSize)
+	r.Marshal(in)
+	out := make([]byte, abi.RegisterHostSize)
+	if _, errno := ss.Ioctl(abi.CmdRegisterHost, in, out); errno != 0 {
+		return 0, errno
+	}
+	var got abi.RegisterHost
+	got.Unmarshal(out)
+	if got.Buffer == 0 {
+		t.Fatalf("buffer id 0")
+	}
+	if !bytes.Equal(got.Path[:], r.Path[:]) {
+		t.Fatalf("path not echoed")
+	}
+	return got.Buffer, 0
+}
+
+func mustRegister(t testing.TB, ss *Session, s *shm) uint32 {
+	t.Helper()
+	id, errno := register(t, ss, s.path, uint64(s.n))
+	if errno != 0 {
+		t.Fatalf("register %s: %v", s.path, errno)
+	}
+	return id
+}
+
+func unregister(ss *Session, id uint32) syscall.Errno {
+	in := make([]byte, abi.UnregisterSize)
+	u := abi.Unregister{ABI: abi.Version, Buffer: id}
+	u.Marshal(in)
+	_, errno := ss.Ioctl(abi.CmdUnregister, in, nil)
+	return errno
+}
+
+func entry(k layout.Key, buf uint32, off uint64, pitch uint32) abi.Entry {
+	return abi.Entry{Block: k.Block, Layer: uint16(k.Layer), Head: uint16(k.Head), Kind: uint8(k.Kind), Buffer: buf, Offset: off, Pitch: pitch}
+}
+
+// encodeBatch builds the argument of a LOAD or STORE; small picks the
+// 63-entry command.
+func encodeBatch(load, small bool, es []abi.Entry) (uint32, []byte) {
+	cmd, size := abi.CmdLoad, abi.BatchSize
+	switch {
+	case load && small:
+		cmd, size = abi.CmdLoadSmall, abi.BatchSmallSz
+	case !load && small:
+		cmd, size = abi.CmdStoreSmall, abi.BatchSmallSz
+	case !load:
+		cmd = abi.CmdStore
+	}
+	in := make([]byte, size)
+	h := abi.BatchHeader{ABI: abi.Version, Count: uint32(len(es))}
+	h.Marshal(in)
+	for i := range es {
+		es[i].Marshal(in[abi.BatchHeaderSize+i*abi.EntrySize:])
+	}
+	return cmd, in
+}
+
+// batch runs one LOAD (load) or STORE and returns the statuses.
+func batch(t testing.TB, ss *Session, load bool, es []abi.Entry) ([]abi.Entry, syscall.Errno) {
+	t.Helper()
+	cmd, in := encodeBatch(load, len(es) <= abi.BatchSmallMax && len(es)%2 == 1, es)
+	out := make([]byte, len(in))
+	for i := range out {
+		out[i] = 0xEE // the server must fill all of out
+	}
+	res, errno := ss.Ioctl(cmd, in, out)
+	if errno != 0 {
+		return nil, errno
+	}
+	var h abi.BatchHeader
+	h.Unmarshal(out)
+	got := make([]abi.Entry, len(es))
+	nok := 0
+	for i := range got {
+		got[i].Unmarshal(out[abi.BatchHeaderSize+i*abi.EntrySize:])
+		if got[i].Status == abi.OK {
+			nok++
+		}
+		w := es[i]
+		w.Status, w.Detail = got[i].Status, got[i].Detail
+		if w != got[i] {
+			t.Fatalf("entry %d: input fields changed: %+v → %+v", i, es[i], got[i])
+		}
+	}
+	if int(h.NOK) != nok || int(res) != nok {
+		t.Fatalf("n_ok %d, result %d, counted %d", h.NOK, res, nok)
+	}
+	if !bytes.Equal(out[abi.BatchHeaderSize+len(es)*abi.EntrySize:], in[abi.BatchHeaderSize+len(es)*abi.EntrySize:]) {
+		t.Fatalf("bytes after the used entries are not echoed")
+	}
+	return got, 0
+}
+
+func mustBatch(t testing.TB, ss *Session, load bool, es []abi.Entry) []abi.Entry {
+	t.Helper()
+	got, errno := batch(t, ss, load, es)
+	if errno != 0 {
+		t.Fatalf("batch: %v", errno)
+	}
+	return got
+}

@@ -1,0 +1,219 @@
+package ctl
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"go.uber.org/zap"
+
+	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// Options control a Server. The zero value is usable.
+type Options struct {
+	// Logger receives the server's log lines; nil means none.
+	Logger *zap.Logger
+	// MaxSessions bounds open control files (default 1024).
+	MaxSessions int
+	// MaxBuffers bounds registrations per session (default 64).
+	MaxBuffers int
+	// MaxRegisteredBytes bounds the bytes registered per session
+	// (default 1 TiB; registrations are mappings, not copies).
+	MaxRegisteredBytes int64
+	// MaxStagingBytes bounds the daemon memory one LOAD or STORE uses to
+	// bounce pitched tiles and to copy tiles being stored (default 64 MiB);
+	// a larger batch is processed in several store calls.
+	MaxStagingBytes int
+	// ShmDir is the only directory whose files may be registered (default
+	// /dev/shm). It must be on tmpfs or hugetlbfs and not be a symlink.
+	ShmDir string
+	// ReadOnly refuses STORE with EROFS.
+	ReadOnly bool
+	// NoRegisterMemory skips registering client buffers with an engine that
+	// implements store.MemoryRegistrar.
+	NoRegisterMemory bool
+}
+
+// EnsureDefaults fills in zero fields.
+func (o *Options) EnsureDefaults() {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.MaxSessions <= 0 {
+		o.MaxSessions = 1024
+	}
+	if o.MaxBuffers <= 0 {
+		o.MaxBuffers = 64
+	}
+	if o.MaxRegisteredBytes <= 0 {
+		o.MaxRegisteredBytes = 1 << 40
+	}
+	if o.MaxStagingBytes <= 0 {
+		o.MaxStagingBytes = 64 << 20
+	}
+	if o.ShmDir == "" {
+		o.ShmDir = "/dev/shm"
+	}
+}
+
+// Metrics is a snapshot of the server's counters.
+type Metrics struct {
+	Sessions        int64  // open now
+	Buffers         int64  // registered now
+	RegisteredBytes int64  // registered now
+	Loads           uint64 // LOAD ioctls served
+	Stores          uint64 // STORE ioctls served
+	GroupsLoaded    uint64 // entries with status OK
+	GroupsStored    uint64
+	BadEntries      uint64 // entries with status BadRequest
+	Rejected        uint64 // ioctls failed as a whole
+	Faults          uint64 // accesses to registered memory that faulted
+}
+
+// Server answers control ioctls for one store.
+type Server struct {
+	st   *store.Store
+	geo  layout.Geometry
+	tile abi.Tile
+	gb   int
+	opts Options
+	log  *zap.Logger
+	reg  store.MemoryRegistrar // nil when the engine has none (or disabled)
+
+	nextSession atomic.Uint64
+	nextBuffer  atomic.Uint32
+	stage       stagePool
+	scratch     sync.Pool // *scratch
+
+	m struct {
+		sessions, buffers, bytes           atomic.Int64
+		loads, stores, loaded, stored, bad atomic.Uint64
+		rejected, faults                   atomic.Uint64
+	}
+}
+
+// NewServer returns a server for s. The store must stay open while the
+// server has sessions.
+func NewServer(s *store.Store, o Options) *Server {
+	o.EnsureDefaults()
+	g := s.Geometry()
+	srv := &Server{
+		st: s, geo: g, gb: g.GroupBytes(), opts: o, log: o.Logger,
+		tile: abi.Tile{Layers: uint32(g.Layers), KVHeads: uint32(g.KVHeads), Rows: uint32(g.BlockTokens), RowBytes: uint32(g.RowBytes())},
+	}
+	if r, ok := s.Engine().(store.MemoryRegistrar); ok && !o.NoRegisterMemory {
+		srv.reg = r
+	}
+	srv.stage.max = 8
+	srv.scratch.New = func() any { return new(scratch) }
+	return srv
+}
+
+// Open starts a session for a process with uid and gid opening the control
+// file. Its signature matches fs.CtlHandler's except for the concrete
+// session type.
+func (s *Server) Open(uid, gid uint32) (*Session, syscall.Errno) {
+	if n := s.m.sessions.Add(1); n > int64(s.opts.MaxSessions) {
+		s.m.sessions.Add(-1)
+		return nil, s.errno("open", fmt.Errorf("%w: %d", ErrTooManySessions, s.opts.MaxSessions))
+	}
+	ss := &Session{srv: s, uid: uid, gid: gid, id: s.nextSession.Add(1)}
+	ss.mu.bufs = map[uint32]*buffer{}
+	s.log.Debug("ctl: session open", zap.Uint64("session", ss.id), zap.Uint32("uid", uid), zap.Uint32("gid", gid))
+	return ss, 0
+}
+
+// Sessions is the number of open sessions.
+func (s *Server) Sessions() int { return int(s.m.sessions.Load()) }
+
+// Metrics returns the server's counters.
+func (s *Server) Metrics() Metrics {
+	return Metrics{
+		Sessions: s.m.sessions.Load(), Buffers: s.m.buffers.Load(), RegisteredBytes: s.m.bytes.Load(),
+		Loads: s.m.loads.Load(), Stores: s.m.stores.Load(),
+		GroupsLoaded: s.m.loaded.Load(), GroupsStored: s.m.stored.Load(),
+		BadEntries: s.m.bad.Load(), Rejected: s.m.rejected.Load(), Faults: s.m.faults.Load(),
+	}
+}
+
+// Close frees the server's staging memory. Sessions still open keep working
+// (staging is then allocated per call) but should have been released.
+func (s *Server) Close() error {
+	s.stage.close()
+	return nil
+}
+
+// info builds the INFO reply.
+func (s *Server) info() abi.Info {
+	in := s.st.Info()
+	g := s.geo
+	caps := abi.CapHost | abi.CapPitch
+	if !s.opts.ReadOnly {
+		caps |= abi.CapStore
+	}
+	if s.reg != nil {
+		caps |= abi.CapFixedBuffers
+	}
+	i := abi.Info{
+		ABI: abi.Version, Size: abi.InfoSize, Caps: caps,
+		Layers: uint32(g.Layers), KVHeads: uint32(g.KVHeads), HeadDim: uint32(g.HeadDim),
+		BlockTokens: uint32(g.BlockTokens), DType: uint32(g.DType), DTypeBytes: uint32(g.DType.Size()),
+		Align: uint32(g.Align), GroupBytes: uint32(s.gb), GroupStride: uint64(g.GroupStride()),
+		GroupsPerBlock: uint32(g.GroupsPerBlock()), RowBytes: uint32(g.RowBytes()),
+		MaxEntries: abi.BatchMax, MaxEntriesSmall: abi.BatchSmallMax,
+		MaxBuffers: uint32(s.opts.MaxBuffers), MaxRegisteredBytes: uint64(s.opts.MaxRegisteredBytes),
+		Slots: uint64(in.Slots), UsedSlots: uint64(in.UsedSlots),
+		UUID: s.st.Superblock().UUID,
+	}
+	copy(i.Engine[:len(i.Engine)-1], in.Engine)
+	return i
+}
+
+// stagePool keeps a few page-aligned staging buffers outside the Go heap, so
+// an engine with alignment needs can read straight into them.
+type stagePool struct {
+	mu   sync.Mutex
+	free [][]byte
+	max  int
+}
+
+func (p *stagePool) get(n int) ([]byte, error) {
+	p.mu.Lock()
+	for i := len(p.free) - 1; i >= 0; i-- {
+		if b := p.free[i]; cap(b) >= n {
+			p.free = append(p.free[:i], p.free[i+1:]...)
+			p.mu.Unlock()
+			return b[:n], nil
+		}
+	}
+	p.mu.Unlock()
+	return store.AllocAligned(n)
+}
+
+func (p *stagePool) put(b []byte) {
+	if b == nil {
+		return
+	}
+	p.mu.Lock()
+	if len(p.free) < p.max {
+		p.free = append(p.free, b[:cap(b)])
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	store.FreeAligned(b)
+}
+
+func (p *stagePool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, b := range p.free {
+		store.FreeAligned(b)
+	}
+	p.free = nil
+	p.max = 0
+}

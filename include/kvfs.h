@@ -1,0 +1,173 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvfs.h — the control ABI of kvfs, version 1.
+ *
+ * A kvfs daemon mounts a KV-cache store (default /mnt/kvcache). The file
+ * <mountpoint>/.kvfs/ctl answers the ioctls below. FUSE forwards only
+ * "restricted" ioctls: the kernel copies exactly _IOC_SIZE(cmd) bytes in
+ * (for _IOW/_IOWR) and out (for _IOR/_IOWR) and follows no pointers, so every
+ * request is one fixed-size struct and bulk data moves through memory the
+ * caller registered beforehand (REGISTER_HOST).
+ *
+ * All integers are little-endian. Every struct has explicit padding, no
+ * implicit holes, and a size that is a multiple of 8. Reserved fields must be
+ * zero on input. See docs/abi.md for the rules and the error codes.
+ *
+ * Typical use:
+ *
+ *     int fd = open("/mnt/kvcache/.kvfs/ctl", O_RDWR | O_CLOEXEC);
+ *     struct kvfs_info info;
+ *     ioctl(fd, KVFS_IOC_INFO, &info);            // check info.abi
+ *     // create and size /dev/shm/mybuf, mmap it MAP_SHARED, then:
+ *     struct kvfs_register_host r = { .abi = KVFS_ABI_VERSION, .length = len };
+ *     strcpy(r.path, "/dev/shm/mybuf");
+ *     ioctl(fd, KVFS_IOC_REGISTER_HOST, &r);      // r.buffer is the id
+ *     static struct kvfs_batch b;                 // 16368 bytes
+ *     b.hdr.abi = KVFS_ABI_VERSION; b.hdr.count = n; // fill b.e[0..n-1]
+ *     int ok = ioctl(fd, KVFS_IOC_LOAD, &b);      // entries with status OK
+ */
+#ifndef KVFS_H
+#define KVFS_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define KVFS_ABI_VERSION 1u
+
+/* ioctl type byte. Unused by the VFS (do_vfs_ioctl) and by FUSE itself. */
+#define KVFS_IOC_MAGIC 0xB7
+
+/* Capabilities (kvfs_info.caps). */
+#define KVFS_CAP_HOST          (1ull << 0) /* REGISTER_HOST */
+#define KVFS_CAP_STORE         (1ull << 1) /* STORE (clear: read-only store) */
+#define KVFS_CAP_PITCH         (1ull << 2) /* entries with a row pitch */
+#define KVFS_CAP_FIXED_BUFFERS (1ull << 3) /* engine registers host buffers (zero copy) */
+#define KVFS_CAP_CUDA          (1ull << 4) /* REGISTER_CUDA (not in this version) */
+
+/* dtype values (kvfs_info.dtype), as stored on disk. */
+#define KVFS_DTYPE_BF16 1u
+#define KVFS_DTYPE_FP16 2u
+#define KVFS_DTYPE_FP32 3u
+#define KVFS_DTYPE_FP8  4u
+
+/* kind values (kvfs_entry.kind). */
+#define KVFS_KIND_K 0u
+#define KVFS_KIND_V 1u
+
+/* Per-entry status (kvfs_entry.status, out). */
+#define KVFS_OK          0u /* group moved, checksum verified */
+#define KVFS_ABSENT      1u /* LOAD: the group is not in the store */
+#define KVFS_CORRUPT     2u /* LOAD: checksum mismatch; destination zeroed */
+#define KVFS_BAD_REQUEST 3u /* the entry is invalid (see detail); nothing touched */
+#define KVFS_IO_ERROR    4u /* the device failed */
+#define KVFS_NO_SPACE    5u /* STORE: no slot could be freed for the block */
+
+/* Why an entry is KVFS_BAD_REQUEST (kvfs_entry.detail, out). */
+#define KVFS_BAD_NONE     0u
+#define KVFS_BAD_KEY      1u /* layer, head or kind outside the geometry */
+#define KVFS_BAD_BUFFER   2u /* buffer id not registered on this open file */
+#define KVFS_BAD_RANGE    3u /* the tile would reach outside the registered buffer */
+#define KVFS_BAD_PITCH    4u /* 0 < pitch < row_bytes (rows would overlap) */
+#define KVFS_BAD_RESERVED 5u /* a reserved field is not zero */
+
+/* INFO: what the daemon serves. 192 bytes, out only. */
+struct kvfs_info {
+	__u32 abi;                   /*   0 KVFS_ABI_VERSION of the daemon */
+	__u32 size;                  /*   4 sizeof(struct kvfs_info) */
+	__u64 caps;                  /*   8 KVFS_CAP_* */
+	__u32 layers;                /*  16 */
+	__u32 kv_heads;              /*  20 */
+	__u32 head_dim;              /*  24 */
+	__u32 block_tokens;          /*  28 rows of a tile */
+	__u32 dtype;                 /*  32 KVFS_DTYPE_* */
+	__u32 dtype_bytes;           /*  36 */
+	__u32 align;                 /*  40 store alignment */
+	__u32 group_bytes;           /*  44 bytes of one tile: block_tokens * row_bytes */
+	__u64 group_stride;          /*  48 distance of groups inside a slot */
+	__u32 groups_per_block;      /*  56 layers * kv_heads * 2 */
+	__u32 row_bytes;             /*  60 head_dim * dtype_bytes */
+	__u32 max_entries;           /*  64 entries of struct kvfs_batch */
+	__u32 max_entries_small;     /*  68 entries of struct kvfs_batch_small */
+	__u32 max_buffers;           /*  72 registrations per open file */
+	__u32 reserved0;             /*  76 */
+	__u64 max_registered_bytes;  /*  80 bytes registered per open file */
+	__u64 slots;                 /*  88 */
+	__u64 used_slots;            /*  96 */
+	__u8  uuid[16];              /* 104 store UUID */
+	char  engine[16];            /* 120 I/O engine name, NUL padded */
+	__u64 reserved[7];           /* 136 */
+};                               /* 192 */
+
+/* REGISTER_HOST: map a file of /dev/shm into the daemon. 4096 bytes. */
+struct kvfs_register_host {
+	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
+	__u32 flags;                 /*   4 in: 0 */
+	__u64 length;                /*   8 in: bytes from offset 0, 0 = whole file; out: bytes registered */
+	__u32 buffer;                /*  16 out: buffer id (never 0) */
+	__u32 reserved0;             /*  20 */
+	__u64 reserved1;             /*  24 */
+	char  path[4064];            /*  32 in: absolute path, NUL terminated */
+};                               /* 4096 */
+
+/* UNREGISTER: drop a registration of this open file. 8 bytes, in only. */
+struct kvfs_unregister {
+	__u32 abi;                   /*   0 KVFS_ABI_VERSION */
+	__u32 buffer;                /*   4 buffer id */
+};                               /*   8 */
+
+/* LOAD / STORE batch header. */
+struct kvfs_batch_hdr {
+	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
+	__u32 count;                 /*   4 in: entries used, 0..max */
+	__u32 flags;                 /*   8 in: 0 */
+	__u32 n_ok;                  /*  12 out: entries with status KVFS_OK */
+};                               /*  16 */
+
+/* One group to move between the store and a registered buffer. */
+struct kvfs_entry {
+	__u64 block;                 /*   0 block id */
+	__u64 offset;                /*   8 byte offset of the tile's first row in the buffer */
+	__u32 buffer;                /*  16 buffer id */
+	__u32 pitch;                 /*  20 0: rows packed (group_bytes contiguous);
+	                              *     else bytes from one row to the next (>= row_bytes) */
+	__u16 layer;                 /*  24 */
+	__u16 head;                  /*  26 kv head */
+	__u8  kind;                  /*  28 KVFS_KIND_K or KVFS_KIND_V */
+	__u8  status;                /*  29 out: KVFS_OK ... (ignored on input) */
+	__u8  detail;                /*  30 out: KVFS_BAD_* (ignored on input) */
+	__u8  reserved;              /*  31 in: 0 */
+};                               /*  32 */
+
+#define KVFS_BATCH_MAX       511 /* 16 + 511 * 32 = 16368 <= 16383 (_IOC_SIZE limit) */
+#define KVFS_BATCH_SMALL_MAX 63  /* 16 +  63 * 32 =  2032 */
+
+struct kvfs_batch {
+	struct kvfs_batch_hdr hdr;
+	struct kvfs_entry     e[KVFS_BATCH_MAX];
+};
+
+struct kvfs_batch_small {
+	struct kvfs_batch_hdr hdr;
+	struct kvfs_entry     e[KVFS_BATCH_SMALL_MAX];
+};
+
+#define KVFS_IOC_INFO          _IOR(KVFS_IOC_MAGIC,  0x01, struct kvfs_info)          /* 0x80c0b701 */
+#define KVFS_IOC_REGISTER_HOST _IOWR(KVFS_IOC_MAGIC, 0x02, struct kvfs_register_host) /* 0xd000b702 */
+#define KVFS_IOC_UNREGISTER    _IOW(KVFS_IOC_MAGIC,  0x03, struct kvfs_unregister)    /* 0x4008b703 */
+/* 0x04 is reserved for REGISTER_CUDA. */
+#define KVFS_IOC_LOAD          _IOWR(KVFS_IOC_MAGIC, 0x10, struct kvfs_batch)         /* 0xfff0b710 */
+#define KVFS_IOC_STORE         _IOWR(KVFS_IOC_MAGIC, 0x11, struct kvfs_batch)         /* 0xfff0b711 */
+#define KVFS_IOC_LOAD_SMALL    _IOWR(KVFS_IOC_MAGIC, 0x12, struct kvfs_batch_small)   /* 0xc7f0b712 */
+#define KVFS_IOC_STORE_SMALL   _IOWR(KVFS_IOC_MAGIC, 0x13, struct kvfs_batch_small)   /* 0xc7f0b713 */
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct kvfs_info) == 192, "kvfs_info");
+_Static_assert(sizeof(struct kvfs_register_host) == 4096, "kvfs_register_host");
+_Static_assert(sizeof(struct kvfs_unregister) == 8, "kvfs_unregister");
+_Static_assert(sizeof(struct kvfs_batch_hdr) == 16, "kvfs_batch_hdr");
+_Static_assert(sizeof(struct kvfs_entry) == 32, "kvfs_entry");
+_Static_assert(sizeof(struct kvfs_batch) == 16368, "kvfs_batch");
+_Static_assert(sizeof(struct kvfs_batch_small) == 2032, "kvfs_batch_small");
+#endif
+
+#endif /* KVFS_H */
