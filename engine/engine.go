@@ -26,12 +26,8 @@ var (
 	// ErrKind is returned for an engine kind that does not exist.
 	ErrKind = errors.New("engine: unknown engine kind")
 	// ErrUnavailable is wrapped when an engine kind cannot serve a path
-	// (not an NVMe namespace, io_uring disabled, engine not built in).
+	// (not an NVMe namespace, io_uring disabled).
 	ErrUnavailable = errors.New("engine: unavailable")
-
-	// errNotBuilt is the probe error of a kind whose engine is not part of
-	// this build.
-	errNotBuilt = errors.New("engine not built into this kvfs")
 )
 
 // Options control Open.

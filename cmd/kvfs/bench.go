@@ -1,0 +1,404 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/kvfs/kvfs/bench"
+	"github.com/kvfs/kvfs/engine"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// benchOptions are the flags of kvfs bench.
+type benchOptions struct {
+	storeFlags
+	op         string
+	pattern    string
+	ioSize     string
+	qd         int
+	seconds    float64
+	vsFio      bool
+	json       bool
+	forceWrite bool
+	blocks     int
+	fill       int
+}
+
+// benchReport is kvfs bench's output; the fio keys are null when fio was
+// not run. In --blocks mode io_size is the bytes of one call (whole blocks)
+// and iops counts store.Read calls.
+type benchReport struct {
+	Path          string   `json:"path"`
+	Engine        string   `json:"engine"`
+	Op            string   `json:"op"`
+	Pattern       string   `json:"pattern"`
+	IOSize        int      `json:"io_size"`
+	QD            int      `json:"qd"`
+	GBps          float64  `json:"gbps"`
+	IOPS          float64  `json:"iops"`
+	P50us         float64  `json:"p50_us"`
+	P99us         float64  `json:"p99_us"`
+	FioGBps       *float64 `json:"fio_gbps"`
+	RatioVsFio    *float64 `json:"ratio_vs_fio"`
+	Bytes         int64    `json:"bytes"`
+	Ops           int64    `json:"ops"`
+	Seconds       float64  `json:"seconds"`
+	BlocksPerCall int      `json:"blocks_per_call,omitempty"`
+	GroupsPerCall int      `json:"groups_per_call,omitempty"`
+}
+
+func init() {
+	var o benchOptions
+	c := &cobra.Command{
+		Use:   "bench STORE [--engine posix|uring] [--op read|write] [--pattern seq|random] [--io-size SIZE] [--qd N] [--seconds N]",
+		Short: "Measure an engine (or the store's batched reads) on STORE",
+		Long: `Measure throughput and latency on STORE.
+
+Engine mode (the default) keeps --qd requests of --io-size bytes in flight
+through the chosen engine for --seconds, and with --vs-fio runs fio on the
+same region for comparison (fio is installed with apt-get when missing).
+Reads are safe on a live store (no lock is taken). --op write overwrites
+the file: it is refused on a formatted store unless --force-write.
+
+Blocks mode (--blocks N) measures the store itself: each call is one
+store.Read of every group of N random blocks, --qd calls at a time, so the
+figure shows how close the store's coalesced reads come to the engine's.
+It takes the store's lock (not while mounted); --fill K --force-write first
+writes random blocks until the store holds K. iops then counts calls and
+io_size is the bytes of one call; --vs-fio compares with fio random reads
+of --io-size at --qd.`,
+		Args: storeArg,
+		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
+	}
+	f := c.Flags()
+	f.StringVar(&o.op, "op", bench.OpRead, "read or write")
+	f.StringVar(&o.pattern, "pattern", bench.PatternRandom, "seq or random")
+	f.StringVar(&o.ioSize, "io-size", "1MiB", "bytes per request")
+	f.IntVar(&o.qd, "qd", 1, "requests (or --blocks calls) in flight")
+	f.Float64Var(&o.seconds, "seconds", 5, "how long to run")
+	f.BoolVar(&o.vsFio, "vs-fio", false, "also run fio on the same job and report the ratio")
+	f.BoolVar(&o.json, "json", false, "print JSON (snake_case keys)")
+	f.BoolVar(&o.forceWrite, "force-write", false, "allow writes that destroy a store's data")
+	f.IntVar(&o.blocks, "blocks", 0, "blocks mode: read N whole random blocks per store.Read call")
+	f.IntVar(&o.fill, "fill", 0, "blocks mode: first write random blocks until the store holds K (needs --force-write)")
+	addEngineFlag(c, &o.engine)
+	addCommand(c)
+}
+
+func (o *benchOptions) run(cmd *cobra.Command, path string) error {
+	log, err := newLogger(cmd)
+	if err != nil {
+		return err
+	}
+	kind, err := engine.ParseKind(o.engine)
+	if err != nil {
+		return usageErrorf("--engine: %v", err)
+	}
+	ioSize, err := layout.ParseSize(o.ioSize)
+	if err != nil || ioSize <= 0 || ioSize > 1<<30 {
+		return usageErrorf("--io-size %q: want a size like 4KiB or 1MiB, at most 1GiB", o.ioSize)
+	}
+	switch {
+	case o.op != bench.OpRead && o.op != bench.OpWrite:
+		return usageErrorf("--op %q: want read or write", o.op)
+	case o.pattern != bench.PatternSeq && o.pattern != bench.PatternRandom:
+		return usageErrorf("--pattern %q: want seq or random", o.pattern)
+	case o.qd < 1 || o.qd > 4096:
+		return usageErrorf("--qd %d: want 1 to 4096", o.qd)
+	case !(o.seconds > 0) || o.seconds > 24*3600:
+		return usageErrorf("--seconds %v: want a positive duration in seconds", o.seconds)
+	case o.blocks < 0 || o.fill < 0:
+		return usageErrorf("--blocks and --fill count blocks")
+	case o.fill > 0 && o.blocks == 0:
+		return usageErrorf("--fill is for blocks mode (--blocks N)")
+	case o.blocks > 0 && o.op != bench.OpRead:
+		return usageErrorf("--blocks measures reads; --op write is for engine mode")
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	dur := time.Duration(o.seconds * float64(time.Second))
+	eo := engine.Options{Kind: kind, Logger: log, QueueDepth: max(o.qd, 1)}
+
+	var rep benchReport
+	if o.blocks > 0 {
+		rep, err = o.runBlocks(ctx, path, eo, dur)
+	} else {
+		rep, err = o.runEngine(ctx, path, eo, int(ioSize), dur, log)
+	}
+	if err != nil {
+		if errors.Is(err, bench.ErrConfig) {
+			return usageErrorf("%v", err)
+		}
+		return err
+	}
+	if o.vsFio {
+		if err := o.compareFio(ctx, path, &rep, int(ioSize), dur, log); err != nil {
+			return err
+		}
+	}
+	w := cmd.OutOrStdout()
+	if o.json {
+		return writeJSON(w, rep)
+	}
+	fmt.Fprintln(w, rep)
+	return nil
+}
+
+// guardWrite refuses to overwrite a store unless --force-write.
+func (o *benchOptions) guardWrite(path string, eo engine.Options) error {
+	eo.ReadOnly = true
+	e, err := engine.Open(path, eo)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	found, err := holdsStore(e)
+	if err != nil {
+		return fmt.Errorf("%s: looking for a store: %w", path, err)
+	}
+	if found && !o.forceWrite {
+		return fmt.Errorf("%s holds a kvfs store and --op write would overwrite its data; pass --force-write to destroy it, or bench a scratch file", path)
+	}
+	return nil
+}
+
+func (o *benchOptions) runEngine(ctx context.Context, path string, eo engine.Options, ioSize int, dur time.Duration, log *zap.Logger) (benchReport, error) {
+	write := o.op == bench.OpWrite
+	if write {
+		// Writers take the lock, so a mounted store is never written under.
+		lock, err := engine.Lock(path)
+		if err != nil {
+			return benchReport{}, err
+		}
+		defer lock.Close()
+		if err := o.guardWrite(path, eo); err != nil {
+			return benchReport{}, err
+		}
+	}
+	eo.ReadOnly = !write
+	e, err := engine.Open(path, eo)
+	if err != nil {
+		return benchReport{}, err
+	}
+	defer e.Close()
+	r, err := bench.Run(ctx, bench.Config{
+		Path: path, Engine: e, Op: o.op, Pattern: o.pattern, IOSize: ioSize, QD: o.qd, Duration: dur, Logger: log,
+	})
+	if err != nil {
+		return benchReport{}, err
+	}
+	rep := fromResult(path, r)
+	return rep, e.Close()
+}
+
+func fromResult(path string, r bench.Result) benchReport {
+	return benchReport{Path: path, Engine: r.Engine, Op: r.Op, Pattern: r.Pattern, IOSize: r.IOSize, QD: r.QD,
+		GBps: r.GBps, IOPS: r.IOPS, P50us: r.P50us, P99us: r.P99us, Bytes: r.Bytes, Ops: r.Ops, Seconds: r.Seconds}
+}
+
+// compareFio runs fio on the job rep describes (in blocks mode: random
+// reads of --io-size) and records its figure.
+func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchReport, ioSize int, dur time.Duration, log *zap.Logger) error {
+	fio, err := bench.EnsureFio(ctx, log)
+	if err != nil {
+		return err
+	}
+	fc := bench.FioConfig{Path: path, Op: o.op, Pattern: o.pattern, IOSize: ioSize, QD: o.qd, Duration: dur, Fio: fio}
+	if o.blocks > 0 {
+		fc.Op, fc.Pattern = bench.OpRead, bench.PatternRandom
+	}
+	// fio runs buffered where the file system refuses O_DIRECT.
+	if e, err := store.OpenPosix(path, store.PosixOptions{ReadOnly: true}); err == nil {
+		fc.Buffered = !e.Direct()
+		e.Close()
+	}
+	fr, err := bench.RunFio(ctx, fc)
+	if err != nil {
+		if errors.Is(err, bench.ErrConfig) {
+			return usageErrorf("%v", err)
+		}
+		return err
+	}
+	gbps, ratio := fr.GBps, 0.0
+	if gbps > 0 {
+		ratio = rep.GBps / gbps
+	}
+	rep.FioGBps, rep.RatioVsFio = &gbps, &ratio
+	return nil
+}
+
+// runBlocks measures store.Read of whole random blocks.
+func (o *benchOptions) runBlocks(ctx context.Context, path string, eo engine.Options, dur time.Duration) (rep benchReport, err error) {
+	if o.fill > 0 && !o.forceWrite {
+		return benchReport{}, usageErrorf("--fill writes blocks into the store (evicting others when it is full); pass --force-write")
+	}
+	eo.ReadOnly = o.fill == 0
+	s, closeAll, err := engine.OpenStore(path, eo, store.Options{Logger: eo.Logger})
+	if err != nil {
+		return benchReport{}, err
+	}
+	defer closeInto(&err, closeAll)
+	if o.fill > 0 {
+		if err := fillBlocks(s, o.fill); err != nil {
+			return benchReport{}, err
+		}
+	}
+	blocks := s.Blocks()
+	if len(blocks) == 0 {
+		return benchReport{}, fmt.Errorf("%s holds no blocks to read; put some, or pass --fill K --force-write", path)
+	}
+	if o.blocks > len(blocks) {
+		return benchReport{}, usageErrorf("--blocks %d: the store holds only %d blocks", o.blocks, len(blocks))
+	}
+	g := s.Geometry()
+	gb := g.GroupBytes()
+	type worker struct {
+		lat   []time.Duration
+		bytes int64
+		err   error
+	}
+	workers := make([]worker, o.qd)
+	deadline := time.Now().Add(dur)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			me := &workers[w]
+			rng := rand.New(rand.NewPCG(uint64(w)+1, 0x6b766673))
+			reqs := make([]store.ReadReq, 0, o.blocks*g.GroupsPerBlock())
+			picks := make([]int, 0, o.blocks)
+			bufs := make([][]byte, cap(reqs))
+			for i := range bufs {
+				bufs[i] = make([]byte, gb)
+			}
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				reqs = reqs[:0]
+				for _, bi := range pickDistinct(rng, len(blocks), picks) {
+					b := blocks[bi]
+					for idx := range g.GroupsPerBlock() {
+						if b.Has(idx) {
+							reqs = append(reqs, store.ReadReq{Key: g.KeyAt(b.ID, idx), Buf: bufs[len(reqs)]})
+						}
+					}
+				}
+				t0 := time.Now()
+				if err := s.Read(reqs); err != nil {
+					me.err = err
+					return
+				}
+				me.lat = append(me.lat, time.Since(t0))
+				for _, r := range reqs {
+					if r.Err != nil {
+						me.err = fmt.Errorf("bench: read %v: %w", r.Key, r.Err)
+						return
+					}
+					me.bytes += int64(gb)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	secs := time.Since(start).Seconds()
+	var lat []time.Duration
+	for _, w := range workers {
+		if w.err != nil {
+			return benchReport{}, w.err
+		}
+		lat = append(lat, w.lat...)
+		rep.Bytes += w.bytes
+	}
+	slices.Sort(lat)
+	rep.Path, rep.Engine, rep.Op, rep.Pattern, rep.QD = path, s.Engine().Name(), bench.OpRead, "blocks", o.qd
+	rep.BlocksPerCall, rep.GroupsPerCall = o.blocks, o.blocks*g.GroupsPerBlock()
+	rep.IOSize = rep.GroupsPerCall * gb
+	rep.Ops, rep.Seconds = int64(len(lat)), secs
+	rep.GBps = float64(rep.Bytes) / secs / 1e9
+	rep.IOPS = float64(rep.Ops) / secs
+	rep.P50us, rep.P99us = pct(lat, 0.50), pct(lat, 0.99)
+	return rep, nil
+}
+
+// pickDistinct fills picks with cap(picks) distinct random indices
+// below n (cap(picks) ≤ n), without allocating.
+func pickDistinct(rng *rand.Rand, n int, picks []int) []int {
+	picks = picks[:0]
+	for len(picks) < cap(picks) {
+		i := rng.IntN(n)
+		if !slices.Contains(picks, i) {
+			picks = append(picks, i)
+		}
+	}
+	return picks
+}
+
+// pct is the p-quantile of sorted latencies in µs.
+func pct(sorted []time.Duration, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := min(int(p*float64(len(sorted))), len(sorted)-1)
+	return float64(sorted[i].Nanoseconds()) / 1e3
+}
+
+// fillBlocks writes every group of new random blocks until s holds n.
+func fillBlocks(s *store.Store, n int) error {
+	g := s.Geometry()
+	have := map[uint64]bool{}
+	for _, b := range s.Blocks() {
+		have[b.ID] = true
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	data := make([]byte, g.GroupBytes())
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	for id := uint64(0); len(have) < n; id++ {
+		if have[id] {
+			continue
+		}
+		reqs := make([]store.WriteReq, g.GroupsPerBlock())
+		for idx := range reqs {
+			reqs[idx] = store.WriteReq{Key: g.KeyAt(id, idx), Data: data}
+		}
+		if err := s.Write(reqs); err != nil {
+			return err
+		}
+		for _, r := range reqs {
+			if r.Err != nil {
+				return fmt.Errorf("bench: fill %v: %w", r.Key, r.Err)
+			}
+		}
+		have[id] = true
+		if int64(len(have)) >= s.Info().Slots {
+			break // full: more would evict
+		}
+	}
+	return nil
+}
+
+func (r benchReport) String() string {
+	s := fmt.Sprintf("%s %s %s bs=%d qd=%d: %.3f GB/s, %.0f IOPS, p50 %.0f µs, p99 %.0f µs (%d ops in %.2f s)",
+		r.Engine, r.Pattern, r.Op, r.IOSize, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.Ops, r.Seconds)
+	if r.BlocksPerCall > 0 {
+		s = fmt.Sprintf("%s store.Read of %d blocks (%d groups) per call, qd=%d: %.3f GB/s, %.0f calls/s, p50 %.0f µs, p99 %.0f µs (%d calls in %.2f s)",
+			r.Engine, r.BlocksPerCall, r.GroupsPerCall, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.Ops, r.Seconds)
+	}
+	if r.FioGBps != nil {
+		s += fmt.Sprintf("; fio %.3f GB/s, ratio %.3f", *r.FioGBps, *r.RatioVsFio)
+	}
+	return s
+}
