@@ -14,6 +14,7 @@ import (
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
+	"github.com/kvfs/kvfs/uring"
 )
 
 // named is an in-memory engine that answers to a backend's name.
@@ -174,8 +175,15 @@ func TestRealAutoOnFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if n := e.Name(); n != KindPosix && n != KindUring {
-		t.Errorf("auto opened %q", n)
+	want := KindUring
+	if uring.Available() != nil {
+		want = KindPosix
+		if l := logs.FilterMessage("engine: not using uring").All(); len(l) != 1 {
+			t.Errorf("uring fallback lines: %v", logs.All())
+		}
+	}
+	if e.Name() != want {
+		t.Errorf("auto opened %q, want %q (uring.Available: %v)", e.Name(), want, uring.Available())
 	}
 	if l := logs.FilterMessage("engine: not using nvme").All(); len(l) != 1 {
 		t.Errorf("nvme fallback lines: %v", logs.All())
