@@ -111,13 +111,23 @@ func (f *FS) dirAttr(a *fuse.Attr, ino uint64, mtime time.Time, nlink uint32) {
 	a.SetTimes(&mtime, &mtime, &mtime)
 }
 
-// dirEntry sets the cache timeouts of a directory's entry.
-func (f *FS) dirEntry(out *fuse.EntryOut) {
+// staticEntry sets the cache timeouts of a directory that always exists
+// and never changes (root, layer-<L>, .kvfs).
+func (f *FS) staticEntry(out *fuse.EntryOut) {
 	out.SetEntryTimeout(f.opts.DirTimeout)
 	out.SetAttrTimeout(f.opts.DirTimeout)
 }
 
-func dirOut(f *FS, out *fuse.AttrOut) { out.SetTimeout(f.opts.DirTimeout) }
+// dynamicEntry sets the cache timeouts of a block or head directory: the
+// kernel may skip the LOOKUP for DirTimeout, but asks for the attributes
+// every time (timeout 0), and Getattr, Readdir and the lookups below fail
+// with ENOENT once the block is gone, so a cached entry never makes an
+// evicted block look present.
+func (f *FS) dynamicEntry(out *fuse.EntryOut) {
+	out.SetEntryTimeout(f.opts.DirTimeout)
+}
+
+func staticOut(f *FS, out *fuse.AttrOut) { out.SetTimeout(f.opts.DirTimeout) }
 
 // layerRange is the range of group indexes of one layer: K of every head,
 // then V of every head.
@@ -209,7 +219,7 @@ const kvfsDirName = ".kvfs"
 
 func (r *rootDir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	r.fs.dirAttr(&out.Attr, inoRoot, r.fs.start, uint32(3+r.fs.geo.Layers))
-	dirOut(r.fs, out)
+	staticOut(r.fs, out)
 	return 0
 }
 
@@ -218,7 +228,7 @@ func (r *rootDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	f.m.lookups.Add(1)
 	if name == kvfsDirName {
 		f.dirAttr(&out.Attr, inoKvfs, f.start, 2)
-		f.dirEntry(out)
+		f.staticEntry(out)
 		return r.NewInode(ctx, &kvfsDir{dirBase{fs: f}}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: inoKvfs}), 0
 	}
 	l, err := f.geo.ParseLayerName(name)
@@ -227,7 +237,7 @@ func (r *rootDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	}
 	ino := uint64(inoLayer0 + l)
 	f.dirAttr(&out.Attr, ino, f.start, 2)
-	f.dirEntry(out)
+	f.staticEntry(out)
 	return r.NewInode(ctx, &layerDir{dirBase{fs: f}, l}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
 }
 
@@ -277,7 +287,7 @@ var (
 
 func (d *layerDir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	d.fs.dirAttr(&out.Attr, uint64(inoLayer0+d.layer), d.fs.start, 2)
-	dirOut(d.fs, out)
+	staticOut(d.fs, out)
 	return 0
 }
 
@@ -285,7 +295,7 @@ func (d *layerDir) blockInode(ctx context.Context, block uint64, mtime time.Time
 	f := d.fs
 	ino := inoBlockDir(d.layer, block)
 	f.dirAttr(&out.Attr, ino, mtime, uint32(2+f.geo.KVHeads))
-	f.dirEntry(out)
+	f.dynamicEntry(out)
 	return d.NewInode(ctx, &blockDir{dirBase{fs: f}, d.layer, block}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino})
 }
 
@@ -400,7 +410,6 @@ func (d *blockDir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.At
 		return syscall.ENOENT
 	}
 	f.dirAttr(&out.Attr, inoBlockDir(d.layer, d.block), mtime, uint32(2+f.geo.KVHeads))
-	dirOut(f, out)
 	return 0
 }
 
@@ -417,7 +426,7 @@ func (d *blockDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	}
 	ino := inoHeadDir(d.layer, d.block, h)
 	f.dirAttr(&out.Attr, ino, mtime, 2)
-	f.dirEntry(out)
+	f.dynamicEntry(out)
 	return d.NewInode(ctx, &headDir{dirBase{fs: f}, d.layer, d.block, h}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
 }
 
@@ -506,7 +515,6 @@ func (d *headDir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.Att
 		return syscall.ENOENT
 	}
 	f.dirAttr(&out.Attr, inoHeadDir(d.layer, d.block, d.head), mtime, 2)
-	dirOut(f, out)
 	return 0
 }
 

@@ -61,9 +61,11 @@ type Options struct {
 	CtlGID *uint32
 	// UID and GID own every node; nil means the mounting process's ids.
 	UID, GID *uint32
-	// DirTimeout is how long the kernel may cache directory entries and
-	// directory attributes (default 1 s; negative means 0). Group files
-	// are never cached: see the package documentation.
+	// DirTimeout is how long the kernel may cache directory entries
+	// (default 1 s; negative means 0), and the attributes of the
+	// directories that never change (root, layer-<L>, .kvfs). The
+	// attributes of block and head directories and everything about
+	// group files are never cached: see the package documentation.
 	DirTimeout time.Duration
 	// MaxPending bounds the empty block directories kept in memory
 	// (made by mkdir, or left by rm of their last group); default 65536.

@@ -173,3 +173,15 @@ func wantErrno(t testing.TB, what string, err error, want ...syscall.Errno) {
 	}
 	t.Fatalf("%s: got %v (%d), want one of %v", what, err, got, want)
 }
+
+// waitFor polls cond for up to 5 s.
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	for range 500 {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("condition not met after 5 s")
+}

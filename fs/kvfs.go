@@ -40,7 +40,7 @@ var kvfsEntries = []kvfsEntry{
 
 func (d *kvfsDir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	d.fs.dirAttr(&out.Attr, inoKvfs, d.fs.start, 2)
-	dirOut(d.fs, out)
+	staticOut(d.fs, out)
 	return 0
 }
 
@@ -56,7 +56,7 @@ func (d *kvfsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		var ao fuse.AttrOut
 		ga.Getattr(ctx, nil, &ao)
 		out.Attr = ao.Attr
-		f.dirEntry(out)
+		f.staticEntry(out)
 		out.SetAttrTimeout(0)
 		return d.NewInode(ctx, node, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: e.ino}), 0
 	}
