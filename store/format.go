@@ -180,15 +180,8 @@ func Format(e Engine, g layout.Geometry, o FormatOptions) (*Superblock, error) {
 		return nil, fmt.Errorf("%w: the device needs %d-byte alignment, the geometry aligns to %d", layout.ErrGeometry, a, g.Align)
 	}
 	if !o.Force {
-		for _, off := range []int64{0, superblockCopy1} {
-			b, err := readAligned(e, off, SuperblockSize)
-			if err != nil {
-				// A device too small to hold a superblock holds no store.
-				break
-			}
-			if _, err := UnmarshalSuperblock(b); err == nil || !isNoStore(err) {
-				return nil, ErrExists
-			}
+		if HoldsStore(e) {
+			return nil, ErrExists
 		}
 	}
 	size := o.Size
@@ -217,7 +210,22 @@ func Format(e Engine, g layout.Geometry, o FormatOptions) (*Superblock, error) {
 	return sb, nil
 }
 
-func isNoStore(err error) bool { return errors.Is(err, ErrNoStore) }
+// HoldsStore reports whether e holds a kvfs store, or something that might
+// be one: either superblock copy is valid, damaged, or of another version.
+// Only bytes without the superblock magic in both places count as free.
+func HoldsStore(e Engine) bool {
+	for _, off := range []int64{0, superblockCopy1} {
+		b, err := readAligned(e, off, SuperblockSize)
+		if err != nil {
+			// A device too small to hold a superblock holds no store.
+			break
+		}
+		if _, err := UnmarshalSuperblock(b); err == nil || !errors.Is(err, ErrNoStore) {
+			return true
+		}
+	}
+	return false
+}
 
 func writeSuperblocks(e Engine, sb *Superblock, copies []int) error {
 	buf, err := AllocAligned(SuperblockSize * len(copies))

@@ -22,10 +22,10 @@ func (p Problem) String() string {
 		fixed = " (repaired)"
 	}
 	switch {
-	case p.Slot < 0:
-		return "superblock: " + p.Reason + fixed
 	case p.Key != nil:
 		return fmt.Sprintf("block %016x layer %d head %d kind %s: %s%s", p.Key.Block, p.Key.Layer, p.Key.Head, p.Key.Kind, p.Reason, fixed)
+	case p.Slot < 0:
+		return "superblock: " + p.Reason + fixed
 	}
 	return fmt.Sprintf("slot %d: %s%s", p.Slot, p.Reason, fixed)
 }
@@ -94,12 +94,12 @@ func (s *Store) Fsck(repair bool) (*FsckReport, error) {
 			case errors.Is(r.Err, ErrCorrupt):
 				bad = append(bad, r.Key)
 				k := r.Key
-				rep.Problems = append(rep.Problems, Problem{Slot: -2, Block: k.Block, Key: &k, Reason: "checksum mismatch", Fixed: repair})
+				rep.Problems = append(rep.Problems, Problem{Slot: s.slotOf(k.Block), Block: k.Block, Key: &k, Reason: "checksum mismatch", Fixed: repair})
 			case errors.Is(r.Err, ErrNotFound):
 				// Deleted meanwhile.
 			default:
 				k := r.Key
-				rep.Problems = append(rep.Problems, Problem{Slot: -2, Block: k.Block, Key: &k, Reason: r.Err.Error()})
+				rep.Problems = append(rep.Problems, Problem{Slot: s.slotOf(k.Block), Block: k.Block, Key: &k, Reason: r.Err.Error()})
 			}
 		}
 		reqs = reqs[:0]
@@ -184,4 +184,14 @@ func (s *Store) rewriteHeaders(slots []int64) error {
 		}
 	}
 	return nil
+}
+
+// slotOf is the slot holding block id, -1 when absent.
+func (s *Store) slotOf(id uint64) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot, ok := s.mu.index[id]; ok {
+		return slot
+	}
+	return -1
 }
