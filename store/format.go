@@ -180,7 +180,11 @@ func Format(e Engine, g layout.Geometry, o FormatOptions) (*Superblock, error) {
 		return nil, fmt.Errorf("%w: the device needs %d-byte alignment, the geometry aligns to %d", layout.ErrGeometry, a, g.Align)
 	}
 	if !o.Force {
-		if HoldsStore(e) {
+		found, err := HoldsStore(e)
+		if err != nil {
+			return nil, err
+		}
+		if found {
 			return nil, ErrExists
 		}
 	}
@@ -212,19 +216,22 @@ func Format(e Engine, g layout.Geometry, o FormatOptions) (*Superblock, error) {
 
 // HoldsStore reports whether e holds a kvfs store, or something that might
 // be one: either superblock copy is valid, damaged, or of another version.
-// Only bytes without the superblock magic in both places count as free.
-func HoldsStore(e Engine) bool {
+// Only bytes without the superblock magic in both places count as free. A
+// device too small for a copy holds none there.
+func HoldsStore(e Engine) (bool, error) {
 	for _, off := range []int64{0, superblockCopy1} {
-		b, err := readAligned(e, off, SuperblockSize)
-		if err != nil {
-			// A device too small to hold a superblock holds no store.
+		if off+SuperblockSize > e.Size() {
 			break
 		}
+		b, err := readAligned(e, off, SuperblockSize)
+		if err != nil {
+			return false, fmt.Errorf("store: read superblock at %d: %w", off, err)
+		}
 		if _, err := UnmarshalSuperblock(b); err == nil || !errors.Is(err, ErrNoStore) {
-			return true
+			return true, nil
 		}
 	}
-	return false
+	return false, nil
 }
 
 func writeSuperblocks(e Engine, sb *Superblock, copies []int) error {

@@ -164,7 +164,7 @@ func (o *benchOptions) guardWrite(path string, eo engine.Options) error {
 		return err
 	}
 	defer e.Close()
-	found, err := holdsStore(e)
+	found, err := store.HoldsStore(e)
 	if err != nil {
 		return fmt.Errorf("%s: looking for a store: %w", path, err)
 	}

@@ -184,7 +184,7 @@ func (o *formatOptions) checkExisting(path string, eo engine.Options, g layout.G
 	if o.force {
 		return nil
 	}
-	found, err := holdsStore(e)
+	found, err := store.HoldsStore(e)
 	if err != nil {
 		return fmt.Errorf("%s: looking for an existing store: %w", path, err)
 	}
@@ -199,37 +199,6 @@ func checkAlign(e store.Engine, g layout.Geometry) error {
 		return usageErrorf("--align %d: %s needs %d-byte alignment", g.Align, e.Name(), a)
 	}
 	return nil
-}
-
-// superblockOffsets are where the store keeps its two superblock copies
-// (store's on-disk format, docs/format).
-var superblockOffsets = []int64{0, 64 << 10}
-
-// holdsStore reports whether e holds a store, with store.Format's rule:
-// either superblock copy is valid, damaged or of another version. A device
-// too small for a copy holds none there.
-func holdsStore(e store.Engine) (bool, error) {
-	buf, err := store.AllocAligned(store.SuperblockSize)
-	if err != nil {
-		return false, err
-	}
-	defer store.FreeAligned(buf)
-	for _, off := range superblockOffsets {
-		if off+store.SuperblockSize > e.Size() {
-			break
-		}
-		ios := []store.IO{{Op: store.OpRead, Off: off, Buf: buf, Stream: store.StreamMeta}}
-		if err := e.Do(ios); err != nil {
-			return false, err
-		}
-		if ios[0].Err != nil {
-			return false, ios[0].Err
-		}
-		if _, err := store.UnmarshalSuperblock(buf); err == nil || !errors.Is(err, store.ErrNoStore) {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // checkSize refuses a size below one slot of g, naming the minimum.

@@ -103,7 +103,7 @@ func newFsckReport(r *store.FsckReport) fsckReport {
 	out := fsckReport{Clean: r.Clean(), Slots: r.Slots, Blocks: r.Blocks, Groups: r.Groups, Problems: []fsckProblem{}}
 	fixed := 0
 	for _, p := range r.Problems {
-		fp := fsckProblem{Reason: p.Reason, Fixed: p.Fixed, Text: problemText(p)}
+		fp := fsckProblem{Reason: p.Reason, Fixed: p.Fixed, Text: p.String()}
 		switch {
 		case p.Key != nil:
 			k := *p.Key
@@ -124,16 +124,4 @@ func newFsckReport(r *store.FsckReport) fsckReport {
 	}
 	out.Repaired = !out.Clean && fixed == len(out.Problems)
 	return out
-}
-
-// problemText is p.String(), except that a group's problem is always
-// described as one: store.Problem.String tests Slot < 0 (superblock) before
-// Key, and Fsck reports group problems with Slot -2.
-func problemText(p store.Problem) string {
-	if p.Key == nil {
-		return p.String()
-	}
-	q := p
-	q.Slot = 0
-	return q.String()
 }
