@@ -1,0 +1,273 @@
+package ctl
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/ctl"
+	"github.com/kvfs/kvfs/fs"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
+)
+
+// testGeo: 4 KiB groups (16 tokens × 128 × bf16), 4 layers × 2 heads × 2 =
+// 16 groups (64 KiB) per block.
+var testGeo = layout.Geometry{Layers: 4, KVHeads: 2, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
+
+func requireMount(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: control-ioctl mount tests need root; CI runs them as root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("skipping: /dev/fuse is missing; CI provides it")
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &sfs); err != nil || sfs.Type != unix.TMPFS_MAGIC {
+		t.Skip("skipping: needs /dev/shm on tmpfs")
+	}
+}
+
+// handler adapts ctl.Server to fs.CtlHandler (as cmd/kvfs does).
+type handler struct{ *ctl.Server }
+
+func (h handler) Open(uid, gid uint32) (fs.CtlSession, syscall.Errno) {
+	s, errno := h.Server.Open(uid, gid)
+	if errno != 0 {
+		return nil, errno
+	}
+	return s, 0
+}
+
+type env struct {
+	t   testing.TB
+	dir string // mount point
+	st  *store.Store
+	mem *storetest.Mem // nil for a file store
+	srv *ctl.Server
+	fs  *fs.Server
+	geo layout.Geometry
+	gb  int
+}
+
+type envOptions struct {
+	slots int64
+	ctl   ctl.Options
+	// public makes the mount usable by every user (allow_other,
+	// .kvfs/ctl mode 0666, directories on the way searchable).
+	public bool
+	// st, when set, is mounted instead of a fresh in-memory store.
+	st *store.Store
+}
+
+func mountEnv(t testing.TB, o envOptions) *env {
+	t.Helper()
+	requireMount(t)
+	e := &env{t: t, geo: testGeo, gb: testGeo.GroupBytes(), st: o.st}
+	if e.st == nil {
+		if o.slots == 0 {
+			o.slots = 64
+		}
+		e.mem = storetest.NewMem(store.SizeFor(testGeo, o.slots), 4096)
+		if _, err := store.Format(e.mem, testGeo, store.FormatOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := store.Open(e.mem, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.st = st
+		t.Cleanup(func() {
+			if err := st.Close(); err != nil {
+				t.Errorf("close store: %v", err)
+			}
+		})
+	}
+	e.geo = e.st.Geometry()
+	e.gb = e.geo.GroupBytes()
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	if o.ctl.Logger == nil {
+		o.ctl.Logger = log
+	}
+	e.srv = ctl.NewServer(e.st, o.ctl)
+	fo := fs.Options{Logger: log, Ctl: handler{e.srv}}
+	if o.public {
+		base, err := os.MkdirTemp("", "kvfs-ctl-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(base, 0o755)
+		t.Cleanup(func() { os.RemoveAll(base) })
+		e.dir = filepath.Join(base, "mnt")
+		os.Mkdir(e.dir, 0o755)
+		fo.AllowOther, fo.CtlMode = true, 0o666
+	} else {
+		e.dir = t.TempDir()
+	}
+	srv, err := fs.Mount(e.dir, e.st, fo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.fs = srv
+	t.Cleanup(func() {
+		// Every session must be gone once the clients closed.
+		e.waitSessions(0)
+		var err error
+		for range 100 {
+			if err = srv.Unmount(); err == nil || !errors.Is(err, syscall.EBUSY) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+		srv.Wait()
+		if m := e.srv.Metrics(); m.Buffers != 0 || m.RegisteredBytes != 0 {
+			t.Errorf("registrations left: %+v", m)
+		}
+		e.srv.Close()
+	})
+	return e
+}
+
+// waitSessions waits (up to 5 s) until the server has n sessions.
+func (e *env) waitSessions(n int) {
+	e.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for e.srv.Sessions() != n {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d ctl sessions open, want %d", e.srv.Sessions(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *env) path(k layout.Key) string { return filepath.Join(e.dir, e.geo.Name(k)) }
+
+// groupData is deterministic content of a group for a seed.
+func groupData(gb int, k layout.Key, seed uint64) []byte {
+	b := make([]byte, gb)
+	r := rand.New(rand.NewPCG(k.Block^seed, uint64(k.Layer)<<40|uint64(k.Head)<<8|uint64(k.Kind)))
+	for i := 0; i < len(b); i += 8 {
+		v := r.Uint64()
+		for j := 0; j < 8 && i+j < len(b); j++ {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	return b
+}
+
+// cp writes a group through the mounted file tree, as cp would.
+func (e *env) cp(k layout.Key, data []byte) {
+	e.t.Helper()
+	p := e.path(k)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		e.t.Fatalf("write %s: %v", p, err)
+	}
+}
+
+// cat reads a group through the mounted file tree.
+func (e *env) cat(k layout.Key) []byte {
+	e.t.Helper()
+	b, err := os.ReadFile(e.path(k))
+	if err != nil {
+		e.t.Fatalf("read %s: %v", e.path(k), err)
+	}
+	return b
+}
+
+// put stores groups through the store directly (fast, for big fills).
+func (e *env) put(keys []layout.Key, seed uint64) {
+	e.t.Helper()
+	reqs := make([]store.WriteReq, len(keys))
+	for i, k := range keys {
+		reqs[i] = store.WriteReq{Key: k, Data: groupData(e.gb, k, seed)}
+	}
+	if err := e.st.Write(reqs); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, r := range reqs {
+		if r.Err != nil {
+			e.t.Fatal(r.Err)
+		}
+	}
+}
+
+// corrupt flips a byte of a stored group on the in-memory device.
+func (e *env) corrupt(k layout.Key) {
+	e.t.Helper()
+	gi, err := e.st.Stat(k)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sb := e.st.Superblock()
+	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + e.geo.Offset(e.geo.Index(k))
+	img := e.mem.Image()
+	e.mem.Poke(off+100, []byte{img[off+100] ^ 0x5a})
+}
+
+func blockKeys(geo layout.Geometry, block uint64) []layout.Key {
+	keys := make([]layout.Key, geo.GroupsPerBlock())
+	for i := range keys {
+		keys[i] = geo.KeyAt(block, i)
+	}
+	return keys
+}
+
+const guardByte = 0xA5
+
+// shmFile is a /dev/shm file of n usable bytes followed by guard bytes,
+// mapped by the test.
+type shmFile struct {
+	path  string
+	mem   []byte
+	n     int
+	guard int
+}
+
+func newShm(t testing.TB, n, guard int) *shmFile {
+	t.Helper()
+	path := filepath.Join("/dev/shm", fmt.Sprintf("kvfs-it-%d-%x", os.Getpid(), rand.Uint64()))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	t.Cleanup(func() { os.Remove(path) })
+	if err := f.Truncate(int64(n + guard)); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, n+guard, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	for i := n; i < n+guard; i++ {
+		mem[i] = guardByte
+	}
+	return &shmFile{path: path, mem: mem, n: n, guard: guard}
+}
+
+func (s *shmFile) checkGuard(t testing.TB) {
+	t.Helper()
+	for i, b := range s.mem[s.n:] {
+		if b != guardByte {
+			t.Fatalf("guard byte %d after the registered region changed to %#x", i, b)
+		}
+	}
+}
