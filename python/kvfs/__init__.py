@@ -1,0 +1,295 @@
+"""Python client of the kvfs control ioctls (docs/abi.md).
+
+Pure standard library (fcntl, mmap, struct). Open a kvfs mount's control
+file, register host memory (a file of /dev/shm mapped by both sides), and
+load or store many KV-cache groups per ioctl straight between the store and
+that memory::
+
+    import kvfs
+    with kvfs.Client("/mnt/kvcache") as c:
+        info = c.info()
+        buf = c.create_host_buffer(64 << 20)       # /dev/shm/kvfs-..., mapped, registered
+        st = c.load([kvfs.Entry(block=0xabc, layer=0, head=0, kind="K",
+                                buffer=buf.id, offset=0)])
+        assert st == [kvfs.OK]
+        tile = buf.view[0:info.group_bytes]        # memoryview, no copy
+        arr = buf.numpy("uint16")                  # optional, needs numpy
+
+Registrations belong to the Client's open file: closing it (or the process
+dying) releases them in the daemon.
+"""
+
+import collections
+import errno as _errno
+import fcntl
+import mmap
+import os
+import secrets
+import threading
+
+from . import abi
+from .abi import (OK, ABSENT, CORRUPT, BAD_REQUEST, IO_ERROR, NO_SPACE,  # noqa: F401
+                  BAD_NONE, BAD_KEY, BAD_BUFFER, BAD_RANGE, BAD_PITCH, BAD_RESERVED,
+                  STATUS_NAMES, DETAIL_NAMES, ABI_VERSION)
+
+__all__ = ["Client", "Entry", "Info", "HostBuffer", "KvfsError", "status_name",
+           "OK", "ABSENT", "CORRUPT", "BAD_REQUEST", "IO_ERROR", "NO_SPACE"]
+
+CTL_PATH = ".kvfs/ctl"
+SHM_DIR = "/dev/shm"
+
+Entry = collections.namedtuple("Entry", "block layer head kind buffer offset pitch", defaults=(0,))
+Entry.__doc__ = """One group to move: (block, layer, head, kind) <-> buffer at offset.
+
+kind is 0/1 or "K"/"V". pitch 0 means the tile's group_bytes are contiguous;
+otherwise row r starts at offset + r*pitch and is row_bytes long."""
+
+Info = collections.namedtuple("Info", abi.INFO_FIELDS)
+
+
+def status_name(s):
+    return abi.STATUS_NAMES.get(s, "status(%d)" % s)
+
+
+_REASONS = {
+    _errno.EPROTO: "daemon speaks another ABI version",
+    _errno.ENOTTY: "not a kvfs control file, or unknown command",
+    _errno.EBADF: "session closed",
+    _errno.EFAULT: "registered memory faulted (was the file shrunk?)",
+    _errno.EROFS: "store is read-only",
+}
+_REGISTER_REASONS = {
+    _errno.EPERM: "file is not inside " + SHM_DIR,
+    _errno.ELOOP: "path has a symbolic link",
+    _errno.EACCES: "caller may not open the file read-write",
+    _errno.EINVAL: "not a regular file, or malformed request",
+    _errno.EXDEV: "file is not on tmpfs or hugetlbfs",
+    _errno.ERANGE: "length is zero or beyond the end of the file",
+    _errno.EMFILE: "too many buffers registered on this handle",
+    _errno.EDQUOT: "registered-bytes limit of this handle",
+    _errno.ENOENT: "no such file",
+}
+
+
+class KvfsError(OSError):
+    """A failed control ioctl; .errno is the errno, .op the operation."""
+
+    def __init__(self, op, err, extra=""):
+        reason = _REASONS.get(err) or (op == "register" and _REGISTER_REASONS.get(err)) or os.strerror(err)
+        super().__init__(err, "kvfs %s: %s%s" % (op, reason, extra))
+        self.op = op
+
+
+def _kind(k):
+    if k in (0, 1):
+        return k
+    if k in ("K", "k"):
+        return 0
+    if k in ("V", "v"):
+        return 1
+    raise ValueError("kind %r is not K or V" % (k,))
+
+
+class HostBuffer:
+    """A /dev/shm file mapped here and registered with the daemon.
+
+    .view is a writable memoryview of the whole registered range; release any
+    views you take (and numpy arrays over it) before close()."""
+
+    def __init__(self, client, path, size, unlink):
+        self._client = client
+        self.path = path
+        self.size = size
+        self._unlink = unlink
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        try:
+            self.id = client.register_host(path, size)
+        except BaseException:
+            self.mm.close()
+            raise
+        self.view = memoryview(self.mm)
+
+    def numpy(self, dtype="uint8", shape=None, offset=0, count=-1):
+        """A numpy array over the buffer (no copy). Needs numpy."""
+        try:
+            import numpy as np
+        except ImportError as e:  # pragma: no cover - numpy is optional
+            raise ImportError("HostBuffer.numpy needs numpy; use .view (a memoryview) without it") from e
+        a = np.frombuffer(self.mm, dtype=dtype, count=count, offset=offset)
+        return a.reshape(shape) if shape is not None else a
+
+    def close(self):
+        if self.mm is None:
+            return
+        try:
+            self._client.unregister(self.id)
+        except KvfsError as e:
+            if e.errno != _errno.EBADF:
+                raise
+        finally:
+            self.view.release()
+            self.mm.close()
+            self.mm = None
+            if self._unlink:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Client:
+    """An open control file of a kvfs mount. Thread-safe."""
+
+    def __init__(self, mountpoint=None, ctl_path=None):
+        path = ctl_path or os.path.join(mountpoint, CTL_PATH)
+        self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        self._local = threading.local()
+        try:
+            self._info = self._read_info()
+        except BaseException:
+            os.close(self._fd)
+            raise
+        if self._info.abi != abi.ABI_VERSION:
+            os.close(self._fd)
+            raise KvfsError("open", _errno.EPROTO, ": daemon ABI %d, client %d" % (self._info.abi, abi.ABI_VERSION))
+
+    # -- raw ----------------------------------------------------------------
+
+    def fileno(self):
+        return self._fd
+
+    def ioctl(self, cmd, buf, op="ioctl"):
+        """Issue a raw ioctl with a bytearray of _IOC_SIZE(cmd) bytes (or None)."""
+        if self._fd < 0:
+            raise KvfsError(op, _errno.EBADF)
+        while True:
+            try:
+                if buf is None:
+                    return fcntl.ioctl(self._fd, cmd, 0)
+                return fcntl.ioctl(self._fd, cmd, buf, True)
+            except InterruptedError:
+                continue
+            except OSError as e:
+                raise KvfsError(op, e.errno) from None
+
+    # -- commands -----------------------------------------------------------
+
+    def _read_info(self):
+        b = bytearray(abi.INFO.size)
+        self.ioctl(abi.IOC_INFO, b, "info")
+        v = list(abi.INFO.unpack(b))
+        fields = v[:len(abi.INFO_FIELDS)]
+        fields[abi.INFO_FIELDS.index("engine")] = fields[abi.INFO_FIELDS.index("engine")].rstrip(b"\0").decode()
+        return Info(*fields)
+
+    def info(self):
+        """The daemon's Info (geometry, group_bytes, row_bytes, limits, caps)."""
+        return self._info
+
+    def register_host(self, path, size=0):
+        """Register the first size bytes (0: all) of a /dev/shm file; returns the buffer id."""
+        p = os.fsencode(path)
+        if len(p) >= abi.PATH_MAX:
+            raise KvfsError("register", _errno.ENAMETOOLONG)
+        b = bytearray(abi.REGISTER_HOST.pack(abi.ABI_VERSION, 0, size, 0, 0, 0, p))
+        self.ioctl(abi.IOC_REGISTER_HOST, b, "register")
+        return abi.REGISTER_HOST.unpack(b)[3]
+
+    def unregister(self, buffer_id):
+        b = bytearray(abi.UNREGISTER.pack(abi.ABI_VERSION, buffer_id))
+        self.ioctl(abi.IOC_UNREGISTER, b, "unregister")
+
+    def create_host_buffer(self, size, name=None):
+        """Create /dev/shm/<name> (0600, unique name by default), map and register it.
+        close() removes the file."""
+        if size <= 0:
+            raise ValueError("size must be positive")
+        name = name or "kvfs-%d-%s" % (os.getpid(), secrets.token_hex(8))
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        try:
+            return HostBuffer(self, path, size, unlink=True)
+        except BaseException:
+            os.unlink(path)
+            raise
+
+    def open_host_buffer(self, path, size=0):
+        """Map and register an existing /dev/shm file (size 0: all of it). close() keeps the file."""
+        if size == 0:
+            size = os.stat(path).st_size
+        return HostBuffer(self, path, size, unlink=False)
+
+    def load(self, entries, details=False):
+        """Load groups into registered buffers. Returns one status per entry
+        (or (status, detail) pairs with details=True)."""
+        return self._batch(True, entries, details)
+
+    def store(self, entries, details=False):
+        """Store groups from registered buffers, durably. Statuses as load."""
+        return self._batch(False, entries, details)
+
+    def _buffers(self):
+        bufs = getattr(self._local, "bufs", None)
+        if bufs is None:
+            bufs = self._local.bufs = (bytearray(abi.BATCH_SIZE), bytearray(abi.BATCH_SMALL_SIZE))
+        return bufs
+
+    def _batch(self, load, entries, details):
+        big, small = self._buffers()
+        out = []
+        op = "load" if load else "store"
+        pack = abi.ENTRY.pack_into
+        esz, hsz = abi.ENTRY.size, abi.BATCH_HDR.size
+        entries = list(entries)
+        for lo in range(0, len(entries), abi.BATCH_MAX):
+            chunk = entries[lo:lo + abi.BATCH_MAX]
+            n = len(chunk)
+            if n <= abi.BATCH_SMALL_MAX:
+                buf, cmd = small, (abi.IOC_LOAD_SMALL if load else abi.IOC_STORE_SMALL)
+            else:
+                buf, cmd = big, (abi.IOC_LOAD if load else abi.IOC_STORE)
+            abi.BATCH_HDR.pack_into(buf, 0, abi.ABI_VERSION, n, 0, 0)
+            for i, e in enumerate(chunk):
+                block, layer, head, kind, buffer, offset, pitch = e
+                pack(buf, hsz + i * esz, block, offset, buffer, pitch, layer, head, _kind(kind), 0, 0, 0)
+            self.ioctl(cmd, buf, op)
+            so, do = abi.ENTRY_STATUS_OFF, abi.ENTRY_DETAIL_OFF
+            if details:
+                out.extend((buf[hsz + i * esz + so], buf[hsz + i * esz + do]) for i in range(n))
+            else:
+                out.extend(buf[hsz + i * esz + so] for i in range(n))
+        return out
+
+    # -- names --------------------------------------------------------------
+
+    def group_path(self, mountpoint, block, layer, head, kind):
+        """The file of a group under the mount: layer-<L>/block-<id>/head-<H>/K|V."""
+        i = self._info
+        lw, hw = len(str(i.layers - 1)), len(str(i.kv_heads - 1))
+        return os.path.join(mountpoint, "layer-%0*d" % (lw, layer), "block-%016x" % block,
+                            "head-%0*d" % (hw, head), "KV"[_kind(kind)])
+
+    def close(self):
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,260 @@
+"""Tests of the Python kvfs client through a real mount.
+
+Run by integration/ctl (go test) with KVFS_MOUNT set to a mounted kvfs and
+PYTHONPATH pointing at python/. KVFS_CORRUPT names one damaged group as
+"block layer head kind" (hex block). Pure stdlib; numpy tests skip without it.
+"""
+
+import errno
+import mmap
+import os
+import random
+import struct
+import sys
+import tempfile
+import unittest
+
+import kvfs
+from kvfs import abi
+
+MOUNT = os.environ.get("KVFS_MOUNT")
+GUARD = 0xA5
+
+
+def rand_bytes(rng, n):
+    return bytes(rng.getrandbits(8) for _ in range(n)) if n < 64 else rng.randbytes(n)
+
+
+@unittest.skipUnless(MOUNT, "KVFS_MOUNT is not set")
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.c = kvfs.Client(MOUNT)
+        self.info = self.c.info()
+        self.gb = self.info.group_bytes
+        self.rng = random.Random(1234)
+        self.files = []
+
+    def tearDown(self):
+        self.c.close()
+        for p in self.files:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+
+    # helpers
+
+    def cp(self, block, layer, head, kind, data):
+        p = self.c.group_path(MOUNT, block, layer, head, kind)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+
+    def cat(self, block, layer, head, kind):
+        with open(self.c.group_path(MOUNT, block, layer, head, kind), "rb") as f:
+            return f.read()
+
+    def keys(self, block):
+        i = self.info
+        return [(block, l, h, k) for l in range(i.layers) for k in (0, 1) for h in range(i.kv_heads)]
+
+    def guarded(self, n, guard=4096):
+        """A /dev/shm file of n bytes + guard bytes, mapped here; registered for n bytes."""
+        path = "/dev/shm/kvfs-py-%d-%x" % (os.getpid(), self.rng.getrandbits(48))
+        self.files.append(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, n + guard)
+        mm = mmap.mmap(fd, n + guard)
+        os.close(fd)
+        mm[n:] = bytes([GUARD]) * guard
+        bid = self.c.register_host(path, n)
+        self.addCleanup(mm.close)
+        return path, mm, bid
+
+    def assert_guard(self, mm, n):
+        self.assertEqual(mm[n:], bytes([GUARD]) * (len(mm) - n), "guard bytes changed")
+
+    # tests
+
+    def test_info(self):
+        i = self.info
+        self.assertEqual(i.abi, kvfs.ABI_VERSION)
+        self.assertEqual(i.size, abi.INFO.size)
+        self.assertEqual(i.group_bytes, i.block_tokens * i.row_bytes)
+        self.assertEqual(i.row_bytes, i.head_dim * i.dtype_bytes)
+        self.assertEqual(i.max_entries, abi.BATCH_MAX)
+        self.assertTrue(i.caps & abi.CAP_HOST and i.caps & abi.CAP_STORE)
+        self.assertEqual(i.engine, "mem")
+
+    def test_roundtrip_through_files(self):
+        blocks = [0x7100, 0x7101]
+        want = {}
+        for b in blocks:
+            for key in self.keys(b):
+                want[key] = rand_bytes(self.rng, self.gb)
+                self.cp(*key, want[key])
+        keys = list(want)
+        order = list(range(len(keys)))
+        self.rng.shuffle(order)
+        path, mm, bid = self.guarded(len(keys) * self.gb)
+        entries = [kvfs.Entry(*k, buffer=bid, offset=order[i] * self.gb) for i, k in enumerate(keys)]
+        self.assertEqual(self.c.load(entries), [kvfs.OK] * len(keys))
+        view = memoryview(mm)
+        for i, k in enumerate(keys):
+            self.assertEqual(view[order[i] * self.gb:(order[i] + 1) * self.gb], want[k], k)
+        view.release()
+        self.assert_guard(mm, len(keys) * self.gb)
+        # STORE under new blocks, read back with the files.
+        entries = [e._replace(block=e.block + 0x10) for e in entries]
+        self.assertEqual(self.c.store(entries), [kvfs.OK] * len(keys))
+        for i, k in enumerate(keys):
+            self.assertEqual(self.cat(k[0] + 0x10, *k[1:]), want[k])
+
+    def test_many_entries(self):
+        # 40 blocks: 640 groups, more than one ioctl's worth, stored and loaded.
+        keys = [k for b in range(40) for k in self.keys(0x7200 + b)]
+        with self.c.create_host_buffer(len(keys) * self.gb) as buf:
+            data = rand_bytes(self.rng, len(keys) * self.gb)
+            buf.view[:] = data
+            entries = [kvfs.Entry(*k, buffer=buf.id, offset=i * self.gb) for i, k in enumerate(keys)]
+            self.assertEqual(self.c.store(entries), [kvfs.OK] * len(keys))
+            buf.view[:] = bytes(len(data))
+            self.assertEqual(self.c.load(entries), [kvfs.OK] * len(keys))
+            self.assertEqual(buf.view.tobytes(), data)
+            k = keys[123]
+            self.assertEqual(self.cat(*k), data[123 * self.gb:124 * self.gb])
+
+    def test_pitch(self):
+        i = self.info
+        rows, rb, heads = i.block_tokens, i.row_bytes, i.kv_heads
+        pitch = heads * rb + 32
+        pages = 3
+        size = pages * rows * pitch
+        path, mm, bid = self.guarded(size)
+        mm[:size] = b"\xcc" * size
+        want = bytearray(b"\xcc" * size)
+        entries = []
+        for p in range(pages):
+            for h in range(heads):
+                key = (0x7300 + p, 1, h, "K")
+                d = rand_bytes(self.rng, self.gb)
+                self.cp(*key, d)
+                off = p * rows * pitch + h * rb
+                entries.append(kvfs.Entry(*key, buffer=bid, offset=off, pitch=pitch))
+                for r in range(rows):
+                    want[off + r * pitch:off + r * pitch + rb] = d[r * rb:(r + 1) * rb]
+        self.assertEqual(self.c.load(entries), [kvfs.OK] * len(entries))
+        self.assertEqual(mm[:size], bytes(want))
+        self.assert_guard(mm, size)
+
+    def test_absent_and_corrupt(self):
+        spec = os.environ.get("KVFS_CORRUPT")
+        if not spec:
+            self.skipTest("KVFS_CORRUPT not set")
+        b, l, h, k = spec.split()
+        bad = (int(b, 16), int(l), int(h), k)
+        with self.c.create_host_buffer(3 * self.gb) as buf:
+            buf.view[:] = b"\x11" * (3 * self.gb)
+            present = (bad[0], bad[1], 1 - bad[2] if self.info.kv_heads > 1 else bad[2], "V" if k == "K" else "K")
+            entries = [kvfs.Entry(*bad, buffer=buf.id, offset=0),
+                       kvfs.Entry(0xdeadbeef, 0, 0, "K", buf.id, self.gb),
+                       kvfs.Entry(*present, buffer=buf.id, offset=2 * self.gb)]
+            st = self.c.load(entries, details=True)
+            self.assertEqual([s for s, _ in st], [kvfs.CORRUPT, kvfs.ABSENT, kvfs.OK])
+            self.assertEqual(buf.view[:self.gb], bytes(self.gb))
+            self.assertEqual(buf.view[self.gb:2 * self.gb], b"\x11" * self.gb)
+            self.assertEqual(buf.view[2 * self.gb:], self.cat(*present))
+
+    def test_hostile(self):
+        path, mm, bid = self.guarded(4 * self.gb, 8192)
+        mm[:4 * self.gb] = b"\x33" * (4 * self.gb)
+        before = mm[:]
+        other = kvfs.Client(MOUNT)
+        self.addCleanup(other.close)
+        obuf = other.create_host_buffer(self.gb)
+        self.addCleanup(obuf.close)
+        key = (0x7400, 0, 0, "K")
+        self.cp(*key, rand_bytes(self.rng, self.gb))
+        n = 4 * self.gb
+        bad = [
+            (kvfs.Entry(*key, buffer=obuf.id, offset=0), abi.BAD_BUFFER),
+            (kvfs.Entry(*key, buffer=0xFFFFFFF, offset=0), abi.BAD_BUFFER),
+            (kvfs.Entry(*key, buffer=bid, offset=n), abi.BAD_RANGE),
+            (kvfs.Entry(*key, buffer=bid, offset=n - self.gb + 1), abi.BAD_RANGE),
+            (kvfs.Entry(*key, buffer=bid, offset=2 ** 64 - 1), abi.BAD_RANGE),
+            (kvfs.Entry(*key, buffer=bid, offset=2 ** 64 - self.gb), abi.BAD_RANGE),
+            (kvfs.Entry(*key, buffer=bid, offset=0, pitch=2 ** 32 - 1), abi.BAD_RANGE),
+            (kvfs.Entry(*key, buffer=bid, offset=0, pitch=self.info.row_bytes - 1), abi.BAD_PITCH),
+            (kvfs.Entry(0x7400, self.info.layers, 0, "K", bid, 0), abi.BAD_KEY),
+            (kvfs.Entry(0x7400, 0, self.info.kv_heads, "V", bid, 0), abi.BAD_KEY),
+        ]
+        for op in (self.c.load, self.c.store):
+            st = op([e for e, _ in bad], details=True)
+            self.assertEqual(st, [(kvfs.BAD_REQUEST, d) for _, d in bad])
+        self.assertEqual(mm[:], before)
+        # Wrong ABI version, unknown command, garbage.
+        b = bytearray(abi.BATCH_SIZE)
+        abi.BATCH_HDR.pack_into(b, 0, 7, 1, 0, 0)
+        with self.assertRaises(kvfs.KvfsError) as cm:
+            self.c.ioctl(abi.IOC_LOAD, b, "load")
+        self.assertEqual(cm.exception.errno, errno.EPROTO)
+        with self.assertRaises(kvfs.KvfsError) as cm:
+            self.c.ioctl(abi._ioc(3, 0x10, 64), bytearray(64), "load")
+        self.assertEqual(cm.exception.errno, errno.ENOTTY)
+        abi.BATCH_HDR.pack_into(b, 0, 1, 600, 0, 0)
+        with self.assertRaises(kvfs.KvfsError) as cm:
+            self.c.ioctl(abi.IOC_LOAD, b, "load")
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        rng = random.Random(5)
+        for _ in range(100):
+            g = bytearray(rng.randbytes(abi.BATCH_SIZE))
+            abi.BATCH_HDR.pack_into(g, 0, 1, rng.randrange(abi.BATCH_MAX + 1), 0, 0)
+            for j in range(abi.BATCH_HDR.size, len(g), abi.ENTRY.size):
+                if rng.random() < 0.5:
+                    struct.pack_into("<I", g, j + 16, bid)
+            try:
+                self.c.ioctl(rng.choice([abi.IOC_LOAD, abi.IOC_STORE]), g)
+            except kvfs.KvfsError:
+                pass
+        self.assertEqual(mm[:], before, "garbage requests touched memory")
+
+    def test_register_rejected(self):
+        path, mm, bid = self.guarded(4096, 0)
+        link = path + ".link"
+        os.symlink(path, link)
+        self.files.append(link)
+        cases = [(link, errno.ELOOP), ("/etc/passwd", errno.EPERM), ("/dev/shm/../etc/passwd", errno.EPERM),
+                 (path + ".nope", errno.ENOENT)]
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            cases.append((f.name, errno.EPERM))
+            for p, want in cases:
+                with self.assertRaises(kvfs.KvfsError) as cm:
+                    self.c.register_host(p, 0)
+                self.assertEqual(cm.exception.errno, want, p)
+        with self.assertRaises(kvfs.KvfsError) as cm:
+            self.c.register_host(path, 8192)
+        self.assertEqual(cm.exception.errno, errno.ERANGE)
+        self.c.unregister(bid)
+        with self.assertRaises(kvfs.KvfsError) as cm:
+            self.c.unregister(bid)
+        self.assertEqual(cm.exception.errno, errno.ENOENT)
+
+    def test_numpy_view(self):
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy not installed")
+        key = (0x7500, 0, 0, "V")
+        d = rand_bytes(self.rng, self.gb)
+        self.cp(*key, d)
+        with self.c.create_host_buffer(self.gb) as buf:
+            self.assertEqual(self.c.load([kvfs.Entry(*key, buffer=buf.id, offset=0)]), [kvfs.OK])
+            a = buf.numpy("uint16", (self.info.block_tokens, self.info.head_dim))
+            self.assertEqual(a.tobytes(), d)
+            del a
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[1:])
