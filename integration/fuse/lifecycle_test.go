@@ -1,0 +1,247 @@
+package fuseint
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/kvfs/kvfs/fs"
+	"github.com/kvfs/kvfs/layout"
+)
+
+// crashKey is the group the i-th copy of TestKill9DuringWrites writes.
+func crashKey(i int) layout.Key {
+	return layout.Key{Block: 0x1000 + uint64(i/64), Layer: i % 32, Head: (i / 32) % 8, Kind: layout.Kind(i % 2)}
+}
+
+// TestKill9DuringWrites kills the daemon in the middle of a loop of cp's,
+// mounts again on the same (now stale) mountpoint, and checks that every
+// group whose cp succeeded reads back byte-identical and that nothing in
+// the store reads corrupt.
+func TestKill9DuringWrites(t *testing.T) {
+	need(t)
+	mnt := t.TempDir()
+	st := newStore(t, "128MiB")
+	d := startMount(t, st, mnt)
+	src := t.TempDir()
+	const n = 150
+	var script strings.Builder
+	script.WriteString("set -u\n")
+	for i := range n {
+		data := groupBytes(uint64(1000 + i))
+		if err := os.WriteFile(filepath.Join(src, strconv.Itoa(i)), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := defaultGeo.Name(crashKey(i))
+		fmt.Fprintf(&script, "mkdir -p %s 2>/dev/null && cp %s/%d %s 2>/dev/null && echo %d\n", filepath.Dir(p), src, i, p, i)
+	}
+	w := exec.Command("bash", "-c", script.String())
+	w.Dir = mnt
+	stdout, err := w.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ok := map[int]bool{}
+	lines := bufio.NewScanner(stdout)
+	killed := false
+	for lines.Scan() {
+		i, err := strconv.Atoi(lines.Text())
+		if err != nil {
+			t.Fatalf("writer said %q", lines.Text())
+		}
+		ok[i] = true
+		if len(ok) == 20 && !killed {
+			if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed = true
+		}
+	}
+	_ = w.Wait()
+	if !killed {
+		t.Fatalf("the writer finished (%d copies) before the kill", len(ok))
+	}
+	if err := d.stop(syscall.SIGKILL); err == nil {
+		t.Fatal("daemon exited cleanly after kill -9?")
+	}
+	t.Logf("%d of %d copies succeeded before and around the kill", len(ok), n)
+	if len(ok) >= n {
+		t.Fatal("every copy succeeded: the kill came too late")
+	}
+	// The dead daemon left a stale mount.
+	var stt syscall.Stat_t
+	if err := syscall.Stat(mnt, &stt); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("stat of the dead mount: %v, want ENOTCONN", err)
+	}
+	d2 := startMount(t, st, mnt)
+	for i := range ok {
+		want, _ := os.ReadFile(filepath.Join(src, strconv.Itoa(i)))
+		if err := fileEqual(t, filepath.Join(mnt, defaultGeo.Name(crashKey(i))), want); err != nil {
+			t.Fatalf("copy %d succeeded before the kill, now: %v", i, err)
+		}
+	}
+	// Nothing in the store reads corrupt; whatever is there is one of the
+	// copies' bytes.
+	out, err := sh(mnt, "find layer-* -type f | xargs -r cat | wc -c")
+	if err != nil {
+		t.Fatalf("reading everything back: %v\n%s", err, out)
+	}
+	if !strings.Contains(d2.logText(), "stale mount") {
+		t.Fatalf("the second mount did not report the stale mount:\n%s", d2.logText())
+	}
+	if got, _ := strconv.Atoi(strings.TrimSpace(out)); got < len(ok)*defaultGeo.GroupBytes() {
+		t.Fatalf("read back %s bytes, want at least %d", out, len(ok)*defaultGeo.GroupBytes())
+	}
+}
+
+// TestSIGTERMUnmountsCleanly: SIGTERM unmounts, closes the store and exits 0.
+func TestSIGTERMUnmountsCleanly(t *testing.T) {
+	need(t)
+	mnt := t.TempDir()
+	st := newStore(t, "64MiB")
+	d := startMount(t, st, mnt)
+	k := layout.Key{Block: 0x77, Layer: 31, Head: 7, Kind: layout.V}
+	g := groupBytes(77)
+	p := filepath.Join(mnt, defaultGeo.Name(k))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, g, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, d.logText())
+	}
+	if _, ok, _ := fs.FindMount(mnt); ok {
+		t.Fatal("still mounted after SIGTERM")
+	}
+	// The store is released and holds the group.
+	got := kvfs(t, "get", st, "--block", "77", "--layer", "31", "--head", "7", "--kind", "V")
+	if got != string(g) {
+		t.Fatal("kvfs get after SIGTERM: other bytes")
+	}
+}
+
+// TestDaemonAndUmount: --daemon returns once the mount answers; kvfs umount
+// unmounts and waits until the daemon released the store.
+func TestDaemonAndUmount(t *testing.T) {
+	need(t)
+	mnt := t.TempDir()
+	st := newStore(t, "64MiB")
+	logPath := filepath.Join(t.TempDir(), "daemon.log")
+	port := freePort(t)
+	out := kvfs(t, "mount", st, mnt, "--daemon", "--log-file", logPath, "--log-level", "info", "--metrics-addr", "127.0.0.1:"+port)
+	t.Cleanup(func() {
+		if _, ok, _ := fs.FindMount(mnt); ok {
+			_ = exec.Command(kvfsBin, "umount", "--lazy", mnt).Run()
+		}
+	})
+	if !strings.Contains(out, "mounted") {
+		t.Fatalf("kvfs mount --daemon said %q", out)
+	}
+	if mi, ok, _ := fs.FindMount(mnt); !ok || mi.FSType != "fuse.kvfs" || mi.Source != st {
+		t.Fatalf("mountinfo: %+v %v", mi, ok)
+	}
+	// A second mount on the same mountpoint is refused.
+	if out, err := exec.Command(kvfsBin, "mount", st, mnt).CombinedOutput(); err == nil || !strings.Contains(string(out), "already") {
+		t.Fatalf("second mount: %v %s", err, out)
+	}
+	k := layout.Key{Block: 0xd, Layer: 1, Head: 1, Kind: layout.K}
+	p := filepath.Join(mnt, defaultGeo.Name(k))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	g := groupBytes(13)
+	if err := os.WriteFile(p, g, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := fileEqual(t, p, g); err != nil {
+		t.Fatal(err)
+	}
+	// Prometheus metrics.
+	resp, err := http.Get("http://127.0.0.1:" + port + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"kvfs_store_reads_total 1", "kvfs_store_writes_total 1", "kvfs_fs_stored_total 1",
+		`kvfs_store_batch_seconds_bucket{op="read"`, "kvfs_store_slots_used 1", "kvfs_ctl_sessions_open 0"} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("/metrics lacks %q", want)
+		}
+	}
+	kvfs(t, "umount", mnt)
+	if _, ok, _ := fs.FindMount(mnt); ok {
+		t.Fatal("still mounted after kvfs umount")
+	}
+	// umount returned after the daemon closed the store: it opens at once.
+	if got := kvfs(t, "get", st, "--block", "d", "--layer", "1", "--head", "1", "--kind", "K"); got != string(g) {
+		t.Fatal("kvfs get after umount: other bytes")
+	}
+	logText, _ := os.ReadFile(logPath)
+	if !strings.Contains(string(logText), "mount: serving") || !strings.Contains(string(logText), "closing the store") {
+		t.Fatalf("daemon log:\n%s", logText)
+	}
+	if out, err := exec.Command(kvfsBin, "umount", mnt).CombinedOutput(); err == nil || !strings.Contains(string(out), "not mounted") {
+		t.Fatalf("umount of nothing: %v %s", err, out)
+	}
+}
+
+// TestBadInvocations: usage errors exit 2 and mount nothing.
+func TestBadInvocations(t *testing.T) {
+	need(t)
+	mnt := t.TempDir()
+	st := newStore(t, "64MiB")
+	for _, args := range [][]string{
+		{"mount", st},
+		{"mount", st, mnt, "--ctl-mode", "999"},
+		{"mount", st, mnt, "--ctl-group", "no-such-group-kvfs"},
+		{"mount", st, mnt, "--engine", "floppy"},
+		{"mount", st, mnt, "--metrics-addr", "nope"},
+		{"umount"},
+	} {
+		err := exec.Command(kvfsBin, args...).Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Fatalf("kvfs %v: %v, want exit status 2", args, err)
+		}
+	}
+	// Not a store: exit 1, nothing mounted.
+	bogus := filepath.Join(t.TempDir(), "bogus")
+	if err := os.WriteFile(bogus, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := exec.Command(kvfsBin, "mount", bogus, mnt).Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("mount of a non-store: %v, want exit status 1", err)
+	}
+	if _, ok, _ := fs.FindMount(mnt); ok {
+		t.Fatal("mounted a non-store")
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
