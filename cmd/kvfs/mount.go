@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/store"
@@ -289,9 +290,11 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	}
 	defer closeInto(&err, closeAll)
 
+	ctlSrv := ctl.NewServer(s, ctl.Options{Logger: log})
+	defer ctlSrv.Close()
 	srv, err := fs.Mount(mountpoint, s, fs.Options{
-		Logger: log, CtlMode: ctlMode, CtlGID: ctlGID, AllowOther: o.allowOther,
-		FsName: abs, Debug: o.debugFUSE,
+		Logger: log, Ctl: ctlHandler{ctlSrv}, CtlMode: ctlMode, CtlGID: ctlGID,
+		AllowOther: o.allowOther, FsName: abs, Debug: o.debugFUSE,
 	})
 	if err != nil {
 		return err
@@ -306,7 +309,7 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 
 	var httpSrv *http.Server
 	if o.metricsAddr != "" {
-		pm.register(s, srv.FS)
+		pm.register(s, srv.FS, ctlSrv)
 		ln, err := net.Listen("tcp", o.metricsAddr)
 		if err != nil {
 			_ = fs.Detach(mountpoint)
@@ -430,7 +433,7 @@ func (pm *promMetrics) observe(op store.Op, groups int, d time.Duration) {
 
 // register exports the store's and the file system's counters, read at
 // scrape time.
-func (pm *promMetrics) register(s *store.Store, f *fs.FS) {
+func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
 	counter := func(name, help string, v func() uint64) {
 		pm.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(v()) }))
@@ -462,4 +465,25 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS) {
 	counter("kvfs_fs_errors_total", "Unexpected errors answered with EIO.", func() uint64 { return fm().Errors })
 	counter("kvfs_ctl_ioctls_total", "Ioctls on .kvfs/ctl.", func() uint64 { return fm().Ioctls })
 	gauge("kvfs_ctl_sessions_open", "Open handles of .kvfs/ctl.", func() float64 { return float64(fm().CtlOpen) })
+	cm := c.Metrics
+	counter("kvfs_ctl_loads_total", "LOAD ioctls served.", func() uint64 { return cm().Loads })
+	counter("kvfs_ctl_stores_total", "STORE ioctls served.", func() uint64 { return cm().Stores })
+	counter("kvfs_ctl_groups_loaded_total", "Groups loaded into client memory.", func() uint64 { return cm().GroupsLoaded })
+	counter("kvfs_ctl_groups_stored_total", "Groups stored from client memory.", func() uint64 { return cm().GroupsStored })
+	counter("kvfs_ctl_bad_entries_total", "Batch entries refused as bad requests.", func() uint64 { return cm().BadEntries })
+	counter("kvfs_ctl_rejected_total", "Ioctls refused as a whole.", func() uint64 { return cm().Rejected })
+	counter("kvfs_ctl_faults_total", "Faulting accesses to registered memory.", func() uint64 { return cm().Faults })
+	gauge("kvfs_ctl_buffers", "Client buffers registered now.", func() float64 { return float64(cm().Buffers) })
+	gauge("kvfs_ctl_registered_bytes", "Bytes of client memory registered now.", func() float64 { return float64(cm().RegisteredBytes) })
+}
+
+// ctlHandler adapts ctl.Server to fs.CtlHandler.
+type ctlHandler struct{ *ctl.Server }
+
+func (h ctlHandler) Open(uid, gid uint32) (fs.CtlSession, syscall.Errno) {
+	s, errno := h.Server.Open(uid, gid)
+	if errno != 0 {
+		return nil, errno
+	}
+	return s, 0
 }

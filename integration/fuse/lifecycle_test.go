@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/layout"
 )
@@ -171,6 +172,26 @@ func TestDaemonAndUmount(t *testing.T) {
 	if err := fileEqual(t, p, g); err != nil {
 		t.Fatal(err)
 	}
+	// The control file answers through the daemon's ctl server.
+	c, err := client.Open(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Info().Geometry; got != defaultGeo {
+		t.Fatalf("INFO geometry %v", got)
+	}
+	hb, err := c.NewHostBuffer("", 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sts, err := c.Load([]client.Entry{{Key: k, Buffer: hb.ID, Offset: 8192}})
+	if err != nil || sts[0] != client.OK || string(hb.Mem[8192:8192+len(g)]) != string(g) {
+		t.Fatalf("LOAD of the copied group: %v %v", err, sts)
+	}
+	_ = hb.Close()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
 	// Prometheus metrics.
 	resp, err := http.Get("http://127.0.0.1:" + port + "/metrics")
 	if err != nil {
@@ -178,7 +199,7 @@ func TestDaemonAndUmount(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"kvfs_store_reads_total 1", "kvfs_store_writes_total 1", "kvfs_fs_stored_total 1",
+	for _, want := range []string{"kvfs_store_reads_total 2", "kvfs_store_writes_total 1", "kvfs_fs_stored_total 1", "kvfs_ctl_groups_loaded_total 1",
 		`kvfs_store_batch_seconds_bucket{op="read"`, "kvfs_store_slots_used 1", "kvfs_ctl_sessions_open 0"} {
 		if !strings.Contains(string(body), want) {
 			t.Fatalf("/metrics lacks %q", want)
