@@ -40,10 +40,14 @@ func (e *ent) key() layout.Key {
 	return layout.Key{Block: e.e.Block, Layer: int(e.e.Layer), Head: int(e.e.Head), Kind: layout.Kind(e.e.Kind)}
 }
 
-// tile is the entry's span of its registered buffer.
+// tile is the entry's span of its registered buffer. Its capacity runs to
+// the end of the mapping: the store lands a run of groups straight into
+// memory only when the first group's slice has room for the whole run (and
+// the groups are adjacent), which is how packed tiles in slot order avoid a
+// bounce buffer.
 func (e *ent) tile(extent int) []byte {
 	off := int(e.e.Offset)
-	return e.b.mem[off : off+extent : off+extent]
+	return e.b.mem[off : off+extent]
 }
 
 // batch serves LOAD and STORE: decode and check every entry, then move the

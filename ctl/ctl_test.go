@@ -16,6 +16,7 @@ import (
 	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
 )
 
 func TestInfo(t *testing.T) {
@@ -731,5 +732,73 @@ func TestConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// recEngine records where reads land.
+type recEngine struct {
+	*storetest.Mem
+	mu   sync.Mutex
+	bufs []uintptr
+}
+
+func (r *recEngine) Do(ios []store.IO) error {
+	r.mu.Lock()
+	for _, io := range ios {
+		if io.Op == store.OpRead {
+			r.bufs = append(r.bufs, uintptrOf(io.Buf))
+		}
+	}
+	r.mu.Unlock()
+	return r.Mem.Do(ios)
+}
+
+// TestDirectLanding: packed tiles in slot order are read by the engine
+// straight into the registered mapping, in one I/O, with no bounce buffer.
+func TestDirectLanding(t *testing.T) {
+	needShm(t)
+	m := &recEngine{Mem: storetest.NewMem(store.SizeFor(testGeo, 4), 512)}
+	if _, err := store.Format(m, testGeo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(m, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srv := NewServer(st, Options{})
+	defer srv.Close()
+	ss, _ := srv.Open(0, 0)
+	defer ss.Release()
+	keys := blockKeys(7)
+	reqs := make([]store.WriteReq, len(keys))
+	for i, k := range keys {
+		reqs[i] = store.WriteReq{Key: k, Data: groupData(k, 1)}
+	}
+	if err := st.Write(reqs); err != nil {
+		t.Fatal(err)
+	}
+	s := newShm(t, (len(keys)+1)*512, 0)
+	id := mustRegister(t, ss, s)
+	var es []abi.Entry
+	for i, k := range keys {
+		es = append(es, entry(k, id, uint64(512+i*512), 0))
+	}
+	m.bufs = nil
+	for _, e := range mustBatch(t, ss, true, es) {
+		if e.Status != abi.OK {
+			t.Fatalf("%+v", e)
+		}
+	}
+	ss.mu.Lock()
+	base := uintptrOf(ss.mu.bufs[id].mem)
+	ss.mu.Unlock()
+	if len(m.bufs) != 1 || m.bufs[0] != base+512 {
+		t.Fatalf("reads landed at %#x, want one read at %#x (the mapping + 512)", m.bufs, base+512)
+	}
+	for i, k := range keys {
+		if !bytes.Equal(s.mem[512+i*512:1024+i*512], groupData(k, 1)) {
+			t.Fatalf("%v differs", k)
+		}
 	}
 }
