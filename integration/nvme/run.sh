@@ -13,10 +13,12 @@
 #            NVMe modules (dependencies from each module's depends=), waits
 #            for /dev/ng0n1, runs the tests, reports their exit code through
 #            isa-debug-exit.
-#   fdp      boot with an FDP subsystem (8 reclaim unit handles).
+#   fdp      boot with an FDP subsystem (8 reclaim unit handles): all tests,
+#            then the crash writer, which prints each acknowledged batch;
+#            QEMU is killed mid-write (a power cut).
 #   nofdp    boot with a plain namespace (engine without placement).
-#   crash    boot 1 writes groups and prints each acknowledged key; QEMU is
-#            killed mid-write; boot 2 on the same disk image checks them.
+#   crash    boot on the fdp boot's disk image: every acknowledged group
+#            reads back, none reads corrupt.
 #
 # Environment: KVFS_NVME_CACHE (default integration/nvme/.cache),
 # KVFS_NVME_RUN (go test -run regexp for the nvme package tests),
@@ -74,17 +76,19 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
 apt_opts=(-q -o Dir::Etc::sourcelist=/dev/null -o "Dir::Etc::sourceparts=$apt_dir/sources.list.d"
 	-o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir" -o "Dir::Cache::archives=$apt_dir/archives"
-	-o Acquire::Languages=none -o APT::Sandbox::User=root)
+	-o Acquire::Languages=none -o APT::Sandbox::User=root -o DPkg::Lock::Timeout=600)
 apt_updated=0
 apt_update() {
 	if [[ $apt_updated == 0 ]]; then
 		apt-get "${apt_opts[@]}" -o 'Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false' update >"$work/apt-update.log" 2>&1 ||
 			{ cat "$work/apt-update.log"; die "apt-get update failed"; }
 		apt_updated=1
+		touch "$apt_dir/updated"
+		rm -f "$cache/kernel.pkg" # re-resolve the kernel against the new lists
 	fi
 }
 # Lists older than a day are refreshed; fresh ones are reused.
-if ! find "$apt_dir/lists" -maxdepth 1 -name '*backports*Packages*' -mmin -1440 2>/dev/null | grep -q .; then
+if ! find "$apt_dir/updated" -mmin -1440 2>/dev/null | grep -q .; then
 	apt_update
 fi
 qemu_ok() {
@@ -246,8 +250,10 @@ boot() {
 	[[ -s $work/$name.qemu.err ]] && sed "s/^/[$name] qemu: /" "$work/$name.qemu.err"
 	local rc_line
 	rc_line=$(tr -d '\r' <"$log" | grep -a '^KVFS-RC [0-9][0-9]*$' | tail -1 | awk '{print $2}' || true)
+	local tests_rc
+	tests_rc=$(tr -d '\r' <"$log" | grep -a '^KVFS-TESTS-RC [0-9][0-9]*$' | tail -1 | awk '{print $2}' || true)
 	if ((killed == 1)); then
-		boot_rc=0
+		boot_rc=${tests_rc:-0}
 		echo "rig: $name: power cut (QEMU killed) after $(grep -ac '^KVFS-ACK ' "$log") acknowledged writes"
 	elif ((killed == 2)); then
 		boot_rc=101
@@ -291,27 +297,36 @@ run_boot() { # NAME FDP VARS
 }
 
 run_re=${KVFS_NVME_RUN:-.}
-run_boot fdp on "KVFS_FDP=on KVFS_RUN=$run_re"
+crash_disk=$work/crash.img
+
+# Boot 1: FDP namespace. All tests, then the crash writer until the rig
+# cuts the power after some acknowledged batches (on the same disk image
+# the crash boot checks).
+stage_start fdp
+truncate -s 1G "$crash_disk"
+boot fdp "$crash_disk" on "KVFS_FDP=on KVFS_RUN=$run_re KVFS_MODE=crash-write" "${KVFS_NVME_CRASH_ACKS:-60}"
+record fdp "$boot_rc"
+go_summary fdp "$work/fdp.log"
+acked=$(tr -d '\r' <"$work/fdp.log" | grep -a '^KVFS-ACK [0-9][0-9]*$' | awk '{print $2}' | sort -n | tail -1 || true)
+stage_end fdp "(rc $boot_rc)"
+
+# Boot 2: plain namespace (no FDP: the engine's fallback path).
 run_boot nofdp off "KVFS_FDP=off KVFS_RUN=$run_re"
 
-# The crash test: a power cut in the middle of acknowledged writes.
+# Boot 3: after the power cut, every acknowledged group must read back.
 stage_start crash
-disk=$work/crash.img
-truncate -s 1G "$disk"
-boot crash-write "$disk" on "KVFS_FDP=on KVFS_MODE=crash-write" "${KVFS_NVME_CRASH_ACKS:-60}"
-if ((boot_rc != 0)); then
-	record crash-write "$boot_rc"
-	go_summary crash-write "$work/crash-write.log"
+if [[ -z $acked ]]; then
+	record crash-write 102
+	results+=("$(printf '%-12s no batch was acknowledged before the power cut' crash-write)")
 else
-	acked=$(tr -d '\r' <"$work/crash-write.log" | grep -a '^KVFS-ACK [0-9][0-9]*$' | awk '{print $2}' | sort -n | tail -1 || true)
-	results+=("$(printf '%-12s power cut after batch %s was acknowledged' crash-write "${acked:-none}")")
-	boot crash-check "$disk" on "KVFS_FDP=on KVFS_MODE=crash-check KVFS_ACKED=${acked:--1}"
+	results+=("$(printf '%-12s power cut after batch %s was acknowledged' crash-write "$acked")")
+	boot crash-check "$crash_disk" on "KVFS_FDP=on KVFS_MODE=crash-check KVFS_ACKED=$acked"
 	record crash-check "$boot_rc"
 	go_summary crash-check "$work/crash-check.log"
 	while IFS= read -r l; do results+=("      $l"); done < <(tr -d '\r' <"$work/crash-check.log" | grep -a '^KVFS-CRASH ' || true)
 fi
 stage_end crash "(rc $boot_rc)"
-rm -f "$disk"
+rm -f "$crash_disk"
 
 total=$(awk -v a="$t_all" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
 echo
