@@ -273,3 +273,19 @@ func TestCharDevice(t *testing.T) {
 		t.Errorf("Available(/dev/null) = %v", err)
 	}
 }
+
+func TestFDPInfoString(t *testing.T) {
+	off := &FDPInfo{Reason: "controller does not support FDP"}
+	if got := off.String(); got != "fdp: off (controller does not support FDP)" {
+		t.Errorf("off: %q", got)
+	}
+	cfgs, _ := DecodeFDPConfigs(fdpConfigsLog(2))
+	h, _ := DecodeRUHStatus(ruhStatus(10, 20))
+	on := &FDPInfo{Enabled: true, EnduranceGroup: 1, Config: &cfgs[0], Handles: h, LBASize: 4096}
+	want := "fdp: on, endurance group 1, configuration 0: 2 handles, 1 reclaim groups, reclaim unit 96 MiB\n" +
+		"  handle 0 (pid 0, ruh 0, meta): 40960 bytes available in its reclaim unit\n" +
+		"  handle 1 (pid 1, ruh 1, data): 81920 bytes available in its reclaim unit"
+	if got := on.String(); got != want {
+		t.Errorf("on:\n%s\nwant\n%s", got, want)
+	}
+}

@@ -283,6 +283,29 @@ type FDPInfo struct {
 	Reason         string      // why FDP is not used, when it is not
 }
 
+// String renders the FDP state for `kvfs info`: one line, then one line
+// per handle.
+func (f *FDPInfo) String() string {
+	var b strings.Builder
+	switch {
+	case !f.Enabled:
+		fmt.Fprintf(&b, "fdp: off (%s)", f.Reason)
+	default:
+		fmt.Fprintf(&b, "fdp: on, endurance group %d, configuration %d", f.EnduranceGroup, f.ConfigIndex)
+		if c := f.Config; c != nil {
+			fmt.Fprintf(&b, ": %d handles, %d reclaim groups, reclaim unit %d MiB", c.NRUH, c.NRG, c.RUNS>>20)
+		}
+		for i, h := range f.Handles {
+			role := "data"
+			if i == 0 {
+				role = "meta"
+			}
+			fmt.Fprintf(&b, "\n  handle %d (pid %d, ruh %d, %s): %d bytes available in its reclaim unit", i, h.PID, h.RUHID, role, f.AvailableBytes(i))
+		}
+	}
+	return b.String()
+}
+
 // AvailableBytes is how much can still be written to handle i's current
 // reclaim unit.
 func (f *FDPInfo) AvailableBytes(i int) int64 { return int64(f.Handles[i].RUAMW) * int64(f.LBASize) }

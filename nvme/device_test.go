@@ -83,7 +83,7 @@ func TestDeviceFDP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("fdp: supported %v enabled %v endgid %d config %d reason %q", info.Supported, info.Enabled, info.EnduranceGroup, info.ConfigIndex, info.Reason)
+	t.Logf("%s", info)
 	if info.Config != nil {
 		t.Logf("config %+v", *info.Config)
 	}

@@ -170,6 +170,7 @@ while IFS= read -r f; do
 	n=${n%.ko*}
 	modpath[${n//_/-}]=$f
 done < <(find "$mods/kernel" -name '*.ko*')
+unxz() { if command -v xz >/dev/null; then xz -dc "$1"; else "$bb" xzcat "$1"; fi; }
 add_mod() {
 	local n=${1//_/-} d deps
 	[[ -n ${loaded[$n]:-} ]] && return
@@ -180,13 +181,13 @@ add_mod() {
 		die "module $n not found in $kver"
 	fi
 	case $f in
-	*.xz) deps=$(xz -dc "$f" | tr '\0' '\n' | sed -n 's/^depends=//p') ;;
+	*.xz) deps=$(unxz "$f" | tr '\0' '\n' | sed -n 's/^depends=//p') ;;
 	*.zst) deps=$(zstd -dcq "$f" | tr '\0' '\n' | sed -n 's/^depends=//p') ;;
 	*) deps=$(tr '\0' '\n' <"$f" | sed -n 's/^depends=//p') ;;
 	esac
 	for d in ${deps//,/ }; do add_mod "$d"; done
 	case $f in
-	*.xz) xz -dc "$f" >"$root/lib/modules/$n.ko" ;;
+	*.xz) unxz "$f" >"$root/lib/modules/$n.ko" ;;
 	*.zst) zstd -dcq "$f" >"$root/lib/modules/$n.ko" ;;
 	*) cp "$f" "$root/lib/modules/$n.ko" ;;
 	esac
