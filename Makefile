@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin/kvfs
 
-.PHONY: all build deps test check unit fuzz test-nvme run bench clean
+.PHONY: all build deps test check unit fuzz test-nvme test-fuse run bench clean
 
 all: build
 
@@ -34,6 +34,15 @@ fuzz:
 # namespaces, power-cut crash test); see integration/nvme/run.sh.
 test-nvme:
 	bash integration/nvme/run.sh
+
+# FUSE tests through real kernel mounts (need root and /dev/fuse).
+test-fuse: deps
+	$(GO) test -race -count=1 ./fs/ ./integration/fuse/
+
+# Mount the default store (/var/lib/kvfs/default.kvfs, created on first use)
+# at /mnt/kvcache in the foreground; see scripts/run.sh.
+run: build
+	bash scripts/run.sh
 
 test: deps check unit fuzz test-nvme
 

@@ -114,20 +114,20 @@ func (f *FS) dirAttr(a *fuse.Attr, ino uint64, mtime time.Time, nlink uint32) {
 // staticEntry sets the cache timeouts of a directory that always exists
 // and never changes (root, layer-<L>, .kvfs).
 func (f *FS) staticEntry(out *fuse.EntryOut) {
-	out.SetEntryTimeout(f.opts.DirTimeout)
-	out.SetAttrTimeout(f.opts.DirTimeout)
+	out.SetEntryTimeout(f.opts.EntryTimeout)
+	out.SetAttrTimeout(f.opts.EntryTimeout)
 }
 
-// dynamicEntry sets the cache timeouts of a block or head directory: the
-// kernel may skip the LOOKUP for DirTimeout, but asks for the attributes
-// every time (timeout 0), and Getattr, Readdir and the lookups below fail
-// with ENOENT once the block is gone, so a cached entry never makes an
-// evicted block look present.
+// dynamicEntry sets the cache timeouts of a block or head directory or of
+// a group: the kernel may skip the LOOKUP of the name for EntryTimeout, but
+// asks for the attributes every time (timeout 0). Getattr, Open, Readdir
+// and the lookups below fail with ENOENT once the block or group is gone,
+// so a cached name never makes an evicted block or group look present.
 func (f *FS) dynamicEntry(out *fuse.EntryOut) {
-	out.SetEntryTimeout(f.opts.DirTimeout)
+	out.SetEntryTimeout(f.opts.EntryTimeout)
 }
 
-func staticOut(f *FS, out *fuse.AttrOut) { out.SetTimeout(f.opts.DirTimeout) }
+func staticOut(f *FS, out *fuse.AttrOut) { out.SetTimeout(f.opts.EntryTimeout) }
 
 // layerRange is the range of group indexes of one layer: K of every head,
 // then V of every head.
@@ -542,6 +542,7 @@ func (d *headDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		return nil, f.toErrno("lookup", err)
 	}
 	f.groupAttr(&out.Attr, k, gi.MTime, int64(gi.Size))
+	f.dynamicEntry(out)
 	return d.NewInode(ctx, &groupFile{fs: f, key: k}, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: inoGroup(f.geo, k)}), 0
 }
 
@@ -579,7 +580,7 @@ func (d *headDir) Create(ctx context.Context, name string, flags, mode uint32, o
 	}
 	h := f.newHandle(k, flags)
 	node := d.NewInode(ctx, &groupFile{fs: f, key: k}, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: inoGroup(f.geo, k)})
-	return node, h, fuse.FOPEN_DIRECT_IO, 0
+	return node, h, f.groupOpenFlags(flags), 0
 }
 
 // Unlink of K or V deletes the group, durably. A block directory emptied

@@ -38,7 +38,7 @@ type CtlSession interface {
 
 // Default values of Options.
 const (
-	DefaultDirTimeout = time.Second
+	DefaultEntryTimeout = time.Second
 	DefaultMaxPending = 65536
 	DefaultCtlMode    = 0o600
 	// MaxWrite is the FUSE max_write (and max_read): reads and writes up
@@ -61,12 +61,13 @@ type Options struct {
 	CtlGID *uint32
 	// UID and GID own every node; nil means the mounting process's ids.
 	UID, GID *uint32
-	// DirTimeout is how long the kernel may cache directory entries
-	// (default 1 s; negative means 0), and the attributes of the
-	// directories that never change (root, layer-<L>, .kvfs). The
-	// attributes of block and head directories and everything about
-	// group files are never cached: see the package documentation.
-	DirTimeout time.Duration
+	// EntryTimeout is how long the kernel may cache names (directory
+	// entries) that exist (default 1 s; negative means 0), and the
+	// attributes of the directories that never change (root, layer-<L>,
+	// .kvfs). Attributes of groups, block and head directories are never
+	// cached, and neither are names that do not exist: see the package
+	// documentation for why that keeps every answer current.
+	EntryTimeout time.Duration
 	// MaxPending bounds the empty block directories kept in memory
 	// (made by mkdir, or left by rm of their last group); default 65536.
 	MaxPending int
@@ -80,6 +81,10 @@ type Options struct {
 	Debug bool
 	// Now is the clock for directory times; nil means time.Now.
 	Now func() time.Time
+
+	// pageCache, for measurements only, serves group files through the
+	// kernel page cache (no FOPEN_DIRECT_IO) to compare the policies.
+	pageCache bool
 }
 
 func (o *Options) ensureDefaults() {
@@ -89,11 +94,11 @@ func (o *Options) ensureDefaults() {
 	if o.CtlMode == 0 {
 		o.CtlMode = DefaultCtlMode
 	}
-	if o.DirTimeout == 0 {
-		o.DirTimeout = DefaultDirTimeout
+	if o.EntryTimeout == 0 {
+		o.EntryTimeout = DefaultEntryTimeout
 	}
-	if o.DirTimeout < 0 {
-		o.DirTimeout = 0
+	if o.EntryTimeout < 0 {
+		o.EntryTimeout = 0
 	}
 	if o.MaxPending <= 0 {
 		o.MaxPending = DefaultMaxPending
@@ -178,6 +183,20 @@ func New(st *store.Store, o Options) *FS {
 	f.align = max(st.Engine().Align(), 8)
 	f.mu.pending = map[blockDirKey]time.Time{}
 	return f
+}
+
+// groupOpenFlags are the FUSE open flags of a group file opened with
+// flags: direct I/O (no page cache), and no FLUSH on close for a handle
+// that cannot write (it has nothing to store).
+func (f *FS) groupOpenFlags(flags uint32) uint32 {
+	var ff uint32 = fuse.FOPEN_DIRECT_IO
+	if f.opts.pageCache {
+		ff = 0
+	}
+	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		ff |= fuse.FOPEN_NOFLUSH
+	}
+	return ff
 }
 
 // Metrics returns the file system's counters.

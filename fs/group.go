@@ -44,6 +44,7 @@ func (f *FS) groupAttr(a *fuse.Attr, k layout.Key, mtime time.Time, size int64) 
 	a.Size = uint64(size)
 	a.Uid, a.Gid = f.uid, f.gid
 	a.Blksize = uint32(min(f.geo.GroupBytes(), MaxWrite))
+	a.Blocks = uint64(size+511) / 512
 	a.SetTimes(&mtime, &mtime, &mtime)
 }
 
@@ -95,7 +96,7 @@ func (g *groupFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, ui
 		}
 	}
 	f.m.opens.Add(1)
-	return f.newHandle(g.key, flags), fuse.FOPEN_DIRECT_IO, 0
+	return f.newHandle(g.key, flags), f.groupOpenFlags(flags), 0
 }
 
 // Extended attributes -------------------------------------------------------

@@ -112,7 +112,7 @@ func (t *textFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uin
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EACCES
 	}
-	return &textHandle{t.render()}, fuse.FOPEN_DIRECT_IO, 0
+	return &textHandle{t.render()}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
 
 // textHandle holds the text a textFile was opened with.

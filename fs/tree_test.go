@@ -75,7 +75,7 @@ func TestTreeListsWhatTheStoreHolds(t *testing.T) {
 	if err := unix.Stat(e.path(a), &s1); err != nil {
 		t.Fatal(err)
 	}
-	if s1.Size != int64(e.geo.GroupBytes()) || s1.Mode&unix.S_IFMT != unix.S_IFREG {
+	if s1.Size != int64(e.geo.GroupBytes()) || s1.Blocks != s1.Size/512 || s1.Mode&unix.S_IFMT != unix.S_IFREG {
 		t.Fatalf("stat: size %d mode %o", s1.Size, s1.Mode)
 	}
 	if got := s1.Mtim.Nano(); got != gi.MTime.UnixNano() {

@@ -1,0 +1,126 @@
+// Package fs is kvfs's FUSE file system (go-fuse v2) over an open
+// store.Store. It owns the tree, the file operations on groups, the
+// extended attributes and the .kvfs/ control files; it keeps no state the
+// store already has: every lookup, listing and read asks the store.
+//
+// # Tree
+//
+//	layer-<L>/block-<16 hex>/head-<H>/K and V   one group each
+//	.kvfs/ctl       ioctls, forwarded to Options.Ctl (a CtlHandler)
+//	.kvfs/stats     text, one "name value" per line
+//	.kvfs/geometry  JSON
+//
+// Names come from package layout (zero-padded layer and head numbers, 16
+// lowercase hex digits for a block). A name that does not parse, or is out
+// of range, is ENOENT.
+//
+//   - Every layer directory exists (layer-00 … layer-31 for 32 layers).
+//   - A layer directory lists the blocks that have at least one group in
+//     that layer (not every block of the store), plus the pending block
+//     directories of that layer (below).
+//   - A block directory lists every head of the geometry.
+//   - A head directory lists the groups present: K, V, both or neither.
+//   - A group's size is the group size, its mtime (= atime = ctime) the time
+//     it was written; a block or head directory's mtime is the block's
+//     latest write. Inode numbers are a hash of the name (see ino.go), so
+//     they are stable across lookups and mounts.
+//   - statfs reports the store: 4 KiB blocks, total and free slots' bytes.
+//
+// # Reading and the cache policy
+//
+// Group files are opened with FOPEN_DIRECT_IO: the kernel keeps no page
+// cache for them, so every read(2) reaches the daemon. A handle reads the
+// whole group once, through store.Read (CRC32C verified; a mismatch is
+// EIO, logged), and keeps that snapshot; every later READ on the handle
+// first checks the store's index (store.Stat: in memory, no I/O) and reads
+// the group again if it was rewritten since (by this file system or by the
+// ioctl path), or fails with ESTALE if it was deleted or evicted. So no
+// reader ever gets bytes older than the version current when its READ
+// arrived, and one read(2) returns bytes of a single version (a read of
+// the whole group is one READ: max_read is 1 MiB).
+//
+// Attributes of groups and of block and head directories are never cached
+// (timeout 0), and neither are missing names (negative timeout 0): stat
+// shows a rewrite's mtime at once, and a group or block written through the
+// ioctl path is visible at once. Existing names (entries) may be cached
+// for Options.EntryTimeout (1 s): that only lets the kernel skip a LOOKUP,
+// because Getattr, Open, Readdir and the lookups below a name all ask the
+// store again and answer ENOENT for what is gone. The static directories
+// (root, layer-<L>, .kvfs) cache their attributes for EntryTimeout too.
+// Read-only handles are FOPEN_NOFLUSH (close sends no FLUSH). mmap of a
+// group is not supported (direct I/O).
+//
+// Measured (make run's geometry, 4 KiB groups, in-memory store, the
+// reading process separate from the server, see BenchmarkReadGroupFiles and
+// integration/fuse TestMeasureReads): reading one group costs OPEN,
+// GETATTR (the reader's fstat), READ, READ at EOF and RELEASE. Serving
+// groups through the page cache instead (no DIRECT_IO) was not faster for
+// 4 KiB files, since with attributes never cached the kernel asks for them
+// on every read(2) of a cached file, and it would need invalidation hooks
+// for the ioctl path to stay correct; not caching entries (timeout 0) costs
+// one LOOKUP per path component per open. See the measurements in the
+// README.
+//
+// # Writing
+//
+//   - mkdir -p layer-<L>/block-<id>/head-<H> makes a pending block
+//     directory: it lives in memory only (lost at unmount, at most
+//     Options.MaxPending of them, ENOSPC beyond), is listed empty, and
+//     becomes a real block when a group is written into it. rmdir removes
+//     it. The head directories of a block always exist (mkdir: EEXIST).
+//   - Opening K or V for writing (O_CREAT|O_TRUNC, as cp and dd do) gives
+//     a handle that buffers its own bytes; Flush (close(2)) stores them with
+//     one durable store.Write when they are exactly one group, and its
+//     error is close(2)'s: EINVAL for any other total size (nothing is
+//     stored), EFBIG after a write past the group (write(2) failed with
+//     EFBIG already; nothing is stored). Fsync stores the same way. Two
+//     writers of one group never mix: the last complete close wins. A
+//     handle opened without O_TRUNC starts from the group's current bytes,
+//     so dd conv=notrunc patches a group in place; O_RDWR reads its own
+//     unstored bytes. truncate(2) by path is allowed only to the group size.
+//   - rm of a group deletes it (durably). A block directory emptied this
+//     way stays, empty and pending, until rmdir, as any directory would;
+//     so rm -r layer-<L>/block-<id> deletes that layer's groups of the
+//     block and then the directory, without error. A block that loses its
+//     groups any other way (eviction, the ioctl path) disappears at once.
+//     rmdir of a head directory succeeds once it has no groups; rmdir of a
+//     block directory with groups is ENOTEMPTY.
+//   - Anything else is refused: other names, symlinks, hard links, mknod,
+//     rename (EPERM); chmod or chown to other values than the current
+//     ones (EPERM; setting times is accepted and ignored); setxattr and
+//     removexattr (EPERM).
+//
+// # Extended attributes
+//
+// Every group has user.kvfs.block (16 hex), user.kvfs.layer,
+// user.kvfs.head, user.kvfs.kind (K or V), user.kvfs.dtype (bf16 …),
+// user.kvfs.shape (tokens x head_dim, e.g. 16x128), user.kvfs.crc32c
+// (8 hex, as recorded when written) and user.kvfs.slot (the slot holding
+// the block now); listxattr lists them, so getfattr -d shows them.
+//
+// # .kvfs/ctl
+//
+// Opening ctl calls Options.Ctl.Open with the caller's uid and gid and
+// keeps the CtlSession for the handle; every ioctl on the handle goes to
+// CtlSession.Ioctl (FUSE passes only restricted ioctls: _IOC_SIZE(cmd)
+// bytes in and out, at most 16383, which MaxWrite = 1 MiB allows); the
+// session is released when the handle is (also when the client is killed).
+// Without a handler every ioctl is ENOTTY. ctl is mode 0600, owned by the
+// mounting user, unless Options.CtlMode/CtlGID say otherwise; the kernel
+// checks these modes (default_permissions) when the mount allows other
+// users. Other files answer ioctls with ENOTTY.
+//
+// # Errors
+//
+// Store and layout errors become errnos in one function, toErrno
+// (errno.go): not found ENOENT, checksum mismatch EIO, store full ENOSPC,
+// store closed ESHUTDOWN, bad size or request EINVAL; anything else is
+// logged and becomes EIO. No input makes the daemon exit.
+//
+// # Locks
+//
+// FS.mu guards only the pending directories; it is a leaf, never held
+// while calling the store. groupHandle.mu guards one handle's buffer and
+// snapshot and may be held across store calls (Flush stores under it), so
+// the order is groupHandle.mu → store's locks → FS.mu.
+package fs
