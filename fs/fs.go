@@ -39,8 +39,8 @@ type CtlSession interface {
 // Default values of Options.
 const (
 	DefaultEntryTimeout = time.Second
-	DefaultMaxPending = 65536
-	DefaultCtlMode    = 0o600
+	DefaultMaxPending   = 65536
+	DefaultCtlMode      = 0o600
 	// MaxWrite is the FUSE max_write (and max_read): reads and writes up
 	// to 1 MiB travel in one request, and ioctls up to the restricted
 	// limit of 16383 bytes fit (they need max_pages ≥ their size).
