@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/ctl"
+	"github.com/kvfs/kvfs/fs"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
+)
+
+func TestParseRequests(t *testing.T) {
+	in := `# comment
+abc 1 0 K
+0xABC 0 1 v 64KiB
+  
+ff 1 1 V 4096 1024
+{"block": "00ab", "layer": 0, "head": 1, "kind": "V", "offset": 8192, "pitch": 512}
+{"block": 171, "layer": 1, "head": 0, "kind": "K"}
+`
+	reqs, err := parseRequests(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		key     layout.Key
+		off     uint64
+		pitch   uint32
+		autoOff bool
+		line    int
+	}{
+		{layout.Key{Block: 0xabc, Layer: 1, Kind: layout.K}, 0, 0, true, 2},
+		{layout.Key{Block: 0xabc, Head: 1, Kind: layout.V}, 64 << 10, 0, false, 3},
+		{layout.Key{Block: 0xff, Layer: 1, Head: 1, Kind: layout.V}, 4096, 1024, false, 5},
+		{layout.Key{Block: 0xab, Head: 1, Kind: layout.V}, 8192, 512, false, 6},
+		{layout.Key{Block: 0xab, Layer: 1, Kind: layout.K}, 0, 0, true, 7},
+	}
+	if len(reqs) != len(want) {
+		t.Fatalf("%d requests", len(reqs))
+	}
+	for i, w := range want {
+		q := reqs[i]
+		if q.key != w.key || q.Offset != w.off || q.Pitch != w.pitch || q.autoOff != w.autoOff || q.Line != w.line {
+			t.Errorf("request %d: %+v, want %+v", i, q, w)
+		}
+	}
+	// Packed offsets for the ones without.
+	info := client.Info{Geometry: testGeo, GroupBytes: 512, RowBytes: 32}
+	size, err := layoutRequests(reqs, info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// After the furthest end so far (64 KiB + 512).
+	if reqs[0].Offset != 0 || reqs[4].Offset != 64<<10+512 || size != int64(reqs[4].Offset+512) {
+		t.Fatalf("offsets %d %d, size %d", reqs[0].Offset, reqs[4].Offset, size)
+	}
+	for _, bad := range []string{
+		"abc 1 0", "abc 1 0 X", "xyz 1 0 K", "abc -1 0 K", "abc 1 0 K 12 34 56", "abc 1 0 K 1q",
+		"abc 1 0 K 0 99GiB", `{"block": "ab", "layer": 0}`, `{"block": "ab", "layer": 0, "head": 0, "kind": "K", "x": 1}`,
+		`{"block": [1], "layer": 0, "head": 0, "kind": "K"}`, `{"block": "ab", "layer": -1, "head": 0, "kind": "K"}`, `{`,
+	} {
+		if _, err := parseRequests(strings.NewReader(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if _, err := layoutRequests([]request{{Line: 1, Pitch: 8}}, info); err == nil {
+		t.Error("pitch below a row accepted")
+	}
+}
+
+// mountForLoad mounts an in-memory store with the ctl server in this
+// process, as kvfs mount does.
+func mountForLoad(t *testing.T) (string, *store.Store) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: needs root to mount; CI runs as root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("skipping: /dev/fuse is missing")
+	}
+	mem := storetest.NewMem(store.SizeFor(testGeo, 16), 4096)
+	if _, err := store.Format(mem, testGeo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(mem, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	srv, err := fs.Mount(dir, st, fs.Options{Ctl: ctlHandler{ctl.NewServer(st, ctl.Options{})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for range 100 {
+			if err := srv.Unmount(); err == nil || !errors.Is(err, syscall.EBUSY) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		srv.Wait()
+		st.Close()
+	})
+	return dir, st
+}
+
+func TestLoadCommand(t *testing.T) {
+	mnt, st := mountForLoad(t)
+	keys := []layout.Key{{Block: 0xab, Layer: 0, Head: 1, Kind: layout.V}, {Block: 0xab, Layer: 1, Head: 0, Kind: layout.K}}
+	var reqs []store.WriteReq
+	for i, k := range keys {
+		reqs = append(reqs, store.WriteReq{Key: k, Data: group(uint64(i + 1))})
+	}
+	if err := st.Write(reqs); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rf := filepath.Join(dir, "reqs")
+	os.WriteFile(rf, []byte("ab 0 1 V\nab 1 0 K\n"), 0o644)
+	shm := filepath.Join("/dev/shm", "kvfs-load-test-"+filepath.Base(dir))
+	t.Cleanup(func() { os.Remove(shm) })
+
+	r := kvfs(t, nil, "load", mnt, "--requests", rf, "--into", shm)
+	r.want(t, 0, "loaded 2 of 2 groups", "into "+shm)
+	got, err := os.ReadFile(shm)
+	if err != nil || !bytes.Equal(got, append(group(1), group(2)...)) {
+		t.Fatalf("--into holds other bytes (%v)", err)
+	}
+
+	// Without --into: a temporary buffer, saved with --out; pitched and
+	// JSON requests; an absent group fails the command.
+	os.WriteFile(rf, []byte(`{"block":"ab","layer":0,"head":1,"kind":"V","offset":0,"pitch":64}
+ab 1 1 K 2048
+`), 0o644)
+	out := filepath.Join(dir, "out")
+	r = kvfs(t, nil, "load", mnt, "--requests", rf, "--out", out, "--json")
+	r.want(t, 1, "loaded 1 of 2 groups", ", 1 absent")
+	var rep struct {
+		OK, Total int
+		Entries   []request
+	}
+	decodeJSON(t, r.stdout, &rep)
+	if rep.OK != 1 || rep.Total != 2 || rep.Entries[0].Status != "ok" || rep.Entries[1].Status != "absent" {
+		t.Fatalf("json %+v", rep)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil || len(b) != 2048+512 {
+		t.Fatalf("--out: %d bytes, %v", len(b), err)
+	}
+	for row := range 16 {
+		if !bytes.Equal(b[row*64:row*64+32], group(1)[row*32:(row+1)*32]) || !bytes.Equal(b[row*64+32:row*64+64], make([]byte, 32)) {
+			t.Fatalf("pitched row %d misplaced", row)
+		}
+	}
+	kvfs(t, nil, "load", mnt, "--requests", rf).want(t, 1, "line 2: 00000000000000ab 1 1 K: absent")
+	// Requests from stdin, the buffer to stdout.
+	r = kvfs(t, []byte("ab 1 0 K\n"), "load", mnt, "--requests", "-", "--out", "-")
+	r.want(t, 0)
+	if !bytes.Equal(r.stdout, group(2)) {
+		t.Fatal("--out - wrote other bytes")
+	}
+	// Bad requests are usage errors; a bad key is a per-entry failure.
+	os.WriteFile(rf, []byte("ab 9 0 K\n"), 0o644)
+	kvfs(t, nil, "load", mnt, "--requests", rf).want(t, 1, "bad-request (layer, head or kind outside the geometry)")
+	os.WriteFile(rf, []byte("ab 0 K\n"), 0o644)
+	kvfs(t, nil, "load", mnt, "--requests", rf).want(t, 2, "requests line 1")
+	kvfs(t, nil, "load", mnt).want(t, 2, "--requests")
+	kvfs(t, nil, "load", mnt, "--requests", rf, "--into", filepath.Join(dir, "x")).want(t, 2, "must be in /dev/shm")
+	kvfs(t, nil, "load", dir, "--requests", "-").want(t, 2, "lists no groups")
+	os.WriteFile(rf, []byte("ab 0 0 K\n"), 0o644)
+	kvfs(t, nil, "load", dir, "--requests", rf).want(t, 1, ".kvfs/ctl")
+}
+
+func TestBenchLoad(t *testing.T) {
+	mnt, _ := mountForLoad(t)
+	r := kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "5")
+	r.want(t, 1, "holds 0 blocks", "--fill")
+	r = kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "12", "--calls", "20", "--jobs", "2", "--fill", "3", "--json")
+	r.want(t, 0)
+	var rep benchLoadReport
+	if err := json.Unmarshal(r.stdout, &rep); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	if rep.Blocks != 3 || rep.Calls != 20 || rep.Jobs != 2 || rep.GroupsPerCall != 12 || rep.Bytes != 2*20*12*512 ||
+		rep.NotOK != 0 || rep.GBps <= 0 || rep.UsPerGroup <= 0 || rep.P99us < rep.P50us || rep.Engine != "mem" {
+		t.Fatalf("report %+v", rep)
+	}
+	r = kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "8", "--calls", "5")
+	r.want(t, 0)
+	if !strings.Contains(string(r.stdout), "µs/group") {
+		t.Fatalf("text output: %s", r.stdout)
+	}
+	kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "512").want(t, 2, "1..511")
+	kvfs(t, nil, "bench-load", mnt, "--calls", "0").want(t, 2, "--calls")
+	kvfs(t, nil, "bench-load").want(t, 2)
+}
