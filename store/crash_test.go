@@ -10,6 +10,7 @@ import (
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
+	"github.com/kvfs/kvfs/uring"
 )
 
 // op is one step of the crash workload: puts (key → version) or deletes.
@@ -150,31 +151,37 @@ func crashAtEveryWrite(t *testing.T, slots int) {
 	for k := 1; k <= total+1; k++ {
 		s, m := newMemStore(t, slots, testGeo)
 		m.CrashAt(k)
-		acked := model{}
-		crashedOp := -1
-		for i, o := range work {
-			err := o.apply(s)
-			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				if !m.Crashed() {
-					t.Fatalf("k=%d op %d failed without a crash: %v", k, i, err)
-				}
-				crashedOp = i
-				break
-			}
-			acked.apply(o)
-		}
+		acked, crashedOp := runWorkload(t, s, work, m.Crashed, fmt.Sprintf("k=%d", k))
 		for seed := range uint64(4) {
 			images++
 			img := m.CrashImage(rand.New(rand.NewPCG(uint64(k), seed)), 512)
-			checkRecovered(t, fmt.Sprintf("k=%d seed=%d", k, seed), img, acked, work, crashedOp, evicting)
+			checkRecovered(t, fmt.Sprintf("k=%d seed=%d", k, seed), storetest.NewMemFrom(img, 512), acked, work, crashedOp, evicting)
 		}
 	}
 	t.Logf("%d crash points, %d device images checked", total+1, images)
 }
 
-func checkRecovered(t *testing.T, what string, img []byte, acked model, work []op, crashedOp int, evicting bool) {
+// runWorkload applies work until the engine crashes; it returns what was
+// acknowledged and the index of the interrupted op (-1 when none).
+func runWorkload(t *testing.T, s *store.Store, work []op, crashed func() bool, what string) (model, int) {
+	acked := model{}
+	for i, o := range work {
+		err := o.apply(s)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			if !crashed() {
+				t.Fatalf("%s: op %d failed without a crash: %v", what, i, err)
+			}
+			return acked, i
+		}
+		acked.apply(o)
+	}
+	return acked, -1
+}
+
+// checkRecovered opens the store on m, a device after a crash, and checks
+// the invariant, then that the store takes writes and reopens.
+func checkRecovered(t *testing.T, what string, m store.Engine, acked model, work []op, crashedOp int, evicting bool) {
 	t.Helper()
-	m := storetest.NewMemFrom(img, 512)
 	s, err := store.Open(m, store.Options{})
 	if err != nil {
 		t.Fatalf("%s: reopen: %v", what, err)
@@ -224,4 +231,70 @@ func checkRecovered(t *testing.T, what string, img []byte, acked model, work []o
 	if _, err := store.Open(m, store.Options{}); err != nil {
 		t.Fatalf("%s: second reopen: %v", what, err)
 	}
+}
+
+// crashAtEveryWriteOn runs the crash workload on a real engine over a file:
+// the Crashing wrapper rolls unsynced writes back on the file itself, and
+// the store is reopened with a fresh engine on the same file.
+func crashAtEveryWriteOn(t *testing.T, open func(path string) (store.Engine, error), slots, seeds int) {
+	path := t.TempDir() + "/crash.kvfs"
+	fresh := func() (*store.Store, *storetest.Crashing, store.Engine) {
+		if err := store.PrepareFile(path, store.SizeFor(testGeo, int64(slots))); err != nil {
+			t.Fatal(err)
+		}
+		e, err := open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Format(e, testGeo, store.FormatOptions{Force: true}); err != nil {
+			t.Fatal(err)
+		}
+		c := storetest.NewCrashing(e)
+		s, err := store.Open(c, store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, c, e
+	}
+	work := crashWorkload()
+	s, c, e := fresh()
+	runWorkload(t, s, work, c.Crashed, "dry run")
+	total := c.Writes()
+	e.Close()
+	for k := 1; k <= total+1; k++ {
+		for seed := range uint64(seeds) {
+			s, c, e := fresh()
+			c.CrashAt(k)
+			what := fmt.Sprintf("%s k=%d seed=%d", e.Name(), k, seed)
+			acked, crashedOp := runWorkload(t, s, work, c.Crashed, what)
+			if err := c.Crash(rand.New(rand.NewPCG(uint64(k), seed)), max(e.Align(), 512)); err != nil {
+				t.Fatal(err)
+			}
+			e.Close()
+			e2, err := open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRecovered(t, what, e2, acked, work, crashedOp, slots < 7)
+			e2.Close()
+		}
+	}
+	t.Logf("%d crash points × %d images on the %s engine", total+1, seeds, e.Name())
+}
+
+func TestCrashAtEveryWritePosix(t *testing.T) {
+	open := func(path string) (store.Engine, error) { return store.OpenPosix(path, store.PosixOptions{}) }
+	crashAtEveryWriteOn(t, open, 12, 1)
+	crashAtEveryWriteOn(t, open, 4, 1)
+}
+
+func TestCrashAtEveryWriteUring(t *testing.T) {
+	if err := uring.Available(); err != nil {
+		t.Skipf("io_uring unavailable here: %v", err)
+	}
+	open := func(path string) (store.Engine, error) {
+		return uring.OpenEngine(path, uring.EngineOptions{Direct: true, BufferPool: 1 << 20})
+	}
+	crashAtEveryWriteOn(t, open, 12, 1)
+	crashAtEveryWriteOn(t, open, 4, 1)
 }
