@@ -12,6 +12,7 @@ import (
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
+	"github.com/kvfs/kvfs/uring"
 )
 
 func TestEvictionLRU(t *testing.T) {
@@ -231,10 +232,39 @@ func TestOpenRefusals(t *testing.T) {
 // TestFaults injects EIO, short and torn transfers: each failing request is
 // reported, nothing acknowledged is lost, nothing corrupt is served.
 func TestFaults(t *testing.T) {
+	faultsOn(t, func() store.Engine { return storetest.NewMem(store.SizeFor(testGeo, 6), 512) })
+}
+
+// TestFaultsUring runs the same faults over the uring engine on a real file.
+func TestFaultsUring(t *testing.T) {
+	if err := uring.Available(); err != nil {
+		t.Skipf("io_uring unavailable here: %v", err)
+	}
+	path := t.TempDir() + "/faults.kvfs"
+	var open []store.Engine
+	t.Cleanup(func() {
+		for _, e := range open {
+			e.Close()
+		}
+	})
+	faultsOn(t, func() store.Engine {
+		if err := store.PrepareFile(path, store.SizeFor(testGeo, 6)); err != nil {
+			t.Fatal(err)
+		}
+		e, err := uring.OpenEngine(path, uring.EngineOptions{Direct: true, BufferPool: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, e)
+		return e
+	})
+}
+
+func faultsOn(t *testing.T, newEngine func() store.Engine) {
 	for _, f := range []storetest.Fault{storetest.EIO, storetest.ShortWrite, storetest.TornWrite} {
 		for nth := 0; nth < 8; nth++ {
-			m := storetest.NewMem(store.SizeFor(testGeo, 6), 512)
-			if _, err := store.Format(m, testGeo, store.FormatOptions{}); err != nil {
+			m := newEngine()
+			if _, err := store.Format(m, testGeo, store.FormatOptions{Force: true}); err != nil {
 				t.Fatal(err)
 			}
 			fe := storetest.NewFaulty(m, nil, nil)
@@ -312,8 +342,8 @@ func TestFaults(t *testing.T) {
 		}
 	}
 	// A read error is reported per group; the rest of the batch is served.
-	m := storetest.NewMem(store.SizeFor(testGeo, 4), 512)
-	store.Format(m, testGeo, store.FormatOptions{})
+	m := newEngine()
+	store.Format(m, testGeo, store.FormatOptions{Force: true})
 	fe := storetest.NewFaulty(m, nil, nil)
 	s, _ := store.Open(fe, store.Options{})
 	put(t, s, keysOf(1, 0), 1)
