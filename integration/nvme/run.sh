@@ -155,6 +155,9 @@ mkdir -p "$work/root/bin"
 # Stripped: the guest kernel unpacks every byte of the initramfs under TCG.
 (cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvme.test" ./nvme/)
 (cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvmeint.test" ./integration/nvme/)
+# The CLI, for TestStoreCLI (which skips when it is missing).
+(cd "$repo" && CGO_ENABLED=0 go build -ldflags='-s -w' -o "$work/root/bin/kvfs" ./cmd/kvfs) ||
+	echo "rig: cmd/kvfs does not build; TestStoreCLI will skip"
 stage_end build
 
 # ---------------------------------------------------------------- initrd

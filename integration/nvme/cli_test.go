@@ -1,0 +1,49 @@
+package nvmeint
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestStoreCLI drives the kvfs binary (built by the rig into /bin/kvfs) on
+// the namespace: --engine auto must pick the nvme engine for the NVMe
+// block and char devices, and the uring engine must read the same store.
+func TestStoreCLI(t *testing.T) {
+	testDevicePath(t)
+	bin := os.Getenv("KVFS_BIN")
+	if bin == "" {
+		bin = "/bin/kvfs"
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Skipf("no kvfs binary at %s (the rig builds it; set KVFS_BIN elsewhere)", bin)
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		t.Logf("kvfs %s:\n%s", strings.Join(args, " "), out)
+		if err != nil {
+			t.Fatalf("kvfs %s: %v", strings.Join(args, " "), err)
+		}
+		return string(out)
+	}
+	const blk = "/dev/nvme0n1"
+	if _, err := os.Stat(blk); err != nil {
+		t.Skipf("no %s", blk)
+	}
+	run("format", blk, "--size", "64MiB", "--layers", "2", "--kv-heads", "2", "--head-dim", "64",
+		"--block-tokens", "16", "--dtype", "bf16", "--force", "--log-level", "info")
+	for _, c := range []struct{ path, engine, want string }{
+		{blk, "auto", "nvme"},
+		{"/dev/ng0n1", "auto", "nvme"},
+		{blk, "uring", "uring"},
+	} {
+		out := run("info", c.path, "--engine", c.engine, "--log-level", "info")
+		if !regexp.MustCompile(`(?m)^engine:\s+` + c.want + `$`).MatchString(out) {
+			t.Errorf("kvfs info %s --engine %s: no \"engine: %s\" line in the output", c.path, c.engine, c.want)
+		}
+	}
+	run("fsck", blk)
+}
