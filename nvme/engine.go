@@ -31,8 +31,6 @@ type EngineOptions struct {
 	BufferPool int
 	// Logger receives the engine's logs; nil means zap.NewNop().
 	Logger *zap.Logger
-
-	noFixed bool // test knob: never use fixed buffers
 }
 
 const (
@@ -202,9 +200,6 @@ func (e *Engine) init(o EngineOptions) error {
 // 6.1 (IORING_URING_CMD_FIXED); elsewhere, or when registration fails, the
 // engine uses plain user addresses.
 func (e *Engine) setupFixed(o EngineOptions) {
-	if o.noFixed {
-		return
-	}
 	var u unix.Utsname
 	_ = unix.Uname(&u)
 	if rel := unix.ByteSliceToString(u.Release[:]); !KernelAtLeast(rel, 6, 1) {

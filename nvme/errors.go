@@ -85,7 +85,7 @@ func (e *StatusError) Error() string {
 	if e.Status.DNR() {
 		dnr = ", dnr"
 	}
-	return fmt.Sprintf("nvme: %s %s failed: status sct=%#x sc=%#02x (%s%s)",
+	return fmt.Sprintf("nvme: %s %s failed: status sct=%d sc=%#04x (%s%s)",
 		kind, opcodeName(e.Opcode, e.Admin), e.Status.SCT(), e.Status.SC(), statusName(e.Status), dnr)
 }
 
