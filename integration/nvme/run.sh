@@ -22,8 +22,10 @@
 #
 # Environment: KVFS_NVME_CACHE (default integration/nvme/.cache),
 # KVFS_NVME_RUN (go test -run regexp for the nvme package tests),
-# KVFS_NVME_TIMEOUT (seconds per boot, default 240), KVFS_NVME_KEEP=1 keeps
-# the work dir. Exit status: 0 when every boot's tests passed.
+# KVFS_NVME_TIMEOUT (seconds per boot, default 240), KVFS_NVME_CRASH_ACKS
+# (acknowledged batches before the power cut, default 60), KVFS_NVME_KEEP=1
+# keeps the work dir. Exit status: 0 when every boot's tests passed. The
+# last line is "N passed, N failed, N skipped" over all boots.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
