@@ -141,7 +141,7 @@ type FS struct {
 
 type counters struct {
 	lookups, opens, reads, readBytes, stored, storedBytes, deletes,
-	rejected, corrupt, errors, ioctls, ctlOpen, ctlSessions atomic.Uint64
+	rejected, corrupt, errors, panics, ioctls, ctlOpen, ctlSessions atomic.Uint64
 }
 
 // Metrics is a snapshot of the file system's own counters (the store keeps
@@ -157,6 +157,7 @@ type Metrics struct {
 	Rejected     uint64 // closes refused (wrong size, EFBIG)
 	Corrupt      uint64 // reads answered EIO for a checksum mismatch
 	Errors       uint64 // unexpected errors answered EIO
+	Panics       uint64 // requests that panicked (answered EIO, logged)
 	Ioctls       uint64 // ioctls on .kvfs/ctl
 	CtlOpen      uint64 // ctl sessions open now
 	CtlSessions  uint64 // ctl sessions opened in total
@@ -208,7 +209,7 @@ func (f *FS) Metrics() Metrics {
 		Lookups: f.m.lookups.Load(), Opens: f.m.opens.Load(), Reads: f.m.reads.Load(),
 		ReadBytes: f.m.readBytes.Load(), Stored: f.m.stored.Load(), StoredBytes: f.m.storedBytes.Load(),
 		Deletes: f.m.deletes.Load(), Rejected: f.m.rejected.Load(), Corrupt: f.m.corrupt.Load(),
-		Errors: f.m.errors.Load(), Ioctls: f.m.ioctls.Load(), CtlOpen: f.m.ctlOpen.Load(),
+		Errors: f.m.errors.Load(), Panics: f.m.panics.Load(), Ioctls: f.m.ioctls.Load(), CtlOpen: f.m.ctlOpen.Load(),
 		CtlSessions: f.m.ctlSessions.Load(), PendingDirs: uint64(pending),
 		MountSeconds: f.opts.Now().Sub(f.start).Seconds(),
 	}
@@ -231,6 +232,7 @@ func (f *FS) GoFuseOptions() *gofs.Options {
 		ExtraCapabilities:    fuse.CAP_ATOMIC_O_TRUNC,
 		Debug:                f.opts.Debug,
 		Logger:               zap.NewStdLog(f.log.Named("fuse")),
+		PanicHandler:         f.panicked,
 	}
 	if f.opts.AllowOther {
 		mo.Options = append(mo.Options, "default_permissions")
@@ -245,6 +247,14 @@ func (f *FS) GoFuseOptions() *gofs.Options {
 		Logger:          zap.NewStdLog(f.log.Named("fuse")),
 		RootStableAttr:  &gofs.StableAttr{Ino: inoRoot},
 	}
+}
+
+// panicked answers a request whose handler panicked: EIO, logged with the
+// stack, counted. The daemon goes on serving.
+func (f *FS) panicked(v any) fuse.Status {
+	f.m.panics.Add(1)
+	f.log.Error("fs: request panicked, returning EIO", zap.Any("panic", v), zap.Stack("stack"))
+	return fuse.EIO
 }
 
 // Server is a mounted kvfs.

@@ -33,9 +33,13 @@ type kvfsEntry struct {
 }
 
 var kvfsEntries = []kvfsEntry{
-	{"ctl", inoCtl, func(f *FS) gofs.InodeEmbedder { return &ctlFile{fs: f} }},
-	{"geometry", inoGeometry, func(f *FS) gofs.InodeEmbedder { return &textFile{fs: f, ino: inoGeometry, render: f.geometryJSON} }},
-	{"stats", inoStats, func(f *FS) gofs.InodeEmbedder { return &textFile{fs: f, ino: inoStats, render: f.statsText} }},
+	{"ctl", inoCtl, func(f *FS) gofs.InodeEmbedder { return &ctlFile{leafBase{fs: f}} }},
+	{"geometry", inoGeometry, func(f *FS) gofs.InodeEmbedder {
+		return &textFile{leafBase: leafBase{fs: f}, ino: inoGeometry, render: f.geometryJSON}
+	}},
+	{"stats", inoStats, func(f *FS) gofs.InodeEmbedder {
+		return &textFile{leafBase: leafBase{fs: f}, ino: inoStats, render: f.statsText}
+	}},
 }
 
 func (d *kvfsDir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -75,8 +79,7 @@ func (d *kvfsDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 // geometry). Each handle keeps the text it was opened with, so a reader
 // sees one consistent snapshot however it reads.
 type textFile struct {
-	gofs.Inode
-	fs     *FS
+	leafBase
 	ino    uint64
 	render func() []byte
 }
@@ -86,7 +89,36 @@ var (
 	_ = (gofs.NodeOpener)((*textFile)(nil))
 	_ = (gofs.NodeReader)((*textFile)(nil))
 	_ = (gofs.NodeSetattrer)((*textFile)(nil))
+	_ = (gofs.NodeGetxattrer)((*textFile)(nil))
+	_ = (gofs.NodeListxattrer)((*textFile)(nil))
+	_ = (gofs.NodeSetxattrer)((*textFile)(nil))
+	_ = (gofs.NodeRemovexattrer)((*textFile)(nil))
+	_ = (gofs.NodeStatfser)((*textFile)(nil))
 )
+
+// leafBase is what the .kvfs files share: no extended attributes, and
+// none can be set.
+type leafBase struct {
+	gofs.Inode
+	fs *FS
+}
+
+func (l *leafBase) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	return 0, syscall.ENODATA
+}
+
+func (l *leafBase) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) { return 0, 0 }
+
+func (l *leafBase) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return syscall.EPERM
+}
+
+func (l *leafBase) Removexattr(ctx context.Context, attr string) syscall.Errno { return syscall.EPERM }
+
+func (l *leafBase) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	l.fs.statfs(out)
+	return 0
+}
 
 func (t *textFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	f := t.fs
@@ -198,6 +230,7 @@ func (f *FS) statsText() []byte {
 	line("fs_rejected", fm.Rejected)
 	line("fs_corrupt", fm.Corrupt)
 	line("fs_errors", fm.Errors)
+	line("fs_panics", fm.Panics)
 	line("fs_pending_dirs", fm.PendingDirs)
 	line("ctl_sessions_open", fm.CtlOpen)
 	line("ctl_sessions", fm.CtlSessions)
@@ -210,15 +243,17 @@ func (f *FS) statsText() []byte {
 
 // ctlFile is .kvfs/ctl: every open creates a CtlSession, every ioctl on the
 // handle goes to it, and closing the handle releases it.
-type ctlFile struct {
-	gofs.Inode
-	fs *FS
-}
+type ctlFile struct{ leafBase }
 
 var (
 	_ = (gofs.NodeGetattrer)((*ctlFile)(nil))
 	_ = (gofs.NodeOpener)((*ctlFile)(nil))
 	_ = (gofs.NodeSetattrer)((*ctlFile)(nil))
+	_ = (gofs.NodeGetxattrer)((*ctlFile)(nil))
+	_ = (gofs.NodeListxattrer)((*ctlFile)(nil))
+	_ = (gofs.NodeSetxattrer)((*ctlFile)(nil))
+	_ = (gofs.NodeRemovexattrer)((*ctlFile)(nil))
+	_ = (gofs.NodeStatfser)((*ctlFile)(nil))
 )
 
 func (c *ctlFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
