@@ -38,6 +38,11 @@ func run(m *testing.M) int {
 	if skipWhy != "" {
 		return m.Run()
 	}
+	if bin := os.Getenv("KVFS_BIN"); bin != "" {
+		// A prebuilt binary (machines without a Go toolchain).
+		kvfsBin = bin
+		return m.Run()
+	}
 	if !haveCmd("getfattr") && os.Geteuid() == 0 {
 		// The attr package gives getfattr; try the cached lists first.
 		if exec.Command("apt-get", "install", "-y", "-q", "attr").Run() != nil {
@@ -45,11 +50,7 @@ func run(m *testing.M) int {
 			_ = exec.Command("apt-get", "install", "-y", "-q", "attr").Run()
 		}
 	}
-	if bin := os.Getenv("KVFS_BIN"); bin != "" {
-		// A prebuilt binary (machines without a Go toolchain).
-		kvfsBin = bin
-		return m.Run()
-	}
+
 	dir, err := os.MkdirTemp("", "kvfs-fuse-bin")
 	if err != nil {
 		setupErr = err

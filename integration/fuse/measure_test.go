@@ -114,6 +114,12 @@ func TestMeasureReads(t *testing.T) {
 			t.Fatalf("cat read %s bytes", out)
 		}
 		start = time.Now()
+		out, err = sh(mnt, "find layer-* -type f | xargs -P 8 -n 1024 cat | wc -c")
+		if err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		report(fmt.Sprintf("mount: find | xargs -P 8 cat (round %d)", round+1), time.Since(start))
+		start = time.Now()
 		for _, p := range paths {
 			f, err := os.Open(p)
 			if err != nil {
