@@ -18,6 +18,8 @@
 //     code decoded; errors.Is matches ErrMedia, ErrPath, ErrRange,
 //     ErrInvalidCommand) or as the errno the kernel returned.
 //
-// Lock order: Engine.mu (one Do or Sync at a time owns the ring) is the only
-// lock; Device has none and its ioctls may run concurrently.
+// Lock order: Engine.mu (one Do, Sync or RegisterMemory at a time owns the
+// ring; concurrent batches wait for each other) and bufPool.mu (the
+// registered buffer pool) are both leaf locks, never held together. Device
+// has no lock; its ioctls may run concurrently.
 package nvme
