@@ -158,8 +158,10 @@ func defaultLogFile(storePath string) string {
 // answers (a stat of MOUNTPOINT/.kvfs/geometry), the child exits, or --wait
 // passes.
 func (o *mountOptions) startDaemon(cmd *cobra.Command, storePath, mountpoint string) error {
-	if _, err := checkMountpoint(mountpoint); err != nil {
+	if stale, err := checkMountpoint(mountpoint); err != nil {
 		return err
+	} else if stale {
+		fmt.Fprintf(cmd.ErrOrStderr(), "kvfs: detached a stale mount on %s (its daemon had died)\n", mountpoint)
 	}
 	logPath := o.logFile
 	if logPath == "" {
@@ -282,6 +284,13 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 		return err
 	}
 
+	// Signals are ours from here to the end, store close included: a
+	// second one during shutdown aborts the FUSE connection rather than
+	// killing the process in the middle of closing the store.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+
 	pm := newPromMetrics()
 	s, closeAll, err := engine.OpenStore(storePath, engine.Options{Kind: kind, Logger: log},
 		store.Options{Logger: log, Observe: pm.observe})
@@ -327,9 +336,6 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 		log.Info("mount: metrics", zap.String("addr", ln.Addr().String()))
 	}
 
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {

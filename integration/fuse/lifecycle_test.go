@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/fs"
@@ -133,6 +134,52 @@ func TestSIGTERMUnmountsCleanly(t *testing.T) {
 	got := kvfs(t, "get", st, "--block", "77", "--layer", "31", "--head", "7", "--kind", "V")
 	if got != string(g) {
 		t.Fatal("kvfs get after SIGTERM: other bytes")
+	}
+}
+
+// TestSIGTERMWithAFileOpen: the unmount is busy, so the daemon detaches
+// the mount lazily; it exits 0 once the last file closes.
+func TestSIGTERMWithAFileOpen(t *testing.T) {
+	need(t)
+	mnt := t.TempDir()
+	d := startMount(t, newStore(t, "64MiB"), mnt)
+	holder := exec.Command("bash", "-c", "exec 3<.kvfs/geometry; echo open; sleep 60")
+	holder.Dir = mnt
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "open\n" {
+		t.Fatalf("holder: %q %v", line, err)
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	// The mount disappears (lazily) while the file is still open.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if _, ok, _ := fs.FindMount(mnt); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still mounted 15 s after SIGTERM\n%s", d.logText())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-d.done:
+		t.Fatalf("daemon exited (%v) while a file was open", err)
+	default:
+	}
+	_ = holder.Process.Kill()
+	_ = holder.Wait()
+	if err := d.wait(15 * time.Second); err != nil {
+		t.Fatalf("exit after the last file closed: %v\n%s", err, d.logText())
+	}
+	if !strings.Contains(d.logText(), "detaching lazily") {
+		t.Fatalf("log:\n%s", d.logText())
 	}
 }
 

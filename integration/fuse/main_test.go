@@ -156,12 +156,17 @@ func (d *daemon) logText() string {
 // stop sends sig and waits for the daemon to exit, returning its error.
 func (d *daemon) stop(sig syscall.Signal) error {
 	_ = d.cmd.Process.Signal(sig)
+	return d.wait(30 * time.Second)
+}
+
+// wait waits for the daemon to exit, returning its error.
+func (d *daemon) wait(limit time.Duration) error {
 	select {
 	case err := <-d.done:
 		d.done <- err
 		return err
-	case <-time.After(30 * time.Second):
-		d.t.Fatalf("daemon did not exit after %v\n%s", sig, d.logText())
+	case <-time.After(limit):
+		d.t.Fatalf("daemon did not exit within %v\n%s", limit, d.logText())
 		return nil
 	}
 }
