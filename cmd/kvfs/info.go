@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvfs/kvfs/nvme"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -44,6 +45,46 @@ type infoReport struct {
 	Blocks         int          `json:"blocks"`
 	Size           int64        `json:"size"`
 	Created        time.Time    `json:"created"`
+	FDP            *infoFDP     `json:"fdp,omitempty"` // only on the nvme engine
+}
+
+// infoFDP is the NVMe Flexible Data Placement state of the namespace.
+type infoFDP struct {
+	Enabled bool            `json:"enabled"`
+	Reason  string          `json:"reason,omitempty"` // why not, when disabled
+	Handles []infoFDPHandle `json:"handles,omitempty"`
+	Text    string          `json:"-"`
+}
+
+type infoFDPHandle struct {
+	PID            uint16 `json:"pid"`
+	Role           string `json:"role"` // meta (superblocks, slot headers) or data (payloads)
+	AvailableBytes int64  `json:"available_bytes"`
+}
+
+// fdpReporter is implemented by the nvme engine.
+type fdpReporter interface {
+	FDPInfo() (*nvme.FDPInfo, error)
+}
+
+func fdpReport(e store.Engine) (*infoFDP, error) {
+	f, ok := e.(fdpReporter)
+	if !ok {
+		return nil, nil
+	}
+	fi, err := f.FDPInfo()
+	if err != nil {
+		return nil, err
+	}
+	r := &infoFDP{Enabled: fi.Enabled, Reason: fi.Reason, Text: fi.String()}
+	for i, h := range fi.Handles {
+		role := "data"
+		if i == 0 {
+			role = "meta"
+		}
+		r.Handles = append(r.Handles, infoFDPHandle{PID: h.PID, Role: role, AvailableBytes: fi.AvailableBytes(i)})
+	}
+	return r, nil
 }
 
 func init() {
@@ -66,6 +107,9 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 	}
 	defer closeInto(&err, closeAll)
 	r := newInfoReport(path, s)
+	if r.FDP, err = fdpReport(s.Engine()); err != nil {
+		return err
+	}
 	w := cmd.OutOrStdout()
 	if o.json {
 		return writeJSON(w, r)
@@ -91,7 +135,13 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 	} {
 		fmt.Fprintf(tw, "%s:\t%s\n", l[0], l[1])
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if r.FDP != nil {
+		_, err = fmt.Fprintln(w, r.FDP.Text)
+	}
+	return err
 }
 
 func newInfoReport(path string, s *store.Store) infoReport {

@@ -45,5 +45,14 @@ func TestStoreCLI(t *testing.T) {
 			t.Errorf("kvfs info %s --engine %s: no \"engine: %s\" line in the output", c.path, c.engine, c.want)
 		}
 	}
+	// kvfs info shows the FDP configuration and the handles' room.
+	out := run("info", blk, "--engine", "nvme")
+	if os.Getenv("KVFS_FDP") == "on" {
+		if !regexp.MustCompile(`(?m)^fdp: on, .*handles`).MatchString(out) || !strings.Contains(out, "(pid 0, ruh 0, meta)") {
+			t.Errorf("kvfs info on an FDP namespace: no FDP configuration and handles in the output")
+		}
+	} else if !strings.Contains(out, "fdp: off") {
+		t.Errorf("kvfs info on a namespace without FDP: no \"fdp: off\" line")
+	}
 	run("fsck", blk)
 }
