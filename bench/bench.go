@@ -23,6 +23,26 @@ const (
 	PatternRandom = "random"
 )
 
+// Modes of issuing requests.
+const (
+	// ModeAuto is ModeAsync when the engine implements AsyncEngine, else
+	// ModeSync.
+	ModeAuto = "auto"
+	// ModeSync runs QD goroutines, each calling Engine.Do with one request
+	// at a time: the path the store uses.
+	ModeSync = "sync"
+	// ModeAsync keeps QD requests in flight through AsyncEngine.DoAsync,
+	// starting the next request from each completion, as fio does.
+	ModeAsync = "async"
+)
+
+// AsyncEngine is implemented by engines that can start requests without
+// waiting for them (uring.Engine). done(i) runs when ios[i] completes; it
+// may start more requests.
+type AsyncEngine interface {
+	DoAsync(ios []store.IO, done func(i int)) error
+}
+
 // ErrConfig is wrapped by errors about an invalid Config or FioConfig.
 var ErrConfig = errors.New("bench: invalid configuration")
 
@@ -51,8 +71,12 @@ type Config struct {
 	Region int64
 	// Offset is where the region starts; a multiple of the engine's Align.
 	Offset int64
-	// Seed seeds the random offsets (0: a fixed default).
+	// Seed seeds the random offsets; 0 picks a new seed each run (as fio
+	// does with --randrepeat=0), so that no cache below the engine sees the
+	// same offsets run after run.
 	Seed uint64
+	// Mode is how requests are issued: auto (default), sync or async.
+	Mode string
 	// Logger receives progress lines; nil means none.
 	Logger *zap.Logger
 }
@@ -76,8 +100,11 @@ func (c *Config) ensureDefaults() {
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
+	if c.Mode == "" {
+		c.Mode = ModeAuto
+	}
 	if c.Seed == 0 {
-		c.Seed = 0x6b766673 // "kvfs"
+		c.Seed = uint64(time.Now().UnixNano())
 	}
 }
 
@@ -114,6 +141,21 @@ func (c *Config) Validate() error {
 	if err := checkShape(c.Op, c.Pattern, c.IOSize, c.QD, c.Duration, c.Offset, c.Region); err != nil {
 		return err
 	}
+	_, async := c.Engine.(AsyncEngine)
+	switch c.Mode {
+	case ModeAuto:
+		c.Mode = ModeSync
+		if async {
+			c.Mode = ModeAsync
+		}
+	case ModeSync:
+	case ModeAsync:
+		if !async {
+			return fmt.Errorf("%w: engine %s cannot run async", ErrConfig, c.Engine.Name())
+		}
+	default:
+		return fmt.Errorf("%w: mode %q (want auto, sync or async)", ErrConfig, c.Mode)
+	}
 	if c.Offset+c.Region > size {
 		return fmt.Errorf("%w: region [%d, %d) ends past the device's %d bytes", ErrConfig, c.Offset, c.Offset+c.Region, size)
 	}
@@ -130,6 +172,7 @@ type Result struct {
 	Pattern    string  `json:"pattern"`
 	IOSize     int     `json:"io_size"`
 	QD         int     `json:"qd"`
+	Mode       string  `json:"mode,omitempty"`
 	GBps       float64 `json:"gbps"`
 	IOPS       float64 `json:"iops"`
 	P50us      float64 `json:"p50_us"`
@@ -151,8 +194,12 @@ func (r *Result) CompareFio(fio Result) {
 }
 
 func (r Result) String() string {
+	eng := r.Engine
+	if r.Mode != "" {
+		eng += "/" + r.Mode
+	}
 	s := fmt.Sprintf("%s %s %s bs=%d qd=%d: %.3f GB/s, %.0f IOPS, p50 %.0f µs, p99 %.0f µs (%d ops in %.2f s)",
-		r.Engine, r.Pattern, r.Op, r.IOSize, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.Ops, r.Seconds)
+		eng, r.Pattern, r.Op, r.IOSize, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.Ops, r.Seconds)
 	if r.FioGBps > 0 {
 		s += fmt.Sprintf("; fio %.3f GB/s, ratio %.3f", r.FioGBps, r.RatioVsFio)
 	}
@@ -201,48 +248,86 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	blocks := c.Region / int64(c.IOSize)
 	c.Logger.Info("bench: start", zap.String("engine", e.Name()), zap.String("path", c.Path),
 		zap.String("op", c.Op), zap.String("pattern", c.Pattern), zap.Int("io_size", c.IOSize),
-		zap.Int("qd", c.QD), zap.Duration("duration", c.Duration), zap.Int64("offset", c.Offset),
+		zap.Int("qd", c.QD), zap.String("mode", c.Mode), zap.Duration("duration", c.Duration), zap.Int64("offset", c.Offset),
 		zap.Int64("region", blocks*int64(c.IOSize)))
 
+	next := offsets(c)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, c.Duration)
+	defer cancel()
+	var stop atomic.Bool
+	go func() {
+		<-ctx.Done()
+		stop.Store(true)
+	}()
 	var (
-		stop    atomic.Bool
-		seqNext atomic.Int64
+		lats   [][]int64
+		runErr error
+	)
+	if c.Mode == ModeAsync {
+		lats, runErr = runAsync(c, op, bufs, next, &stop)
+	} else {
+		lats, runErr = runSync(c, op, bufs, next, &stop)
+	}
+	elapsed := time.Since(start).Seconds()
+	if runErr != nil {
+		return Result{}, runErr
+	}
+	all := slices.Concat(lats...)
+	slices.Sort(all)
+	res := Result{
+		Engine: e.Name(), Op: c.Op, Pattern: c.Pattern, IOSize: c.IOSize, QD: c.QD, Mode: c.Mode,
+		Ops: int64(len(all)), Bytes: int64(len(all)) * int64(c.IOSize), Seconds: elapsed,
+		P50us: percentile(all, 50) / 1e3, P99us: percentile(all, 99) / 1e3,
+	}
+	if elapsed > 0 {
+		res.GBps = float64(res.Bytes) / elapsed / 1e9
+		res.IOPS = float64(res.Ops) / elapsed
+	}
+	c.Logger.Info("bench: done", zap.Stringer("result", res))
+	return res, nil
+}
+
+// offsets returns the offset generator of worker w (random) or of the
+// whole run (seq); it is called by one goroutine at a time per worker.
+func offsets(c Config) func(w int) int64 {
+	blocks := c.Region / int64(c.IOSize)
+	if c.Pattern == PatternSeq {
+		var n atomic.Int64
+		return func(int) int64 { return c.Offset + (n.Add(1)-1)%blocks*int64(c.IOSize) }
+	}
+	rngs := make([]*rand.Rand, c.QD)
+	for w := range rngs {
+		rngs[w] = rand.New(rand.NewPCG(c.Seed, uint64(w)))
+	}
+	return func(w int) int64 { return c.Offset + rngs[w].Int64N(blocks)*int64(c.IOSize) }
+}
+
+// runSync runs QD goroutines, each with one request per Engine.Do.
+func runSync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *atomic.Bool) ([][]int64, error) {
+	var (
 		wg      sync.WaitGroup
 		errOnce sync.Once
 		runErr  error
 		lats    = make([][]int64, c.QD)
 	)
-	ctx, cancel := context.WithTimeout(ctx, c.Duration)
-	defer cancel()
-	go func() {
-		<-ctx.Done()
-		stop.Store(true)
-	}()
-	start := time.Now()
 	for w := 0; w < c.QD; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(c.Seed, uint64(w)))
 			ios := []store.IO{{Op: op, Buf: bufs[w]}}
 			lat := make([]int64, 0, 1024)
 			for !stop.Load() {
-				var blk int64
-				if c.Pattern == PatternSeq {
-					blk = (seqNext.Add(1) - 1) % blocks
-				} else {
-					blk = rng.Int64N(blocks)
-				}
-				ios[0].Off = c.Offset + blk*int64(c.IOSize)
+				ios[0].Off = next(w)
 				t0 := time.Now()
-				err := e.Do(ios)
+				err := c.Engine.Do(ios)
 				d := time.Since(t0)
 				if err == nil {
 					err = ios[0].Err
 				}
 				if err != nil {
 					errOnce.Do(func() {
-						runErr = fmt.Errorf("bench: %s %s at offset %d: %w", e.Name(), c.Op, ios[0].Off, err)
+						runErr = fmt.Errorf("bench: %s %s at offset %d: %w", c.Engine.Name(), c.Op, ios[0].Off, err)
 						stop.Store(true)
 					})
 					break
@@ -253,23 +338,73 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start).Seconds()
-	if runErr != nil {
-		return Result{}, runErr
+	return lats, runErr
+}
+
+// runAsync keeps QD requests in flight with DoAsync: each completion
+// records its latency and starts the slot's next request.
+func runAsync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *atomic.Bool) ([][]int64, error) {
+	ae := c.Engine.(AsyncEngine)
+	var (
+		mu       sync.Mutex // guards the fields below; callbacks run on the engine's goroutine
+		active   = c.QD
+		runErr   error
+		lats     = make([][]int64, c.QD)
+		finished = make(chan struct{})
+	)
+	ios := make([]store.IO, c.QD)
+	starts := make([]time.Time, c.QD)
+	cbs := make([]func(int), c.QD)
+	// retire ends slot w; mu is held.
+	retire := func(err error) {
+		if err != nil && runErr == nil {
+			runErr = err
+			stop.Store(true)
+		}
+		if active--; active == 0 {
+			close(finished)
+		}
 	}
-	all := slices.Concat(lats...)
-	slices.Sort(all)
-	res := Result{
-		Engine: e.Name(), Op: c.Op, Pattern: c.Pattern, IOSize: c.IOSize, QD: c.QD,
-		Ops: int64(len(all)), Bytes: int64(len(all)) * int64(c.IOSize), Seconds: elapsed,
-		P50us: percentile(all, 50) / 1e3, P99us: percentile(all, 99) / 1e3,
+	for w := range cbs {
+		ios[w] = store.IO{Op: op, Buf: bufs[w]}
+		lats[w] = make([]int64, 0, 1024)
+		cbs[w] = func(int) {
+			d := time.Since(starts[w])
+			mu.Lock()
+			if err := ios[w].Err; err != nil {
+				retire(fmt.Errorf("bench: %s %s at offset %d: %w", c.Engine.Name(), c.Op, ios[w].Off, err))
+				mu.Unlock()
+				return
+			}
+			lats[w] = append(lats[w], int64(d))
+			if stop.Load() {
+				retire(nil)
+				mu.Unlock()
+				return
+			}
+			ios[w].Off = next(w)
+			starts[w] = time.Now()
+			mu.Unlock()
+			if err := ae.DoAsync(ios[w:w+1], cbs[w]); err != nil {
+				mu.Lock()
+				retire(fmt.Errorf("bench: %s: %w", c.Engine.Name(), err))
+				mu.Unlock()
+			}
+		}
 	}
-	if elapsed > 0 {
-		res.GBps = float64(res.Bytes) / elapsed / 1e9
-		res.IOPS = float64(res.Ops) / elapsed
+	for w := range cbs {
+		mu.Lock()
+		ios[w].Off = next(w)
+		starts[w] = time.Now()
+		mu.Unlock()
+		if err := ae.DoAsync(ios[w:w+1], cbs[w]); err != nil {
+			mu.Lock()
+			retire(fmt.Errorf("bench: %s: %w", c.Engine.Name(), err))
+			mu.Unlock()
+		}
 	}
-	c.Logger.Info("bench: done", zap.Stringer("result", res))
-	return res, nil
+	<-finished
+	return lats, runErr
 }
 
 // percentile is the nearest-rank p-th percentile of sorted values.

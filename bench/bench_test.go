@@ -76,7 +76,7 @@ func TestFioArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := strings.Join(args, " ")
-	want := "--name=kvfs-bench --filename=" + p + " --ioengine=io_uring --direct=1 --fixedbufs --registerfiles --rw=randread --bs=1048576 --iodepth=32 --size=2097152 --offset=1048576 --runtime=1500ms --time_based --numjobs=1 --output-format=json"
+	want := "--name=kvfs-bench --filename=" + p + " --ioengine=io_uring --direct=1 --fixedbufs --registerfiles --rw=randread --bs=1048576 --iodepth=32 --size=2097152 --offset=1048576 --runtime=1500ms --time_based --numjobs=1 --output-format=json --randrepeat=0 --norandommap"
 	if got != want {
 		t.Fatalf("args\n got %s\nwant %s", got, want)
 	}
@@ -132,6 +132,8 @@ func TestValidate(t *testing.T) {
 		"past the end": {Engine: e, IOSize: 4096, Offset: 4096, Region: 1 << 20},
 		"too small":    {Engine: e, IOSize: 2 << 20},
 		"misaligned":   {Engine: e, IOSize: 4096, Offset: 100},
+		"bad mode":     {Engine: e, IOSize: 4096, Mode: "turbo"},
+		"posix async":  {Engine: e, IOSize: 4096, Mode: ModeAsync},
 	} {
 		if err := c.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: %v", name, err)
@@ -161,15 +163,28 @@ func TestRunShort(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer e.Close()
-			for _, c := range []Config{
+			cfgs := []Config{
 				{Op: OpRead, Pattern: PatternRandom, IOSize: 64 << 10, QD: 4},
 				{Op: OpRead, Pattern: PatternSeq, IOSize: 128 << 10, QD: 1},
 				{Op: OpWrite, Pattern: PatternSeq, IOSize: 64 << 10, QD: 2, Offset: 8 << 20, Region: 1 << 20},
-			} {
+			}
+			if name == "uring" {
+				cfgs = append(cfgs,
+					Config{Op: OpRead, Pattern: PatternRandom, IOSize: 64 << 10, QD: 8, Mode: ModeSync},
+					Config{Op: OpWrite, Pattern: PatternRandom, IOSize: 64 << 10, QD: 3, Offset: 8 << 20, Region: 1 << 20, Mode: ModeAsync})
+			}
+			for _, c := range cfgs {
 				c.Path, c.Engine, c.Duration, c.Logger = p, e, 150*time.Millisecond, zaptest.NewLogger(t)
 				res, err := Run(context.Background(), c)
 				if err != nil {
 					t.Fatal(err)
+				}
+				wantMode := ModeSync
+				if name == "uring" && c.Mode != ModeSync {
+					wantMode = ModeAsync
+				}
+				if res.Mode != wantMode {
+					t.Fatalf("mode %q, want %q", res.Mode, wantMode)
 				}
 				if res.Engine != name || res.Ops == 0 || res.GBps <= 0 || res.IOPS <= 0 ||
 					res.P50us <= 0 || res.P50us > res.P99us || res.Bytes != res.Ops*int64(c.IOSize) ||

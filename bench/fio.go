@@ -137,6 +137,10 @@ func (c *FioConfig) Args() ([]string, error) {
 		"--numjobs=1",
 		"--output-format=json",
 	}
+	if c.Pattern == PatternRandom {
+		// Like Run: fresh offsets each run, drawn with replacement.
+		args = append(args, "--randrepeat=0", "--norandommap")
+	}
 	return append(args, c.ExtraArgs...), nil
 }
 

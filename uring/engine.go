@@ -95,7 +95,8 @@ type call struct {
 	next int // next IO to start
 	left int // IOs (or 1 for the other kinds) not complete
 	err  error
-	done chan struct{}
+	done chan struct{} // closed when left reaches 0 (nil for DoAsync)
+	cb   func(i int)   // DoAsync: called as each IO completes
 
 	mem   []byte // callRegister
 	regID int    // callRegister result, callUnregister argument
@@ -107,9 +108,17 @@ func newCall(kind callKind, left int) *call {
 
 func (c *call) finishOne() {
 	c.left--
-	if c.left == 0 {
+	if c.left == 0 && c.done != nil {
 		close(c.done)
 	}
+}
+
+// ioDone finishes request i of an IO call.
+func (c *call) ioDone(i int) {
+	if c.cb != nil {
+		c.cb(i)
+	}
+	c.finishOne()
 }
 
 type slotKind uint8
@@ -415,6 +424,21 @@ func (e *Engine) Do(ios []store.IO) error {
 	return c.err
 }
 
+// DoAsync starts the batch and returns without waiting for it. done(i) is
+// called on the engine's ring goroutine as ios[i] completes (ios[i].Err
+// set, as with Do); it must be quick and must not block, but it may call
+// DoAsync again, for example to keep a queue full: new work is submitted
+// together with the other completions' in one io_uring_enter. The caller
+// must not touch ios until done was called for each request. A returned
+// error (ErrClosed, ring failed) means done will not be called.
+func (e *Engine) DoAsync(ios []store.IO, done func(i int)) error {
+	if len(ios) == 0 {
+		return nil
+	}
+	c := &call{kind: callIO, ios: ios, left: len(ios), cb: done}
+	return e.enqueue(c)
+}
+
 // Sync makes completed writes durable (fdatasync through the ring).
 func (e *Engine) Sync() error {
 	if e.readOnly {
@@ -711,12 +735,12 @@ func (e *Engine) fill() {
 				if err := e.check(rq); err != nil {
 					rq.Err = err
 					e.stats.errors.Add(1)
-					c.finishOne()
+					c.ioDone(i)
 					continue
 				}
 				if len(rq.Buf) == 0 {
 					e.stats.ios.Add(1)
-					c.finishOne()
+					c.ioDone(i)
 					continue
 				}
 				si := e.getSlot()
@@ -928,8 +952,9 @@ func (e *Engine) finishIO(si int, err error) {
 		e.stats.ios.Add(1)
 		e.stats.bytes.Add(uint64(len(rq.Buf)))
 	}
-	s.c.finishOne()
-	e.putSlot(si)
+	c, i := s.c, s.i
+	e.putSlot(si) // first: the callback may start more work
+	c.ioDone(i)
 }
 
 // fail ends the ring goroutine after a ring-level error: every call not
@@ -949,8 +974,24 @@ func (e *Engine) fail(err error) {
 		}
 		failed[c] = true
 		c.err = err
+		if c.cb != nil {
+			// Report every request not completed yet: those in flight
+			// and those never started.
+			for i := range e.slots {
+				if e.slots[i].c == c && e.slots[i].kind == slotIO {
+					c.ios[e.slots[i].i].Err = err
+					c.cb(e.slots[i].i)
+				}
+			}
+			for i := c.next; i < len(c.ios); i++ {
+				c.ios[i].Err = err
+				c.cb(i)
+			}
+		}
 		c.left = 0
-		close(c.done)
+		if c.done != nil {
+			close(c.done)
+		}
 	}
 	for i := range e.slots {
 		failCall(e.slots[i].c)

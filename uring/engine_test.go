@@ -625,3 +625,77 @@ func TestEngineCloseWhileBusy(t *testing.T) {
 		t.Fatalf("Sync after Close: %v", err)
 	}
 }
+
+func TestEngineDoAsync(t *testing.T) {
+	p := newFile(t, t.TempDir(), 1<<20)
+	e := openEngineT(t, p, EngineOptions{QueueDepth: 4, BufferPool: -1})
+	want := pattern(1<<20, 21)
+	if err := os.WriteFile(p, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Each completion starts the next read of its slot (from the ring
+	// goroutine), as a benchmark keeping a queue full does.
+	const slots, perSlot = 4, 50
+	ios := make([]store.IO, slots)
+	count := make([]int, slots)
+	done := make(chan struct{})
+	var mu sync.Mutex
+	left := slots
+	var failed error
+	cbs := make([]func(int), slots)
+	for w := range cbs {
+		ios[w] = store.IO{Op: store.OpRead, Buf: make([]byte, 4096)}
+		cbs[w] = func(i int) {
+			if i != 0 {
+				t.Errorf("callback index %d", i)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if ios[w].Err != nil || !bytes.Equal(ios[w].Buf, want[ios[w].Off:ios[w].Off+4096]) {
+				failed = fmt.Errorf("slot %d: %v", w, ios[w].Err)
+			}
+			if count[w]++; count[w] == perSlot || failed != nil {
+				if left--; left == 0 {
+					close(done)
+				}
+				return
+			}
+			ios[w].Off = int64((count[w]*slots + w) % 256 * 4096)
+			if err := e.DoAsync(ios[w:w+1], cbs[w]); err != nil {
+				failed = err
+			}
+		}
+	}
+	for w := range cbs {
+		mu.Lock()
+		ios[w].Off = int64(w * 4096)
+		mu.Unlock()
+		if err := e.DoAsync(ios[w:w+1], cbs[w]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-done
+	if failed != nil {
+		t.Fatal(failed)
+	}
+	// Per-request errors reach the callback too.
+	errs := make(chan error, 2)
+	bad := []store.IO{
+		{Op: store.OpRead, Off: 2 << 20, Buf: make([]byte, 4096)},
+		{Op: store.OpRead, Off: -1, Buf: make([]byte, 4096)},
+	}
+	if err := e.DoAsync(bad, func(i int) { errs <- bad[i].Err }); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := <-errs; err == nil {
+			t.Fatal("bad request succeeded")
+		}
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.DoAsync(bad, func(int) {}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("DoAsync after Close: %v", err)
+	}
+}
