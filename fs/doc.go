@@ -29,15 +29,26 @@
 // # Reading and the cache policy
 //
 // Group files are opened with FOPEN_DIRECT_IO: the kernel keeps no page
-// cache for them, so every read(2) reaches the daemon. A handle reads the
-// whole group once, through store.Read (CRC32C verified; a mismatch is
-// EIO, logged), and keeps that snapshot; every later READ on the handle
-// first checks the store's index (store.Stat: in memory, no I/O) and reads
-// the group again if it was rewritten since (by this file system or by the
+// cache for them, so every read(2) reaches the daemon. A handle takes the
+// whole group once, as a snapshot labelled with the group's identity in
+// the store's index (CRC, mtime, slot); every later READ on the handle
+// first checks the index (store.Stat: in memory, no I/O) and takes the
+// group again if it was rewritten since (by this file system or by the
 // ioctl path), or fails with ESTALE if it was deleted or evicted. So no
 // reader ever gets bytes older than the version current when its READ
 // arrived, and one read(2) returns bytes of a single version (a read of
-// the whole group is one READ: max_read is 1 MiB).
+// the whole group is one READ: max_read is 1 MiB). Bytes come from
+// store.Read, CRC32C verified: a mismatch is EIO, logged.
+//
+// Read-ahead (cache.go): a group not in the cache is read together with
+// the rest of its layer's extent in the block (K and V of every head,
+// contiguous in the slot: one I/O) when that is at most Options.ReadAhead
+// bytes (1 MiB), and the snapshots go to an LRU of Options.CacheBytes
+// (32 MiB). Snapshots are labelled before the read and served only while
+// the index still gives that label, as above: the cache can cost a
+// re-read, never a stale byte. It turns the walk of a tool (find | xargs
+// cat goes head by head, K then V) into one I/O per block and layer, and
+// re-reads of unchanged groups into no I/O.
 //
 // Attributes of groups and of block and head directories are never cached
 // (timeout 0), and neither are missing names (negative timeout 0): stat

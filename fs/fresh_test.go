@@ -196,3 +196,70 @@ func TestConcurrentReadersSeeWholeVersions(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 }
+
+func TestReadAheadServesNeighboursFresh(t *testing.T) {
+	e := mountEnv(t, 4, Options{})
+	var keys []layout.Key
+	for h := range 2 {
+		for _, kind := range []layout.Kind{layout.K, layout.V} {
+			keys = append(keys, layout.Key{Block: 1, Layer: 2, Head: h, Kind: kind})
+		}
+	}
+	data := e.put(keys...)
+	e.put(layout.Key{Block: 1, Layer: 3}) // another layer: not read ahead
+	read := func(k layout.Key) []byte {
+		t.Helper()
+		b, err := os.ReadFile(e.path(k))
+		if err != nil {
+			t.Fatalf("%v: %v", k, err)
+		}
+		return b
+	}
+	for _, k := range keys {
+		if !bytes.Equal(read(k), data[k]) {
+			t.Fatalf("%v: wrong bytes", k)
+		}
+	}
+	if m := e.srv.FS.Metrics(); m.CacheMisses != 1 || m.CacheHits != 3 {
+		t.Fatalf("one layer read: %d misses, %d hits", m.CacheMisses, m.CacheHits)
+	}
+	if sm := e.st.Metrics(); sm.Reads != 4 {
+		t.Fatalf("store read %d groups, want the layer's 4", sm.Reads)
+	}
+	// Rewritten behind the cache's back: read again, not served stale.
+	v2 := e.put(keys[3])[keys[3]]
+	if !bytes.Equal(read(keys[3]), v2) {
+		t.Fatal("stale bytes from the read-ahead cache")
+	}
+	// Deleted: gone, although cached.
+	if err := e.st.Delete([]layout.Key{keys[1]}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := os.ReadFile(e.path(keys[1]))
+	wantErrno(t, "read of a deleted, cached group", err, syscall.ENOENT)
+	// Re-reading an unchanged group is served from memory.
+	before := e.st.Metrics().Reads
+	for range 5 {
+		if !bytes.Equal(read(keys[0]), data[keys[0]]) {
+			t.Fatal("wrong bytes")
+		}
+	}
+	if after := e.st.Metrics().Reads; after != before {
+		t.Fatalf("re-reads went to the store: %d → %d", before, after)
+	}
+}
+
+func TestReadAheadOff(t *testing.T) {
+	e := mountEnv(t, 4, Options{CacheBytes: -1})
+	k := layout.Key{Block: 1, Layer: 2}
+	data := e.put(k, other(k))
+	for range 3 {
+		b, err := os.ReadFile(e.path(k))
+		if err != nil || !bytes.Equal(b, data[k]) {
+			t.Fatal(err)
+		}
+	}
+	if sm := e.st.Metrics(); sm.Reads != 3 {
+		t.Fatalf("store read %d groups, want 3 (no read-ahead, no cache)", sm.Reads)
+	}
+}

@@ -41,6 +41,8 @@ const (
 	DefaultEntryTimeout = time.Second
 	DefaultMaxPending   = 65536
 	DefaultCtlMode      = 0o600
+	DefaultReadAhead    = 1 << 20
+	DefaultCacheBytes   = 32 << 20
 	// MaxWrite is the FUSE max_write (and max_read): reads and writes up
 	// to 1 MiB travel in one request, and ioctls up to the restricted
 	// limit of 16383 bytes fit (they need max_pages ≥ their size).
@@ -68,6 +70,13 @@ type Options struct {
 	// cached, and neither are names that do not exist: see the package
 	// documentation for why that keeps every answer current.
 	EntryTimeout time.Duration
+	// ReadAhead is the largest layer extent (K and V of every head of one
+	// block and layer) a read of one group reads with it (default 1 MiB;
+	// negative turns read-ahead off).
+	ReadAhead int
+	// CacheBytes bounds the read-ahead cache (default 32 MiB; negative
+	// turns it off).
+	CacheBytes int
 	// MaxPending bounds the empty block directories kept in memory
 	// (made by mkdir, or left by rm of their last group); default 65536.
 	MaxPending int
@@ -99,6 +108,15 @@ func (o *Options) ensureDefaults() {
 	}
 	if o.EntryTimeout < 0 {
 		o.EntryTimeout = 0
+	}
+	if o.ReadAhead == 0 {
+		o.ReadAhead = DefaultReadAhead
+	}
+	if o.CacheBytes == 0 {
+		o.CacheBytes = DefaultCacheBytes
+	}
+	if o.CacheBytes < 0 {
+		o.ReadAhead = -1
 	}
 	if o.MaxPending <= 0 {
 		o.MaxPending = DefaultMaxPending
@@ -132,6 +150,8 @@ type FS struct {
 	start time.Time
 	align int // buffer alignment that lets store reads land without a copy
 
+	cache *snapCache
+
 	mu struct {
 		sync.Mutex
 		pending map[blockDirKey]time.Time // empty block directories → creation time
@@ -141,7 +161,8 @@ type FS struct {
 
 type counters struct {
 	lookups, opens, reads, readBytes, stored, storedBytes, deletes,
-	rejected, corrupt, errors, panics, ioctls, ctlOpen, ctlSessions atomic.Uint64
+	rejected, corrupt, errors, panics, ioctls, ctlOpen, ctlSessions,
+	cacheHits, cacheMisses atomic.Uint64
 }
 
 // Metrics is a snapshot of the file system's own counters (the store keeps
@@ -158,6 +179,8 @@ type Metrics struct {
 	Corrupt      uint64 // reads answered EIO for a checksum mismatch
 	Errors       uint64 // unexpected errors answered EIO
 	Panics       uint64 // requests that panicked (answered EIO, logged)
+	CacheHits    uint64 // group reads served by the read-ahead cache
+	CacheMisses  uint64 // group reads that went to the store
 	Ioctls       uint64 // ioctls on .kvfs/ctl
 	CtlOpen      uint64 // ctl sessions open now
 	CtlSessions  uint64 // ctl sessions opened in total
@@ -183,6 +206,7 @@ func New(st *store.Store, o Options) *FS {
 	}
 	f.align = max(st.Engine().Align(), 8)
 	f.mu.pending = map[blockDirKey]time.Time{}
+	f.cache = newSnapCache(o.CacheBytes)
 	return f
 }
 
@@ -209,7 +233,8 @@ func (f *FS) Metrics() Metrics {
 		Lookups: f.m.lookups.Load(), Opens: f.m.opens.Load(), Reads: f.m.reads.Load(),
 		ReadBytes: f.m.readBytes.Load(), Stored: f.m.stored.Load(), StoredBytes: f.m.storedBytes.Load(),
 		Deletes: f.m.deletes.Load(), Rejected: f.m.rejected.Load(), Corrupt: f.m.corrupt.Load(),
-		Errors: f.m.errors.Load(), Panics: f.m.panics.Load(), Ioctls: f.m.ioctls.Load(), CtlOpen: f.m.ctlOpen.Load(),
+		Errors: f.m.errors.Load(), Panics: f.m.panics.Load(),
+		CacheHits: f.m.cacheHits.Load(), CacheMisses: f.m.cacheMisses.Load(), Ioctls: f.m.ioctls.Load(), CtlOpen: f.m.ctlOpen.Load(),
 		CtlSessions: f.m.ctlSessions.Load(), PendingDirs: uint64(pending),
 		MountSeconds: f.opts.Now().Sub(f.start).Seconds(),
 	}

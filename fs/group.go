@@ -284,25 +284,16 @@ func (h *groupHandle) current() ([]byte, syscall.Errno) {
 	if s.is(gi) {
 		return s.data, 0
 	}
-	buf := f.alignedBuf(f.geo.GroupBytes())
-	reqs := []store.ReadReq{{Key: h.key, Buf: buf}}
-	err = f.st.Read(reqs)
-	if err == nil {
-		err = reqs[0].Err
-	}
-	if errors.Is(err, store.ErrNotFound) {
-		err = fmt.Errorf("%w: %v", errGone, h.key)
-	}
+	// The bytes are at least as new as gi (labelled before the read):
+	// that can only cause one needless re-read later, never a stale one.
+	s, err = f.snapshotOf(h.key, gi)
 	if err != nil {
 		return nil, f.toErrno("read", err)
 	}
-	// The bytes are at least as new as gi; labelling them gi can only
-	// cause one needless re-read later, never a stale one.
-	s = &snapshot{crc: gi.CRC, mtime: gi.MTime.UnixNano(), slot: gi.Slot, data: buf}
 	h.mu.Lock()
 	h.snap = s
 	h.mu.Unlock()
-	return buf, 0
+	return s.data, 0
 }
 
 // loadLocked gives a handle opened without O_TRUNC the group's current

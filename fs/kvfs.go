@@ -231,6 +231,8 @@ func (f *FS) statsText() []byte {
 	line("fs_corrupt", fm.Corrupt)
 	line("fs_errors", fm.Errors)
 	line("fs_panics", fm.Panics)
+	line("fs_cache_hits", fm.CacheHits)
+	line("fs_cache_misses", fm.CacheMisses)
 	line("fs_pending_dirs", fm.PendingDirs)
 	line("ctl_sessions_open", fm.CtlOpen)
 	line("ctl_sessions", fm.CtlSessions)

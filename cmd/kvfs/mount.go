@@ -29,6 +29,7 @@ import (
 	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/fs"
+	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -43,6 +44,7 @@ type mountOptions struct {
 	logFile     string
 	wait        time.Duration
 	debugFUSE   bool
+	readAhead   string
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -88,6 +90,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.StringVar(&o.logFile, "log-file", "", "log file of --daemon (default: see above)")
 	f.DurationVar(&o.wait, "wait", time.Minute, "how long --daemon waits for the mount to answer")
 	f.BoolVar(&o.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
+	f.StringVar(&o.readAhead, "read-ahead", "1MiB", "largest layer extent read with one group file's read, with a 32 MiB cache (0: neither)")
 	addCommand(c)
 }
 
@@ -117,8 +120,23 @@ func (o *mountOptions) parseCtl() (os.FileMode, *uint32, error) {
 	return os.FileMode(m), &g, nil
 }
 
+// parseReadAhead checks --read-ahead: fs.Options.ReadAhead and CacheBytes.
+func (o *mountOptions) parseReadAhead() (readAhead, cache int, err error) {
+	n, err := layout.ParseSize(o.readAhead)
+	if err != nil || n > 1<<30 {
+		return 0, 0, usageErrorf("--read-ahead %q: want a size such as 1MiB, at most 1GiB, or 0", o.readAhead)
+	}
+	if n == 0 {
+		return -1, -1, nil
+	}
+	return int(n), 0, nil
+}
+
 func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) error {
 	if _, _, err := o.parseCtl(); err != nil {
+		return err
+	}
+	if _, _, err := o.parseReadAhead(); err != nil {
 		return err
 	}
 	if o.metricsAddr != "" {
@@ -270,6 +288,10 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	if err != nil {
 		return err
 	}
+	readAhead, cacheBytes, err := o.parseReadAhead()
+	if err != nil {
+		return err
+	}
 	kind, err := engine.ParseKind(o.engine)
 	if err != nil {
 		return usageErrorf("--engine: %v", err)
@@ -304,6 +326,7 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	srv, err := fs.Mount(mountpoint, s, fs.Options{
 		Logger: log, Ctl: ctlHandler{ctlSrv}, CtlMode: ctlMode, CtlGID: ctlGID,
 		AllowOther: o.allowOther, FsName: abs, Debug: o.debugFUSE,
+		ReadAhead: readAhead, CacheBytes: cacheBytes,
 	})
 	if err != nil {
 		return err
@@ -469,6 +492,9 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
 	counter("kvfs_fs_deletes_total", "Groups removed through unlink.", func() uint64 { return fm().Deletes })
 	counter("kvfs_fs_rejected_total", "Closes refused for a wrong size.", func() uint64 { return fm().Rejected })
 	counter("kvfs_fs_errors_total", "Unexpected errors answered with EIO.", func() uint64 { return fm().Errors })
+	counter("kvfs_fs_panics_total", "Requests that panicked (answered EIO).", func() uint64 { return fm().Panics })
+	counter("kvfs_fs_cache_hits_total", "Group reads served by the read-ahead cache.", func() uint64 { return fm().CacheHits })
+	counter("kvfs_fs_cache_misses_total", "Group reads that went to the store.", func() uint64 { return fm().CacheMisses })
 	counter("kvfs_ctl_ioctls_total", "Ioctls on .kvfs/ctl.", func() uint64 { return fm().Ioctls })
 	gauge("kvfs_ctl_sessions_open", "Open handles of .kvfs/ctl.", func() float64 { return float64(fm().CtlOpen) })
 	cm := c.Metrics

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -94,43 +95,49 @@ func TestMeasureReads(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Through the mount.
-	mnt := t.TempDir()
-	startMount(t, st, mnt)
+	// Through the mount, with and without read-ahead.
 	var paths []string
-	for b := range blocks {
-		for _, k := range keysOf(b) {
-			paths = append(paths, filepath.Join(mnt, geo.Name(k)))
+	for _, ra := range []string{"0", "1MiB"} {
+		mnt := t.TempDir()
+		d := startMount(t, st, mnt, "--read-ahead", ra)
+		paths = paths[:0]
+		for b := range blocks {
+			for _, k := range keysOf(b) {
+				paths = append(paths, filepath.Join(mnt, geo.Name(k)))
+			}
 		}
-	}
-	for round := range 2 {
-		start = time.Now()
-		out, err := sh(mnt, "find layer-* -type f | xargs cat | wc -c")
-		if err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
-		report(fmt.Sprintf("mount: find | xargs cat (round %d)", round+1), time.Since(start))
-		if n, _ := strconv.Atoi(trim(out)); n != groups*gb {
-			t.Fatalf("cat read %s bytes", out)
-		}
-		start = time.Now()
-		out, err = sh(mnt, "find layer-* -type f | xargs -P 8 -n 1024 cat | wc -c")
-		if err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
-		report(fmt.Sprintf("mount: find | xargs -P 8 cat (round %d)", round+1), time.Since(start))
-		start = time.Now()
-		for _, p := range paths {
-			f, err := os.Open(p)
+		for round := range 2 {
+			start = time.Now()
+			out, err := sh(mnt, "find layer-* -type f | xargs cat | wc -c")
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("%v: %s", err, out)
 			}
-			if n, err := f.Read(buf); err != nil || n != gb {
-				t.Fatal(n, err)
+			report(fmt.Sprintf("mount --read-ahead %s: find | xargs cat #%d", ra, round+1), time.Since(start))
+			if n, _ := strconv.Atoi(trim(out)); n != groups*gb {
+				t.Fatalf("cat read %s bytes", out)
 			}
-			f.Close()
+			start = time.Now()
+			out, err = sh(mnt, "find layer-* -type f | xargs -P 8 -n 1024 cat | wc -c")
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			report(fmt.Sprintf("mount --read-ahead %s: xargs -P 8 cat #%d", ra, round+1), time.Since(start))
+			start = time.Now()
+			for _, p := range paths {
+				f, err := os.Open(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n, err := f.Read(buf); err != nil || n != gb {
+					t.Fatal(n, err)
+				}
+				f.Close()
+			}
+			report(fmt.Sprintf("mount --read-ahead %s: Go open/read/close #%d", ra, round+1), time.Since(start))
 		}
-		report(fmt.Sprintf("mount: Go loop open/read/close (round %d)", round+1), time.Since(start))
+		if err := d.stop(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
