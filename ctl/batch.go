@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"time"
 	"unsafe"
 
 	"go.uber.org/zap"
@@ -59,6 +60,8 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 	if !load && s.opts.ReadOnly {
 		return 0, ErrReadOnly
 	}
+	start := time.Now()
+	defer func() { s.m.batchNs.Add(uint64(time.Since(start))) }()
 	copy(out, in)
 	n := int(req.Header.Count)
 	sc := s.scratch.Get().(*scratch)
@@ -192,7 +195,10 @@ func (ss *Session) load(ents []ent, stageBytes int, sc *scratch) error {
 		return nil
 	}
 	return ss.guard(ents, func() error {
-		if err := s.st.Read(reqs); err != nil {
+		t0 := time.Now()
+		err := s.st.Read(reqs)
+		s.m.storeNs.Add(uint64(time.Since(t0)))
+		if err != nil {
 			return err
 		}
 		rows, rowBytes := int(s.tile.Rows), int(s.tile.RowBytes)
@@ -260,7 +266,9 @@ func (ss *Session) store(ents []ent, stageBytes int, sc *scratch) error {
 	if err != nil {
 		return err
 	}
+	t0 := time.Now()
 	werr := s.st.Write(reqs)
+	s.m.storeNs.Add(uint64(time.Since(t0)))
 	if errors.Is(werr, store.ErrClosed) {
 		return werr
 	}

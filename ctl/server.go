@@ -72,6 +72,8 @@ type Metrics struct {
 	BadEntries      uint64 // entries with status BadRequest
 	Rejected        uint64 // ioctls failed as a whole
 	Faults          uint64 // accesses to registered memory that faulted
+	BatchNanos      uint64 // time spent serving LOAD and STORE ioctls
+	StoreNanos      uint64 // of which inside store.Read and store.Write
 }
 
 // Server answers control ioctls for one store.
@@ -93,6 +95,7 @@ type Server struct {
 		sessions, buffers, bytes           atomic.Int64
 		loads, stores, loaded, stored, bad atomic.Uint64
 		rejected, faults                   atomic.Uint64
+		batchNs, storeNs                   atomic.Uint64
 	}
 }
 
@@ -137,6 +140,7 @@ func (s *Server) Metrics() Metrics {
 		Loads: s.m.loads.Load(), Stores: s.m.stores.Load(),
 		GroupsLoaded: s.m.loaded.Load(), GroupsStored: s.m.stored.Load(),
 		BadEntries: s.m.bad.Load(), Rejected: s.m.rejected.Load(), Faults: s.m.faults.Load(),
+		BatchNanos: s.m.batchNs.Load(), StoreNanos: s.m.storeNs.Load(),
 	}
 }
 

@@ -91,24 +91,31 @@ func measure(t *testing.T, dir string) {
 		data[i] = byte(rand.Uint32())
 	}
 	blocks := make([]uint64, nblocks)
+	var reqs []store.WriteReq
 	for i := range blocks {
 		blocks[i] = 0x1000000 + uint64(i)
-		reqs := make([]store.WriteReq, per)
 		for g := range per {
-			reqs[g] = store.WriteReq{Key: geo.KeyAt(blocks[i], g), Data: data[g*gb : (g+1)*gb]}
+			reqs = append(reqs, store.WriteReq{Key: geo.KeyAt(blocks[i], g), Data: data[g*gb : (g+1)*gb]})
 		}
-		if err := st.Write(reqs); err != nil {
-			t.Fatal(err)
+		if len(reqs) >= 32*per || i == len(blocks)-1 {
+			if err := st.Write(reqs); err != nil {
+				t.Fatal(err)
+			}
+			reqs = reqs[:0]
 		}
 	}
 	e := mountEnv(t, envOptions{st: st})
 	c := openClient(t, e)
-	buf, err := c.NewHostBuffer("", int64(jobs*gpc*gb))
+	// Each job rotates through rot destination windows of one call, 64 MiB
+	// in all, so no mode gets the destination hot in a core's cache (an
+	// engine loads into ever different KV-cache pages too).
+	rot := max(1, (64<<20)/(gpc*gb))
+	buf, err := c.NewHostBuffer("", int64(jobs*rot*gpc*gb))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer buf.Close()
-	direct, err := store.AllocAligned(jobs * gpc * gb)
+	direct, err := store.AllocAligned(jobs * rot * gpc * gb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +135,31 @@ func measure(t *testing.T, dir string) {
 		lat   []time.Duration
 		wall  time.Duration
 	}
-	run := func(viaIoctl bool) result {
+	// The four ways of doing the same loads, from the store's own cost to
+	// the whole path: store.Read into anonymous memory, store.Read into the
+	// client's /dev/shm mapping, the ctl session called in-process (no
+	// FUSE), and the LOAD ioctl through the mount.
+	const (
+		modeDirect = iota
+		modeShm
+		modeSession
+		modeIoctl
+	)
+	ss, errno := e.srv.Open(0, 0)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	defer ss.Release()
+	var rh abi.RegisterHost
+	rh.ABI = abi.Version
+	rh.SetPath(buf.Path)
+	rarg := make([]byte, abi.RegisterHostSize)
+	rh.Marshal(rarg)
+	if _, errno := ss.Ioctl(abi.CmdRegisterHost, rarg, rarg); errno != 0 {
+		t.Fatal(errno)
+	}
+	rh.Unmarshal(rarg)
+	run := func(mode int) result {
 		done := make(chan []time.Duration, jobs)
 		start := time.Now()
 		for j := range jobs {
@@ -138,25 +169,43 @@ func measure(t *testing.T, dir string) {
 				es := make([]client.Entry, gpc)
 				stt := make([]client.Status, gpc)
 				reqs := make([]store.ReadReq, gpc)
+				in := make([]byte, abi.BatchSize)
+				out := make([]byte, abi.BatchSize)
 				var lat []time.Duration
-				for time.Since(start) < secs {
+				for call := 0; time.Since(start) < secs; call++ {
 					pick(rng, keys)
+					base := ((j*rot + call%rot) * gpc) * gb
 					t0 := time.Now()
-					if viaIoctl {
+					switch mode {
+					case modeIoctl:
 						for i, k := range keys {
-							es[i] = client.Entry{Key: k, Buffer: buf.ID, Offset: uint64((j*gpc + i) * gb)}
+							es[i] = client.Entry{Key: k, Buffer: buf.ID, Offset: uint64(base + i*gb)}
 						}
 						if n, err := c.Batch(true, es, stt, nil); err != nil || n != gpc {
 							t.Errorf("load: %v (%d ok)", err, n)
-							break
+							return
 						}
-					} else {
+					case modeSession:
+						(&abi.BatchHeader{ABI: abi.Version, Count: uint32(gpc)}).Marshal(in)
 						for i, k := range keys {
-							reqs[i] = store.ReadReq{Key: k, Buf: direct[(j*gpc+i)*gb : (j*gpc+i+1)*gb]}
+							(&abi.Entry{Block: k.Block, Layer: uint16(k.Layer), Head: uint16(k.Head), Kind: uint8(k.Kind),
+								Buffer: rh.Buffer, Offset: uint64(base + i*gb)}).Marshal(in[abi.BatchHeaderSize+i*abi.EntrySize:])
+						}
+						if n, errno := ss.Ioctl(abi.CmdLoad, in, out); errno != 0 || int(n) != gpc {
+							t.Errorf("session load: %v (%d ok)", errno, n)
+							return
+						}
+					default:
+						mem := direct
+						if mode == modeShm {
+							mem = buf.Mem
+						}
+						for i, k := range keys {
+							reqs[i] = store.ReadReq{Key: k, Buf: mem[base+i*gb : base+(i+1)*gb]}
 						}
 						if err := st.Read(reqs); err != nil {
 							t.Error(err)
-							break
+							return
 						}
 					}
 					lat = append(lat, time.Since(t0))
@@ -186,8 +235,9 @@ func measure(t *testing.T, dir string) {
 		}
 		return time.Since(t0) / n
 	}()
-	run(true) // warm up
-	run(false)
+	for mode := range 4 { // warm up
+		run(mode)
+	}
 	stats := func(r result) (gbps, mean, p50, p99 float64) {
 		var sum time.Duration
 		for _, d := range r.lat {
@@ -201,15 +251,28 @@ func measure(t *testing.T, dir string) {
 	t.Logf("store %s (%s engine, %d MiB, %d blocks of %d × %d B), %d groups/call, %d jobs; empty ioctl round trip %.1f µs",
 		path, st.Engine().Name(), size>>20, nblocks, per, gb, gpc, jobs, float64(empty.Nanoseconds())/1e3)
 	var sumD, sumI float64
+	names := []string{"store.Read into anonymous memory", "store.Read into the shm mapping", "ctl session in-process (no FUSE)", "LOAD ioctl through the mount"}
 	for r := range rounds {
-		d := run(false)
-		i := run(true)
-		dg, dm, dp50, dp99 := stats(d)
-		ig, im, ip50, ip99 := stats(i)
-		sumD += dg
-		sumI += ig
-		t.Logf("round %d: direct store.Read %.2f GB/s %.1f µs/call (p50 %.1f p99 %.1f) | ioctl LOAD %.2f GB/s %.1f µs/call (p50 %.1f p99 %.1f) %.3f µs/group | ratio %.3f | control path +%.2f µs/group",
-			r, dg, dm, dp50, dp99, ig, im, ip50, ip99, im/float64(gpc), ig/dg, (ip50-dp50)/float64(gpc))
+		var g, p50 [4]float64
+		for mode := range 4 {
+			m0 := e.srv.Metrics()
+			res := run(mode)
+			m1 := e.srv.Metrics()
+			gbps, mean, med, p99 := stats(res)
+			g[mode], p50[mode] = gbps, med
+			line := fmt.Sprintf("round %d: %-34s %6.2f GB/s  %7.1f µs/call (p50 %7.1f, p99 %7.1f)  %.3f µs/group",
+				r, names[mode], gbps, mean, med, p99, mean/float64(gpc))
+			if calls := float64(m1.Loads - m0.Loads); calls > 0 {
+				line += fmt.Sprintf("  [daemon: %.1f µs/call serving, %.1f in store.Read]",
+					float64(m1.BatchNanos-m0.BatchNanos)/1e3/calls, float64(m1.StoreNanos-m0.StoreNanos)/1e3/calls)
+			}
+			t.Log(line)
+		}
+		sumD += g[modeDirect]
+		sumI += g[modeIoctl]
+		t.Logf("round %d: ioctl/direct throughput %.3f; control path (ioctl p50 − direct p50) %.2f µs/group, of which FUSE (ioctl − session) %.2f, ctl (session − shm) %.2f, shm vs anon %.2f",
+			r, g[modeIoctl]/g[modeDirect], (p50[modeIoctl]-p50[modeDirect])/float64(gpc), (p50[modeIoctl]-p50[modeSession])/float64(gpc),
+			(p50[modeSession]-p50[modeShm])/float64(gpc), (p50[modeShm]-p50[modeDirect])/float64(gpc))
 	}
 	t.Logf("mean over %d rounds: direct %.2f GB/s, ioctl %.2f GB/s, ratio %.3f", rounds, sumD/float64(rounds), sumI/float64(rounds), sumI/sumD)
 }
