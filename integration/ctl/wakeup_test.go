@@ -22,7 +22,7 @@ import (
 type spinHandler struct{ spin *time.Duration }
 
 func (h spinHandler) Open(uid, gid uint32) (fs.CtlSession, syscall.Errno) { return h, 0 }
-func (h spinHandler) Release()                                              {}
+func (h spinHandler) Release()                                            {}
 func (h spinHandler) Ioctl(cmd uint32, in, out []byte) (int32, syscall.Errno) {
 	copy(out, in)
 	if cmd == abi.CmdInfo {
