@@ -284,50 +284,92 @@ func (c *Client) Store(es []Entry) ([]Status, error) {
 	return st, err
 }
 
+// MaxInFlight is how many ioctls one Load or Store of more than MaxEntries
+// entries keeps in flight at once. The daemon serves them in parallel, which
+// hides the per-ioctl round trip.
+const MaxInFlight = 4
+
 // Batch is Load (load) or Store without allocation: statuses go to st (and
 // details to det when it is not nil), both len(es) long. It returns the
-// number of entries with status OK.
+// number of entries with status OK. Batches of more than MaxEntries entries
+// go out as several ioctls, up to MaxInFlight at a time; when one fails,
+// the error is returned and the statuses of its entries are left as they
+// were.
 func (c *Client) Batch(load bool, es []Entry, st []Status, det []Detail) (int, error) {
 	if len(st) < len(es) || (det != nil && len(det) < len(es)) {
 		return 0, fmt.Errorf("kvfs client: %d statuses for %d entries", len(st), len(es))
 	}
+	if len(es) <= abi.BatchMax {
+		return c.chunk(load, es, st, det)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		nok   int
+		first error
+		sem   = make(chan struct{}, MaxInFlight)
+	)
+	for lo := 0; lo < len(es); lo += abi.BatchMax {
+		hi := min(len(es), lo+abi.BatchMax)
+		var d []Detail
+		if det != nil {
+			d = det[lo:hi]
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			n, err := c.chunk(load, es[lo:hi], st[lo:hi], d)
+			mu.Lock()
+			nok += n
+			if err != nil && first == nil {
+				first = err
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return nok, first
+}
+
+// chunk issues one LOAD or STORE of at most MaxEntries entries.
+func (c *Client) chunk(load bool, es []Entry, st []Status, det []Detail) (int, error) {
 	raw := c.bufs.Get().(*[abi.BatchSize]byte)
 	defer c.bufs.Put(raw)
-	op, cmd, cmdSmall := "load", abi.CmdLoad, abi.CmdLoadSmall
+	op, cm, arg := "load", abi.CmdLoad, raw[:abi.BatchSize]
 	if !load {
-		op, cmd, cmdSmall = "store", abi.CmdStore, abi.CmdStoreSmall
+		op, cm = "store", abi.CmdStore
+	}
+	n := len(es)
+	if n <= abi.BatchSmallMax {
+		arg = raw[:abi.BatchSmallSz]
+		if cm = abi.CmdLoadSmall; !load {
+			cm = abi.CmdStoreSmall
+		}
+	}
+	(&abi.BatchHeader{ABI: abi.Version, Count: uint32(n)}).Marshal(arg)
+	for i := range es {
+		e := &es[i]
+		ae := abi.Entry{Block: e.Key.Block, Layer: uint16(e.Key.Layer), Head: uint16(e.Key.Head), Kind: uint8(e.Key.Kind),
+			Buffer: uint32(e.Buffer), Offset: e.Offset, Pitch: e.Pitch}
+		if e.Key.Layer < 0 || e.Key.Layer > 0xffff || e.Key.Head < 0 || e.Key.Head > 0xffff {
+			ae.Layer, ae.Head = 0xffff, 0xffff // out of any geometry: the daemon says BadKey
+		}
+		ae.Marshal(arg[abi.BatchHeaderSize+i*abi.EntrySize:])
+	}
+	if _, err := c.Ioctl(cm, arg); err != nil {
+		return 0, &Error{Op: op, Errno: err.(syscall.Errno)}
 	}
 	nok := 0
-	for lo := 0; lo < len(es); {
-		n := min(len(es)-lo, abi.BatchMax)
-		cm, arg := cmd, raw[:abi.BatchSize]
-		if n <= abi.BatchSmallMax {
-			cm, arg = cmdSmall, raw[:abi.BatchSmallSz]
+	for i := range n {
+		b := arg[abi.BatchHeaderSize+i*abi.EntrySize:]
+		st[i] = Status(b[abi.EntryStatusOff])
+		if det != nil {
+			det[i] = Detail(b[abi.EntryDetailOff])
 		}
-		(&abi.BatchHeader{ABI: abi.Version, Count: uint32(n)}).Marshal(arg)
-		for i := range n {
-			e := &es[lo+i]
-			ae := abi.Entry{Block: e.Key.Block, Layer: uint16(e.Key.Layer), Head: uint16(e.Key.Head), Kind: uint8(e.Key.Kind),
-				Buffer: uint32(e.Buffer), Offset: e.Offset, Pitch: e.Pitch}
-			if e.Key.Layer < 0 || e.Key.Layer > 0xffff || e.Key.Head < 0 || e.Key.Head > 0xffff {
-				ae.Layer, ae.Head = 0xffff, 0xffff // out of any geometry: the daemon says BadKey
-			}
-			ae.Marshal(arg[abi.BatchHeaderSize+i*abi.EntrySize:])
+		if st[i] == OK {
+			nok++
 		}
-		if _, err := c.Ioctl(cm, arg); err != nil {
-			return nok, &Error{Op: op, Errno: err.(syscall.Errno)}
-		}
-		for i := range n {
-			b := arg[abi.BatchHeaderSize+i*abi.EntrySize:]
-			st[lo+i] = Status(b[abi.EntryStatusOff])
-			if det != nil {
-				det[lo+i] = Detail(b[abi.EntryDetailOff])
-			}
-			if st[lo+i] == OK {
-				nok++
-			}
-		}
-		lo += n
 	}
 	return nok, nil
 }
