@@ -195,9 +195,9 @@ func (s *snapshot) is(gi store.GroupInfo) bool {
 // with one store.Write when they are exactly one group, so two writers of
 // the same group never mix: the last complete close wins.
 type groupHandle struct {
-	fs          *FS
-	key         layout.Key
-	read, write bool
+	fs    *FS
+	key   layout.Key
+	write bool // opened for writing (O_WRONLY or O_RDWR)
 
 	mu     sync.Mutex
 	snap   *snapshot
@@ -218,7 +218,7 @@ var (
 
 func (f *FS) newHandle(k layout.Key, flags uint32) *groupHandle {
 	acc := flags & syscall.O_ACCMODE
-	h := &groupHandle{fs: f, key: k, read: acc != syscall.O_WRONLY, write: acc != syscall.O_RDONLY}
+	h := &groupHandle{fs: f, key: k, write: acc != syscall.O_RDONLY}
 	if h.write && flags&(syscall.O_TRUNC|syscall.O_CREAT) != 0 {
 		// O_TRUNC, or a file created by this open: the handle starts
 		// empty and must be filled with exactly one group.
