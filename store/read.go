@@ -44,7 +44,6 @@ func (s *Store) Read(reqs []ReadReq) error {
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	gb := s.geo.GroupBytes()
 	type want struct {
 		r    *ReadReq
 		slot int64
@@ -56,13 +55,7 @@ func (s *Store) Read(reqs []ReadReq) error {
 	s.mu.Lock()
 	for i := range reqs {
 		r := &reqs[i]
-		r.Err = nil
-		if err := s.geo.CheckKey(r.Key); err != nil {
-			r.Err = fmt.Errorf("%w: %v", ErrInvalid, err)
-			continue
-		}
-		if len(r.Buf) != gb {
-			r.Err = fmt.Errorf("%w: buffer of %d bytes for a %d-byte group", ErrSize, len(r.Buf), gb)
+		if r.Err = s.checkRequest(r.Key, len(r.Buf)); r.Err != nil {
 			continue
 		}
 		idx := s.geo.Index(r.Key)
@@ -199,4 +192,16 @@ func contiguous(reqs []*ReadReq) bool {
 		}
 	}
 	return true
+}
+
+// checkRequest validates one group request: key within the geometry and a
+// buffer of exactly one group.
+func (s *Store) checkRequest(k layout.Key, n int) error {
+	if err := s.geo.CheckKey(k); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if gb := s.geo.GroupBytes(); n != gb {
+		return fmt.Errorf("%w: %d bytes for a %d-byte group", ErrSize, n, gb)
+	}
+	return nil
 }

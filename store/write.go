@@ -65,13 +65,7 @@ func (s *Store) Write(reqs []WriteReq) error {
 	var plans []*plan
 	for i := range reqs {
 		r := &reqs[i]
-		r.Err = nil
-		if err := s.geo.CheckKey(r.Key); err != nil {
-			r.Err = fmt.Errorf("%w: %v", ErrInvalid, err)
-			continue
-		}
-		if len(r.Data) != gb {
-			r.Err = fmt.Errorf("%w: %d bytes for a %d-byte group", ErrSize, len(r.Data), gb)
+		if r.Err = s.checkRequest(r.Key, len(r.Data)); r.Err != nil {
 			continue
 		}
 		p := byBlock[r.Key.Block]
