@@ -2,6 +2,7 @@ package uring
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -285,26 +286,29 @@ func TestEngineRoundTripQD(t *testing.T) {
 		t.Run(fmt.Sprintf("QD=%d", qd), func(t *testing.T) {
 			n := max(2*qd, 16)
 			path := newFile(t, dir, n*block)
-			// The pool holds half of the buffers: the other half use plain
-			// READ/WRITE.
-			e := openEngineT(t, path, EngineOptions{Direct: true, QueueDepth: qd, BufferPool: n / 2 * block})
+			// Half of the buffers come from the pool (fixed buffers), half
+			// from elsewhere (plain READ/WRITE).
+			e := openEngineT(t, path, EngineOptions{Direct: true, QueueDepth: qd, BufferPool: n * block})
+			alloc := func(i int) []byte {
+				if i%2 == 0 {
+					b, err := e.AllocBuffer(block)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { e.FreeBuffer(b) })
+					return b
+				}
+				return alignedBuf(t, block)
+			}
 			if !e.Direct() || e.Align() < 512 {
 				t.Fatalf("direct %v align %d", e.Direct(), e.Align())
 			}
 			ws := make([]store.IO, n)
 			rs := make([]store.IO, n)
 			for i := range ws {
-				b, err := e.AllocBuffer(block)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.FreeBuffer(b)
+				b := alloc(i)
 				fill(b, uint64(qd<<20|i))
-				r, err := e.AllocBuffer(block)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.FreeBuffer(r)
+				r := alloc(i)
 				ws[i] = store.IO{Op: store.OpWrite, Off: int64(i * block), Buf: b}
 				rs[i] = store.IO{Op: store.OpRead, Off: int64(i * block), Buf: r}
 			}
@@ -326,7 +330,7 @@ func TestEngineRoundTripQD(t *testing.T) {
 				}
 			}
 			st := e.Stats()
-			if st.IOs != uint64(2*n) || st.FixedSQEs == 0 || st.FixedSQEs == st.SQEs || st.Syncs != 1 {
+			if st.IOs != uint64(2*n) || st.FixedSQEs != uint64(n) || st.SQEs != uint64(2*n) || st.Syncs != 1 {
 				t.Fatalf("stats %v", st)
 			}
 		})
@@ -557,15 +561,19 @@ func TestEngineReadOnly(t *testing.T) {
 
 func TestEnginePool(t *testing.T) {
 	p := newFile(t, t.TempDir(), 4096)
-	e := openEngineT(t, p, EngineOptions{BufferPool: 64 << 10})
+	e := openEngineT(t, p, EngineOptions{BufferPool: 1 << 20}) // rounded up to 2 MiB
+	if len(e.pool.mem) != 2<<20 || addrOf(e.pool.mem)%(2<<20) != 0 {
+		t.Fatalf("pool of %d bytes at %#x, want 2 MiB aligned to 2 MiB", len(e.pool.mem), addrOf(e.pool.mem))
+	}
+	const chunk = 128 << 10
 	var bufs [][]byte
 	for i := 0; i < 16; i++ {
-		b, err := e.AllocBuffer(4000) // rounds to a page
+		b, err := e.AllocBuffer(chunk - 100) // rounds to a page
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !e.pool.owns(b) || len(b) != 4000 || addrOf(b)%4096 != 0 {
-			t.Fatalf("buffer %d not a pool page", i)
+		if !e.pool.owns(b) || len(b) != chunk-100 || addrOf(b)%4096 != 0 {
+			t.Fatalf("buffer %d not from the pool", i)
 		}
 		bufs = append(bufs, b)
 	}
@@ -581,11 +589,49 @@ func TestEnginePool(t *testing.T) {
 	if e.pool.inUse() != 0 || len(e.pool.free) != 1 {
 		t.Fatalf("pool not coalesced: used %d free %v", e.pool.inUse(), e.pool.free)
 	}
-	whole, err := e.AllocBuffer(64 << 10)
+	whole, err := e.AllocBuffer(2 << 20)
 	if err != nil || !e.pool.owns(whole) {
 		t.Fatalf("whole pool: %v", err)
 	}
 	e.FreeBuffer(whole)
+}
+
+// TestPoolContiguous reports whether the pool got physically contiguous
+// memory (transparent huge pages); it fails only where THP is enabled and
+// the pool still came out scattered.
+func TestPoolContiguous(t *testing.T) {
+	mem, err := mapPool(4 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unmapPool(mem)
+	thp, _ := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+	f, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	defer f.Close()
+	pages := len(mem) / 4096
+	pm := make([]byte, 8*pages)
+	if _, err := f.ReadAt(pm, int64(addrOf(mem)/4096*8)); err != nil {
+		t.Skipf("skipping: pagemap: %v", err)
+	}
+	runs := 0
+	var prev uint64
+	for i := 0; i < pages; i++ {
+		pfn := binary.LittleEndian.Uint64(pm[i*8:]) & (1<<55 - 1)
+		if pfn == 0 {
+			t.Skip("skipping: page frame numbers hidden (needs CAP_SYS_ADMIN)")
+		}
+		if i == 0 || pfn != prev+1 {
+			runs++
+		}
+		prev = pfn
+	}
+	t.Logf("4 MiB pool: %d physically contiguous runs; THP %s", runs, bytes.TrimSpace(thp))
+	if runs > 2 && !bytes.Contains(thp, []byte("[never]")) {
+		t.Errorf("pool is scattered over %d runs although THP is enabled", runs)
+	}
 }
 
 func TestEngineCloseWhileBusy(t *testing.T) {
