@@ -65,11 +65,14 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 	copy(out, in)
 	n := int(req.Header.Count)
 	sc := s.scratch.Get().(*scratch)
-	defer s.scratch.Put(sc)
 	if cap(sc.ents) < n {
 		sc.ents = make([]ent, n)
 	}
 	ents := sc.ents[:n]
+	defer func() {
+		clear(ents) // no references to registrations outlive the call
+		s.scratch.Put(sc)
+	}()
 
 	ss.io.RLock()
 	defer ss.io.RUnlock()
