@@ -676,6 +676,13 @@ func (e *Engine) loop() {
 		}
 		_, err := e.ring.SubmitAndWait(n)
 		e.stats.enters.Add(1)
+		if wait {
+			// Awake again: callers (and completion callbacks, which run
+			// here) need not write the eventfd.
+			e.mu.Lock()
+			e.mu.sleeping = false
+			e.mu.Unlock()
+		}
 		if err != nil {
 			if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EBUSY) {
 				e.fail(err)
