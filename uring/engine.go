@@ -329,13 +329,11 @@ func (e *Engine) release() {
 		_ = unix.Close(e.fd)
 		e.fd = -1
 	}
-	if e.pool != nil && len(e.pool.mem) > 0 {
-		if used := e.pool.inUse(); used > 0 {
-			// A chunk still handed out may still be used: leak the pool
-			// rather than unmap memory under someone's feet.
-			e.log.Warn("buffer pool still in use at close; not unmapping it", zap.Int("bytes", used))
-		} else {
-			unmapPool(e.pool.mem)
+	if e.pool != nil {
+		if used := e.pool.retire(); used > 0 {
+			// Chunks still out may still be in use: the pool stays mapped
+			// until the last one is freed.
+			e.log.Warn("buffer pool chunks still out at close; unmapping the pool when they are freed", zap.Int("bytes", used))
 		}
 	}
 }
@@ -426,9 +424,11 @@ func (e *Engine) Do(ios []store.IO) error {
 
 // DoAsync starts the batch and returns without waiting for it. done(i) is
 // called on the engine's ring goroutine as ios[i] completes (ios[i].Err
-// set, as with Do); it must be quick and must not block, but it may call
-// DoAsync again, for example to keep a queue full: new work is submitted
-// together with the other completions' in one io_uring_enter. The caller
+// set, as with Do); it must be quick and must not block — in particular it
+// must not call Do, Sync, RegisterMemory or Close, which wait for the ring
+// goroutine — but it may call DoAsync again, for example to keep a queue
+// full: new work is submitted together with the other completions' in one
+// io_uring_enter. The caller
 // must not touch ios until done was called for each request. A returned
 // error (ErrClosed, ring failed) means done will not be called.
 func (e *Engine) DoAsync(ios []store.IO, done func(i int)) error {
@@ -454,7 +454,8 @@ func (e *Engine) Sync() error {
 
 // AllocBuffer returns n bytes of aligned memory, from the registered pool
 // when it has room (so I/O on it uses fixed buffers), else from
-// store.AllocAligned. Give it back with FreeBuffer, unchanged.
+// store.AllocAligned. Give it back with FreeBuffer, unchanged (a pool
+// chunk still out at Close keeps the pool mapped until it is freed).
 func (e *Engine) AllocBuffer(n int) ([]byte, error) {
 	if b, ok := e.pool.alloc(n); ok {
 		return b, nil

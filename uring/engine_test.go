@@ -745,3 +745,25 @@ func TestEngineDoAsync(t *testing.T) {
 		t.Fatalf("DoAsync after Close: %v", err)
 	}
 }
+
+func TestEnginePoolAfterClose(t *testing.T) {
+	p := newFile(t, t.TempDir(), 4096)
+	e := openEngineT(t, p, EngineOptions{BufferPool: 2 << 20})
+	out, err := e.AllocBuffer(4096)
+	if err != nil || !e.pool.owns(out) {
+		t.Fatal("pool buffer", err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out[0] = 1 // a chunk out at Close stays mapped
+	b, err := e.AllocBuffer(4096)
+	if err != nil || e.pool.owns(b) {
+		t.Fatalf("AllocBuffer after Close: %v (from the pool: %v)", err, e.pool.owns(b))
+	}
+	e.FreeBuffer(b)
+	e.FreeBuffer(out) // the last chunk: the pool is unmapped now
+	if e.pool.mem != nil {
+		t.Fatal("pool still mapped after its last chunk came back")
+	}
+}

@@ -17,6 +17,9 @@ type pool struct {
 	grain int
 	free  []extent // sorted by off, no two adjacent
 	used  int      // bytes handed out
+	// retired: the engine is closed; nothing more is handed out, and the
+	// memory is unmapped when the last chunk comes back.
+	retired bool
 }
 
 type extent struct{ off, n int }
@@ -32,12 +35,15 @@ func newPool(mem []byte, grain int) *pool {
 // alloc returns n bytes (capacity rounded up to the grain) or false when
 // no free extent is large enough.
 func (p *pool) alloc(n int) ([]byte, bool) {
-	if n <= 0 || len(p.mem) == 0 {
+	if n <= 0 {
 		return nil, false
 	}
 	size := (n + p.grain - 1) / p.grain * p.grain
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.retired {
+		return nil, false
+	}
 	for i, e := range p.free {
 		if e.n < size {
 			continue
@@ -55,6 +61,12 @@ func (p *pool) alloc(n int) ([]byte, bool) {
 
 // owns reports whether b was carved out of the pool.
 func (p *pool) owns(b []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ownsLocked(b)
+}
+
+func (p *pool) ownsLocked(b []byte) bool {
 	if len(p.mem) == 0 || cap(b) == 0 {
 		return false
 	}
@@ -66,13 +78,13 @@ func (p *pool) owns(b []byte) bool {
 // release returns a chunk from alloc; it reports false when b is not the
 // pool's.
 func (p *pool) release(b []byte) bool {
-	if !p.owns(b) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.ownsLocked(b) {
 		return false
 	}
 	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(p.mem))))
 	size := cap(b)
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > off })
 	// Merge with the previous and next free extents when adjacent.
 	prev := i > 0 && p.free[i-1].off+p.free[i-1].n == off
@@ -91,7 +103,24 @@ func (p *pool) release(b []byte) bool {
 		p.free[i] = extent{off, size}
 	}
 	p.used -= size
+	if p.retired && p.used == 0 {
+		unmapPool(p.mem)
+		p.mem, p.free = nil, nil
+	}
 	return true
+}
+
+// retire stops handing out memory and unmaps it, now if no chunk is out,
+// else when the last one comes back (release); it returns the bytes out.
+func (p *pool) retire() (inUse int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.retired = true
+	if p.used == 0 {
+		unmapPool(p.mem)
+		p.mem, p.free = nil, nil
+	}
+	return p.used
 }
 
 func (p *pool) inUse() int {
