@@ -543,7 +543,7 @@ func TestSplitBuffers(t *testing.T) {
 			t.Fatalf("piece %d: index %d source %d offset %d len %d, want %+v", i, p.Index, p.Source, p.Offset, len(p.Buf), w)
 		}
 	}
-	if !pieces[2].Contains(m[1<<30 : 1<<30+4096]) || pieces[1].Contains(m[1<<30-10:1<<30+10]) {
+	if !pieces[2].Contains(m[1<<30:1<<30+4096]) || pieces[1].Contains(m[1<<30-10:1<<30+10]) {
 		t.Fatal("Contains")
 	}
 }
