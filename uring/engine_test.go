@@ -767,3 +767,64 @@ func TestEnginePoolAfterClose(t *testing.T) {
 		t.Fatal("pool still mapped after its last chunk came back")
 	}
 }
+
+// TestEngineBlockDevice runs the engine on a loop device over a file:
+// Size comes from BLKGETSIZE64 and Align from the logical block size.
+func TestEngineBlockDevice(t *testing.T) {
+	needURing(t)
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: attaching a loop device needs root")
+	}
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("skipping: no loop devices: %v", err)
+	}
+	defer ctl.Close()
+	n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+	if err != nil {
+		t.Skipf("skipping: LOOP_CTL_GET_FREE: %v", err)
+	}
+	const size = 8 << 20
+	backing, err := os.OpenFile(newFile(t, diskDir(t), size), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer backing.Close()
+	dev := fmt.Sprintf("/dev/loop%d", n)
+	loop, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	defer loop.Close()
+	if err := unix.IoctlSetInt(int(loop.Fd()), unix.LOOP_SET_FD, int(backing.Fd())); err != nil {
+		t.Skipf("skipping: LOOP_SET_FD: %v", err)
+	}
+	defer unix.IoctlSetInt(int(loop.Fd()), unix.LOOP_CLR_FD, 0)
+	e := openEngineT(t, dev, EngineOptions{Direct: true, QueueDepth: 8, BufferPool: 2 << 20})
+	if e.Size() != size || !e.Direct() || e.Align() < 512 {
+		t.Fatalf("%s: size %d direct %v align %d", dev, e.Size(), e.Direct(), e.Align())
+	}
+	b, err := e.AllocBuffer(64 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.FreeBuffer(b)
+	fill(b, 99)
+	w := []store.IO{{Op: store.OpWrite, Off: size - 64<<10, Buf: b}}
+	if err := e.Do(w); err != nil || w[0].Err != nil {
+		t.Fatal(err, w[0].Err)
+	}
+	if err := e.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	r := []store.IO{
+		{Op: store.OpRead, Off: size - 64<<10, Buf: alignedBuf(t, 64<<10)},
+		{Op: store.OpRead, Off: size, Buf: alignedBuf(t, 4096)}, // past the end
+	}
+	if err := e.Do(r); err != nil || r[0].Err != nil || !bytes.Equal(r[0].Buf, pattern(64<<10, 99)) {
+		t.Fatal(err, r[0].Err)
+	}
+	if !errors.Is(r[1].Err, io.ErrUnexpectedEOF) {
+		t.Fatalf("read past the device end: %v", r[1].Err)
+	}
+}
