@@ -3,12 +3,21 @@
 // throughput and per-request latency, and it runs fio on the same region
 // for comparison.
 //
-// Run keeps QD requests in flight by running QD goroutines, each issuing
-// one request per Engine.Do call and timing it: an engine that shares its
-// queue between concurrent callers (the uring engine) then sees QD
-// requests in flight at all times, as fio does, and every request's
-// latency is measured on its own. A posix engine serves them one at a time
-// (its queue depth is 1); run it at QD 1 as the baseline.
+// Run keeps QD requests in flight in one of two ways (Config.Mode):
+//
+//   - async (the default for engines that implement AsyncEngine, such as
+//     the uring engine): QD request slots, each completion recording its
+//     latency and starting the slot's next request from the engine's
+//     completion callback — one thread keeps the queue full, as fio does;
+//   - sync: QD goroutines, each calling Engine.Do with one request at a
+//     time and timing it — the path the store itself uses. A posix engine
+//     serves them one at a time (its queue depth is 1); run it at QD 1 as
+//     the baseline.
+//
+// Random offsets are uniform over the region in IOSize steps, drawn with
+// replacement and with a fresh seed each run unless Config.Seed is set;
+// RunFio passes --randrepeat=0 --norandommap so that fio draws the same
+// way.
 //
 // Reads are safe on a live store file. Writes overwrite the region they are
 // given: run them only where the caller asked for it (the CLI warns).
