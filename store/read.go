@@ -127,7 +127,7 @@ func (s *Store) readRuns(runs []*run) error {
 	var bounces [][]byte
 	defer func() {
 		for _, b := range bounces {
-			s.freeBuf(b)
+			s.putBounce(b)
 		}
 	}()
 	for i, r := range runs {
@@ -142,7 +142,7 @@ func (s *Store) readRuns(runs []*run) error {
 			}
 		}
 		if !r.direct {
-			b, err := s.alloc(n * stride)
+			b, err := s.getBounce()
 			if err != nil {
 				return err
 			}

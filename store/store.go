@@ -65,6 +65,14 @@ type Store struct {
 
 	sbProblems []string // superblock copies found damaged at open
 
+	// bounce keeps MaxIO-sized I/O buffers for reuse, so reads and writes
+	// that cannot land in the caller's memory do not map and unmap
+	// memory (or drain the engine's registered pool) on every call.
+	bounce struct {
+		sync.Mutex
+		free [][]byte
+	}
+
 	wmu sync.Mutex
 	mu  struct {
 		sync.Mutex
@@ -144,9 +152,9 @@ func Open(e Engine, o Options) (*Store, error) {
 	if sb.DataOffset+sb.Slots*sb.SlotBytes > e.Size() {
 		return nil, fmt.Errorf("%w: store needs %d bytes, device has %d", ErrTooSmall, sb.DataOffset+sb.Slots*sb.SlotBytes, e.Size())
 	}
-	if int64(s.opts.MaxIO) < s.geo.GroupStride() {
-		s.opts.MaxIO = int(s.geo.GroupStride())
-	}
+	// Whole groups per I/O, at least one.
+	stride := int(s.geo.GroupStride())
+	s.opts.MaxIO = max(1, s.opts.MaxIO/stride) * stride
 	if err := s.recover(); err != nil {
 		return nil, err
 	}
@@ -408,6 +416,35 @@ func (s *Store) alloc(n int) ([]byte, error) {
 	return AllocAligned(n)
 }
 
+// maxBounce is how many idle bounce buffers the store keeps.
+const maxBounce = 32
+
+// getBounce returns a buffer of MaxIO bytes; give it back with putBounce.
+func (s *Store) getBounce() ([]byte, error) {
+	s.bounce.Lock()
+	if n := len(s.bounce.free); n > 0 {
+		b := s.bounce.free[n-1]
+		s.bounce.free = s.bounce.free[:n-1]
+		s.bounce.Unlock()
+		return b, nil
+	}
+	s.bounce.Unlock()
+	return s.alloc(s.opts.MaxIO)
+}
+
+func (s *Store) putBounce(b []byte) {
+	b = b[:s.opts.MaxIO]
+	s.bounce.Lock()
+	if len(s.bounce.free) < maxBounce {
+		s.bounce.free = append(s.bounce.free, b)
+		b = nil
+	}
+	s.bounce.Unlock()
+	if b != nil {
+		s.freeBuf(b)
+	}
+}
+
 func (s *Store) freeBuf(b []byte) {
 	if a, ok := s.e.(BufferAllocator); ok {
 		a.FreeBuffer(b)
@@ -572,6 +609,12 @@ func (s *Store) Close() error {
 	}
 	s.mu.closed = true
 	s.mu.Unlock()
+	s.bounce.Lock()
+	for _, b := range s.bounce.free {
+		s.freeBuf(b)
+	}
+	s.bounce.free = nil
+	s.bounce.Unlock()
 	if s.opts.ReadOnly {
 		return nil
 	}

@@ -419,7 +419,7 @@ func (s *Store) writePayloads(plans []*plan) error {
 	var bufs [][]byte
 	defer func() {
 		for _, b := range bufs {
-			s.freeBuf(b)
+			s.putBounce(b)
 		}
 	}()
 	for _, p := range live(plans) {
@@ -443,7 +443,7 @@ func (s *Store) writePayloads(plans []*plan) error {
 			for hi < len(idxs) && idxs[hi] == idxs[hi-1]+1 && hi-lo < maxGroups {
 				hi++
 			}
-			buf, err := s.alloc((hi - lo) * stride)
+			buf, err := s.getBounce()
 			if err != nil {
 				return err
 			}
