@@ -80,6 +80,12 @@ func TestFioArgs(t *testing.T) {
 	if got != want {
 		t.Fatalf("args\n got %s\nwant %s", got, want)
 	}
+	// The nvme engine's reference is fio's passthrough engine.
+	c.Passthrough = true
+	args, _ = c.Args()
+	if got := strings.Join(args, " "); !strings.Contains(got, " --ioengine=io_uring_cmd --cmd_type=nvme --fixedbufs ") || strings.Contains(got, "--direct") {
+		t.Fatalf("passthrough args: %s", got)
+	}
 	for _, tc := range []struct{ op, pattern, rw string }{{OpRead, PatternSeq, "read"}, {OpWrite, PatternRandom, "randwrite"}, {OpWrite, PatternSeq, "write"}} {
 		c := FioConfig{Op: tc.op, Pattern: tc.pattern}
 		if c.rw() != tc.rw {

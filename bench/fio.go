@@ -29,6 +29,10 @@ type FioConfig struct {
 	Offset int64
 	// Buffered drops --direct=1 (for a filesystem without O_DIRECT).
 	Buffered bool
+	// Passthrough runs fio's NVMe passthrough engine (io_uring_cmd,
+	// cmd_type=nvme) on Path, an NVMe namespace's char device (/dev/ngXnY):
+	// the reference for the nvme engine.
+	Passthrough bool
 	// Fio is the fio binary (default "fio" from $PATH).
 	Fio string
 	// ExtraArgs are appended to the command line.
@@ -120,23 +124,24 @@ func (c *FioConfig) Args() ([]string, error) {
 	if c.Buffered {
 		direct = "0"
 	}
-	args := []string{
-		"--name=kvfs-bench",
-		"--filename=" + c.Path,
-		"--ioengine=io_uring",
-		"--direct=" + direct,
+	engine := []string{"--ioengine=io_uring", "--direct=" + direct}
+	if c.Passthrough {
+		engine = []string{"--ioengine=io_uring_cmd", "--cmd_type=nvme"}
+	}
+	args := append([]string{"--name=kvfs-bench", "--filename=" + c.Path}, engine...)
+	args = append(args,
 		"--fixedbufs",
 		"--registerfiles",
-		"--rw=" + c.rw(),
-		"--bs=" + strconv.Itoa(c.IOSize),
-		"--iodepth=" + strconv.Itoa(c.QD),
-		"--size=" + strconv.FormatInt(c.Region, 10),
-		"--offset=" + strconv.FormatInt(c.Offset, 10),
-		"--runtime=" + strconv.FormatInt(max(c.Duration.Milliseconds(), 1), 10) + "ms",
+		"--rw="+c.rw(),
+		"--bs="+strconv.Itoa(c.IOSize),
+		"--iodepth="+strconv.Itoa(c.QD),
+		"--size="+strconv.FormatInt(c.Region, 10),
+		"--offset="+strconv.FormatInt(c.Offset, 10),
+		"--runtime="+strconv.FormatInt(max(c.Duration.Milliseconds(), 1), 10)+"ms",
 		"--time_based",
 		"--numjobs=1",
 		"--output-format=json",
-	}
+	)
 	if c.Pattern == PatternRandom {
 		// Like Run: fresh offsets each run, drawn with replacement.
 		args = append(args, "--randrepeat=0", "--norandommap")

@@ -18,6 +18,7 @@ import (
 	"github.com/kvfs/kvfs/bench"
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/nvme"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -219,8 +220,16 @@ func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchRe
 	if o.blocks > 0 {
 		fc.Op, fc.Pattern = bench.OpRead, bench.PatternRandom
 	}
-	// fio runs buffered where the file system refuses O_DIRECT.
-	if e, err := store.OpenPosix(path, store.PosixOptions{ReadOnly: true}); err == nil {
+	if rep.Engine == "nvme" {
+		// The nvme engine's reference: fio's own NVMe passthrough engine
+		// on the namespace's char device.
+		ng, err := nvme.CharDevice(path)
+		if err != nil {
+			return err
+		}
+		fc.Path, fc.Passthrough = ng, true
+	} else if e, err := store.OpenPosix(path, store.PosixOptions{ReadOnly: true}); err == nil {
+		// fio runs buffered where the file system refuses O_DIRECT.
 		fc.Buffered = !e.Direct()
 		e.Close()
 	}
