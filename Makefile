@@ -21,14 +21,10 @@ check:
 unit: deps
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-# Short runs of every fuzz target (FUZZTIME each).
+# Short runs of every fuzz target (FUZZTIME each); see scripts/fuzz.sh.
 FUZZTIME ?= 5s
 fuzz:
-	@set -e; for pkg in $$($(GO) list ./...); do \
-	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
-	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
-	    echo "fuzz $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f\$$" -fuzztime=$(FUZZTIME) $$pkg; \
-	  done; done
+	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
 
 # NVMe passthrough engine tests inside QEMU's emulated NVMe (FDP and plain
 # namespaces, power-cut crash test); see integration/nvme/run.sh.
