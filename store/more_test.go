@@ -348,17 +348,36 @@ func faultsOn(t *testing.T, newEngine func() store.Engine) {
 	s, _ := store.Open(fe, store.Options{})
 	put(t, s, keysOf(1, 0), 1)
 	put(t, s, keysOf(2, 0), 1)
-	fe.SetInjector(func(n int, r store.IO) storetest.Fault {
-		if r.Op == store.OpRead && n%2 == 0 {
-			return storetest.EIO
+	for _, f := range []storetest.Fault{storetest.EIO, storetest.ShortRead} {
+		// Fail the first read of the batch only.
+		first := true
+		fe.SetInjector(func(n int, r store.IO) storetest.Fault {
+			if r.Op == store.OpRead && first {
+				first = false
+				return f
+			}
+			return storetest.None
+		})
+		reqs := []store.ReadReq{{Key: keysOf(1, 0)[0], Buf: make([]byte, testGeo.GroupBytes())}, {Key: keysOf(2, 0)[0], Buf: make([]byte, testGeo.GroupBytes())}}
+		if err := s.Read(reqs); err != nil {
+			t.Fatal(err)
 		}
-		return storetest.None
-	})
-	reqs := []store.ReadReq{{Key: keysOf(1, 0)[0], Buf: make([]byte, testGeo.GroupBytes())}, {Key: keysOf(2, 0)[0], Buf: make([]byte, testGeo.GroupBytes())}}
-	s.Read(reqs)
-	if !errors.Is(reqs[0].Err, unix.EIO) && !errors.Is(reqs[1].Err, unix.EIO) || reqs[0].Err != nil && reqs[1].Err != nil {
-		t.Fatalf("read faults: %v, %v", reqs[0].Err, reqs[1].Err)
+		failed := 0
+		for _, r := range reqs {
+			switch {
+			case errors.Is(r.Err, unix.EIO):
+				failed++
+			case r.Err != nil:
+				t.Fatalf("fault %d: unexpected %v", f, r.Err)
+			case !bytes.Equal(r.Buf, groupData(testGeo, r.Key, 1)):
+				t.Fatalf("fault %d: %v served wrong bytes", f, r.Key)
+			}
+		}
+		if failed != 1 {
+			t.Fatalf("fault %d: %d requests failed, want exactly the faulted one", f, failed)
+		}
 	}
+	fe.SetInjector(nil)
 	// A failing sync fails the write, which is then not acknowledged.
 	failSync := true
 	fe2 := storetest.NewFaulty(m, nil, func() bool { return failSync })
