@@ -2,16 +2,14 @@ package ctl
 
 import (
 	"bytes"
-	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/ctl/ctltest"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
@@ -109,7 +107,7 @@ func blockKeys(block uint64) []layout.Key {
 	return keys
 }
 
-const guardByte = 0xA5
+const guardByte = ctltest.GuardByte
 
 // shm is a file in /dev/shm mapped by the test (the client's view). The
 // registered part is its first n bytes; the guard bytes after it must never
@@ -131,34 +129,13 @@ func needShm(t testing.TB) {
 func newShm(t testing.TB, n, guard int) *shm {
 	t.Helper()
 	needShm(t)
-	path := filepath.Join("/dev/shm", fmt.Sprintf("kvfs-ctl-test-%d-%x", os.Getpid(), rand.Uint64()))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	t.Cleanup(func() { os.Remove(path) })
-	if err := f.Truncate(int64(n + guard)); err != nil {
-		t.Fatal(err)
-	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, n+guard, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(mem) })
-	for i := n; i < n+guard; i++ {
-		mem[i] = guardByte
-	}
+	path, mem := ctltest.NewShm(t, "kvfs-ctl-test", n, guard)
 	return &shm{path: path, mem: mem, n: n, guard: guard}
 }
 
 func (s *shm) checkGuard(t testing.TB) {
 	t.Helper()
-	for i := s.n; i < s.n+s.guard; i++ {
-		if s.mem[i] != guardByte {
-			t.Fatalf("guard byte %d after the registered region changed to %#x", i-s.n, s.mem[i])
-		}
-	}
+	ctltest.CheckGuard(t, s.mem, s.n)
 }
 
 func register(t testing.TB, ss *Session, path string, length uint64) (uint32, syscall.Errno) {

@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/ctl"
+	"github.com/kvfs/kvfs/ctl/ctltest"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
@@ -229,7 +229,7 @@ func blockKeys(geo layout.Geometry, block uint64) []layout.Key {
 	return keys
 }
 
-const guardByte = 0xA5
+const guardByte = ctltest.GuardByte
 
 // shmFile is a /dev/shm file of n usable bytes followed by guard bytes,
 // mapped by the test.
@@ -242,32 +242,11 @@ type shmFile struct {
 
 func newShm(t testing.TB, n, guard int) *shmFile {
 	t.Helper()
-	path := filepath.Join("/dev/shm", fmt.Sprintf("kvfs-it-%d-%x", os.Getpid(), rand.Uint64()))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	t.Cleanup(func() { os.Remove(path) })
-	if err := f.Truncate(int64(n + guard)); err != nil {
-		t.Fatal(err)
-	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, n+guard, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(mem) })
-	for i := n; i < n+guard; i++ {
-		mem[i] = guardByte
-	}
+	path, mem := ctltest.NewShm(t, "kvfs-it", n, guard)
 	return &shmFile{path: path, mem: mem, n: n, guard: guard}
 }
 
 func (s *shmFile) checkGuard(t testing.TB) {
 	t.Helper()
-	for i, b := range s.mem[s.n:] {
-		if b != guardByte {
-			t.Fatalf("guard byte %d after the registered region changed to %#x", i, b)
-		}
-	}
+	ctltest.CheckGuard(t, s.mem, s.n)
 }
