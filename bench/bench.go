@@ -81,22 +81,28 @@ type Config struct {
 	Logger *zap.Logger
 }
 
+// jobDefaults fills the unset fields of a job's shape, the same for Run and
+// RunFio: random 1 MiB reads at queue depth 1 for 5 s.
+func jobDefaults(op, pattern *string, ioSize, qd *int, d *time.Duration) {
+	if *op == "" {
+		*op = OpRead
+	}
+	if *pattern == "" {
+		*pattern = PatternRandom
+	}
+	if *ioSize == 0 {
+		*ioSize = 1 << 20
+	}
+	if *qd == 0 {
+		*qd = 1
+	}
+	if *d == 0 {
+		*d = 5 * time.Second
+	}
+}
+
 func (c *Config) ensureDefaults() {
-	if c.Op == "" {
-		c.Op = OpRead
-	}
-	if c.Pattern == "" {
-		c.Pattern = PatternRandom
-	}
-	if c.IOSize == 0 {
-		c.IOSize = 1 << 20
-	}
-	if c.QD == 0 {
-		c.QD = 1
-	}
-	if c.Duration == 0 {
-		c.Duration = 5 * time.Second
-	}
+	jobDefaults(&c.Op, &c.Pattern, &c.IOSize, &c.QD, &c.Duration)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}

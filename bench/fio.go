@@ -61,21 +61,7 @@ func FileSize(path string) (int64, error) {
 }
 
 func (c *FioConfig) validate() error {
-	if c.Op == "" {
-		c.Op = OpRead
-	}
-	if c.Pattern == "" {
-		c.Pattern = PatternRandom
-	}
-	if c.IOSize == 0 {
-		c.IOSize = 1 << 20
-	}
-	if c.QD == 0 {
-		c.QD = 1
-	}
-	if c.Duration == 0 {
-		c.Duration = 5 * time.Second
-	}
+	jobDefaults(&c.Op, &c.Pattern, &c.IOSize, &c.QD, &c.Duration)
 	if c.Fio == "" {
 		c.Fio = "fio"
 	}
