@@ -2,6 +2,9 @@ package ctl
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -24,12 +27,9 @@ type pins struct {
 func (p *pins) charge(c *cred, n int64) error {
 	limit := int64(-1) // none
 	if !c.hasCap(capIPCLock) {
-		var rl unix.Rlimit
-		if err := unix.Prlimit(c.tgid, unix.RLIMIT_MEMLOCK, nil, &rl); err != nil {
+		var err error
+		if limit, err = memlockOf(c.tgid); err != nil {
 			return fmt.Errorf("%w: cannot read RLIMIT_MEMLOCK of process %d: %v", ErrPinLimit, c.tgid, err)
-		}
-		if rl.Cur != unix.RLIM_INFINITY {
-			limit = int64(min(rl.Cur, 1<<62))
 		}
 	}
 	p.mu.Lock()
@@ -66,6 +66,35 @@ func (p *pins) pinned() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.total
+}
+
+// memlockOf is the soft RLIMIT_MEMLOCK of process pid, -1 for unlimited.
+// It reads /proc/<pid>/limits, which anyone may read (prlimit(2) of
+// another user's process needs CAP_SYS_RESOURCE).
+func memlockOf(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/limits")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Max locked memory")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) < 1 {
+			break
+		}
+		if f[0] == "unlimited" {
+			return -1, nil
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("limits: %q", line)
+		}
+		return int64(min(n, 1<<62)), nil
+	}
+	return 0, fmt.Errorf("no \"Max locked memory\" in /proc/%d/limits", pid)
 }
 
 // physicalMemory is the machine's RAM in bytes (0 when unknown).
