@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -344,6 +345,8 @@ func TestRejectedRequests(t *testing.T) {
 		fn(&r)
 		in := make([]byte, abi.RegisterHostSize)
 		r.Marshal(in)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 		_, errno := ss.IoctlFrom(uint32(unix.Gettid()), abi.CmdRegisterHost, in, make([]byte, abi.RegisterHostSize))
 		return errno
 	}

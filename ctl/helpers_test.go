@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -142,9 +143,14 @@ func (s *shm) checkGuard(t testing.TB) {
 	ctltest.CheckGuard(t, s.mem, s.n)
 }
 
-// register registers path as the calling thread (the test process).
+// register registers path as the calling thread (the test process). The
+// goroutine stays on its thread meanwhile, as a FUSE client's thread waits
+// in the kernel: otherwise the thread could be taken over by the server's
+// credential-carrying goroutine, which ends it.
 func register(t testing.TB, ss *Session, path string, length uint64) (uint32, syscall.Errno) {
 	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	return registerFrom(t, ss, uint32(unix.Gettid()), path, length)
 }
 
