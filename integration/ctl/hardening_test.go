@@ -119,8 +119,8 @@ func TestRegisterKernelDecides(t *testing.T) {
 		t.Errorf("root registering a descriptor of a file made immutable: %v, want EPERM", err)
 	}
 
-	// The legitimate case loads: nobody registers its group file and
-	// loads a group into it.
+	// (The legitimate cases above registered; TestRegisterFDRules loads
+	// through a descriptor registration.)
 	e.waitSessions(1)
 }
 
