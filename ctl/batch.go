@@ -36,6 +36,7 @@ type scratch struct {
 	// markOverlaps
 	order, active []int32
 	overlap       []bool
+	spans         []span
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

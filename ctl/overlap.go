@@ -24,12 +24,16 @@ func spanOf(e *ent, rows, rowBytes uint64) span {
 	return span{start: e.e.Offset, pitch: uint64(e.e.Pitch), w: rowBytes, n: rows}
 }
 
-// rowsOverlap reports whether two spans share a byte: a merge of their rows,
-// each list sorted and free of overlaps within itself.
+// rowsOverlap reports whether two spans share a byte.
 func rowsOverlap(a, b span) bool {
 	if a.start >= b.end() || b.start >= a.end() {
 		return false
 	}
+	if a.n > 1 && b.n > 1 && a.pitch == b.pitch {
+		return samePitchOverlap(a, b)
+	}
+	// A merge of the two row lists, each sorted and free of overlaps
+	// within itself.
 	var i, j uint64
 	for i < a.n && j < b.n {
 		as, bs := a.start+i*a.pitch, b.start+j*b.pitch
@@ -44,6 +48,34 @@ func rowsOverlap(a, b span) bool {
 	}
 	return false
 }
+
+// samePitchOverlap decides in O(1) whether two spans of the same pitch P
+// share a byte (the heads of a paged layout): rows i of a and j of b meet
+// when d = δ − k·P, with δ = b.start − a.start and k = i − j, lies in
+// (−b.w, a.w). Spans are inside a mapping, so int64 holds every value.
+func samePitchOverlap(a, b span) bool {
+	if a.start > b.start {
+		a, b = b, a
+	}
+	delta, p := int64(b.start-a.start), int64(a.pitch)
+	wa, wb := int64(a.w), int64(b.w)
+	// k > (δ − wa)/P and k < (δ + wb)/P, with −(b.n−1) ≤ k ≤ a.n−1.
+	klo := floorDiv(delta-wa, p) + 1
+	khi := ceilDiv(delta+wb, p) - 1
+	klo = max(klo, -int64(b.n-1))
+	khi = min(khi, int64(a.n-1))
+	return klo <= khi
+}
+
+func floorDiv(x, y int64) int64 {
+	q := x / y
+	if x%y != 0 && (x < 0) != (y < 0) {
+		q--
+	}
+	return q
+}
+
+func ceilDiv(x, y int64) int64 { return -floorDiv(-x, y) }
 
 // markOverlaps refuses every valid entry of a LOAD whose destination
 // shares a byte with another valid entry's destination in the same batch:
@@ -77,6 +109,14 @@ func markOverlaps(ents []ent, rows, rowBytes uint64, sc *scratch) int {
 			return cmp.Compare(x.e.Offset, y.e.Offset)
 		})
 	}
+	spans := sc.spans
+	if cap(spans) < len(ents) {
+		spans = make([]span, len(ents))
+	}
+	spans = spans[:len(ents)]
+	for _, k := range order {
+		spans[k] = spanOf(&ents[k], rows, rowBytes)
+	}
 	active := sc.active[:0]
 	overlap := sc.overlap
 	if cap(overlap) < len(ents) {
@@ -87,17 +127,17 @@ func markOverlaps(ents []ent, rows, rowBytes uint64, sc *scratch) int {
 	}
 	for _, k := range order {
 		e := &ents[k]
-		es := spanOf(e, rows, rowBytes)
+		es := spans[k]
 		w := 0
 		for _, a := range active {
-			if ents[a].b == e.b && spanOf(&ents[a], rows, rowBytes).end() > es.start {
+			if ents[a].b == e.b && spans[a].end() > es.start {
 				active[w] = a
 				w++
 			}
 		}
 		active = active[:w]
 		for _, a := range active {
-			if rowsOverlap(spanOf(&ents[a], rows, rowBytes), es) {
+			if rowsOverlap(spans[a], es) {
 				overlap[a], overlap[k] = true, true
 			}
 		}
@@ -111,7 +151,7 @@ func markOverlaps(ents []ent, rows, rowBytes uint64, sc *scratch) int {
 			n++
 		}
 	}
-	sc.order, sc.active, sc.overlap = order[:0], active[:0], overlap[:0]
+	sc.order, sc.active, sc.overlap, sc.spans = order[:0], active[:0], overlap[:0], spans[:0]
 	return n
 }
 
