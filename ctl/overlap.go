@@ -29,7 +29,7 @@ func rowsOverlap(a, b span) bool {
 	if a.start >= b.end() || b.start >= a.end() {
 		return false
 	}
-	if a.n > 1 && b.n > 1 && a.pitch == b.pitch {
+	if a.n > 1 && b.n > 1 && a.pitch == b.pitch && a.w <= a.pitch && b.w <= a.pitch {
 		return samePitchOverlap(a, b)
 	}
 	// A merge of the two row lists, each sorted and free of overlaps
@@ -49,33 +49,22 @@ func rowsOverlap(a, b span) bool {
 	return false
 }
 
-// samePitchOverlap decides in O(1) whether two spans of the same pitch P
-// share a byte (the heads of a paged layout): rows i of a and j of b meet
-// when d = δ − k·P, with δ = b.start − a.start and k = i − j, lies in
-// (−b.w, a.w). Spans are inside a mapping, so int64 holds every value.
+// samePitchOverlap decides in O(1) whether two spans of the same pitch P,
+// rows no wider than P (the heads of a paged layout), share a byte. With a
+// starting first and δ = b.start − a.start = q·P + r, row j of b meets row
+// i of a only for i = j + q (b's row starts r bytes into a's: overlap when
+// r < a.w) or i = j + q + 1 (a's row starts P − r bytes into b's: overlap
+// when P − r < b.w); any other pair is at least P apart. The row exists
+// when i < a.n (j = 0 is the best choice).
 func samePitchOverlap(a, b span) bool {
 	if a.start > b.start {
 		a, b = b, a
 	}
-	delta, p := int64(b.start-a.start), int64(a.pitch)
-	wa, wb := int64(a.w), int64(b.w)
-	// k > (δ − wa)/P and k < (δ + wb)/P, with −(b.n−1) ≤ k ≤ a.n−1.
-	klo := floorDiv(delta-wa, p) + 1
-	khi := ceilDiv(delta+wb, p) - 1
-	klo = max(klo, -int64(b.n-1))
-	khi = min(khi, int64(a.n-1))
-	return klo <= khi
+	p := a.pitch
+	delta := b.start - a.start
+	q, r := delta/p, delta%p
+	return (r < a.w && q < a.n) || (p-r < b.w && q+1 < a.n)
 }
-
-func floorDiv(x, y int64) int64 {
-	q := x / y
-	if x%y != 0 && (x < 0) != (y < 0) {
-		q--
-	}
-	return q
-}
-
-func ceilDiv(x, y int64) int64 { return -floorDiv(-x, y) }
 
 // markOverlaps refuses every valid entry of a LOAD whose destination
 // shares a byte with another valid entry's destination in the same batch:
