@@ -699,3 +699,69 @@ func TestPinUring(t *testing.T) {
 		t.Fatalf("over the per-uid share: %v, want ENOMEM", err)
 	}
 }
+
+// TestMinor0Daemon: the clients still work with a daemon of ABI 1.0 (no
+// REGISTER_FD): a created buffer is a /dev/shm file registered by path and
+// unlinked at once, so a killed client leaves nothing there either.
+func TestMinor0Daemon(t *testing.T) {
+	e := mountEnv(t, envOptions{slots: 16, minor0: true})
+	c := openClient(t, e)
+	if c.Info().Has(abi.CapRegisterFD) || c.Info().ABIMinor != 0 {
+		t.Fatalf("info %+v", c.Info())
+	}
+	if _, err := c.RegisterFD(0, 0); !errors.Is(err, syscall.ENOTTY) {
+		t.Fatalf("REGISTER_FD on a minor-0 daemon: %v", err)
+	}
+	before := shmWith(t, os.Getpid())
+	buf, err := c.NewHostBuffer("", int64(2*e.gb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(buf.Path, "/dev/shm/") {
+		t.Fatalf("path %q", buf.Path)
+	}
+	if _, err := os.Stat(buf.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the buffer's file is still there: %v", err)
+	}
+	if got := shmWith(t, os.Getpid()); len(got) != len(before) {
+		t.Fatalf("/dev/shm entries %v, before %v", got, before)
+	}
+	k := layout.Key{Block: 0x10, Layer: 3, Head: 1, Kind: layout.K}
+	e.put([]layout.Key{k}, 2)
+	if st, err := c.Load([]client.Entry{{Key: k, Buffer: buf.ID, Offset: uint64(e.gb)}}); err != nil || st[0] != client.OK {
+		t.Fatalf("load: %v %v", err, st)
+	}
+	if !bytes.Equal(buf.Mem[e.gb:], groupData(e.gb, k, 2)) {
+		t.Fatal("loaded bytes differ")
+	}
+	c.Close() // closes buf too
+	if buf.Mem != nil {
+		t.Fatal("Client.Close left the buffer mapped")
+	}
+	e.waitSessions(0)
+
+	var blocks []string
+	for b := range uint64(2) {
+		e.put(blockKeys(e.geo, 0x7000+b), 5)
+		blocks = append(blocks, fmt.Sprintf("%x", 0x7000+b))
+	}
+	cmd := helperCmd(t, e, "loadloop", nil, "KVFS_CTL_PATH=/dev/shm/unused", "KVFS_CTL_BLOCKS="+strings.Join(blocks, ","))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("helper: %q", line)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	e.waitSessions(0)
+	if _, err := os.Stat("/dev/shm/unused"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("killed client's buffer file: %v", err)
+	}
+}
