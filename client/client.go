@@ -15,6 +15,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -82,6 +83,10 @@ type Info struct {
 	Slots, UsedSlots   int64
 	UUID               [16]byte
 	Engine             string
+	ABIMinor           uint32 // 0 for a daemon before minor 1
+	// Pinning limits (0 when the engine pins nothing, or an older daemon):
+	// daemon-wide, per uid, and pinned now by all callers.
+	MaxPinnedBytes, MaxPinnedPerUID, PinnedBytes int64
 }
 
 // Has reports whether the daemon has capability cap (abi.Cap*).
@@ -116,6 +121,21 @@ func reason(op string, e syscall.Errno) string {
 	case syscall.EROFS:
 		return "store is read-only"
 	}
+	if op == "register-fd" {
+		switch e {
+		case syscall.EBADF:
+			return "not an open descriptor (O_PATH or closed)"
+		case syscall.ESRCH:
+			return "the daemon cannot see this process (another pid namespace?)"
+		case syscall.EPERM:
+			return "immutable or sealed file, or the daemon may not take descriptors of this process"
+		case syscall.EACCES:
+			return "descriptor not open read-write, or append-only file"
+		case syscall.ENOMEM:
+			return "over the pinned-memory limit (RLIMIT_MEMLOCK, or the daemon's per-uid or total cap)"
+		}
+		op = "register"
+	}
 	if op != "register" {
 		if e == syscall.ENOENT && op == "unregister" {
 			return "no such buffer on this handle"
@@ -124,11 +144,17 @@ func reason(op string, e syscall.Errno) string {
 	}
 	switch e {
 	case syscall.EPERM:
-		return "file is not inside " + ShmDir
+		return "file is not inside " + ShmDir + ", is immutable, or the daemon cannot take this process's credentials"
+	case syscall.ESRCH:
+		return "the daemon cannot see this process (another pid namespace?)"
+	case syscall.ENOMEM:
+		return "over the pinned-memory limit (RLIMIT_MEMLOCK, or the daemon's per-uid or total cap)"
 	case syscall.ELOOP:
 		return "path has a symbolic link"
 	case syscall.EACCES:
 		return "caller may not open the file read-write"
+	case syscall.EBADF:
+		return "not an open descriptor"
 	case syscall.EINVAL:
 		return "not a regular file, or malformed request"
 	case syscall.EXDEV:
@@ -156,6 +182,12 @@ type Client struct {
 	// an ioctl never reaches a descriptor number reused after Close.
 	mu     sync.RWMutex
 	closed bool
+
+	owned struct {
+		sync.Mutex
+		bufs   map[*HostBuffer]struct{}
+		closed bool
+	}
 }
 
 // Open opens mountpoint's control file and checks the daemon's ABI version.
@@ -191,6 +223,11 @@ func OpenCtl(path string) (*Client, error) {
 		MaxBuffers: int(i.MaxBuffers), MaxRegisteredBytes: int64(i.MaxRegisteredBytes),
 		Slots: int64(i.Slots), UsedSlots: int64(i.UsedSlots), UUID: i.UUID, Engine: i.EngineName(),
 	}
+	if i.Caps&abi.CapLimits != 0 {
+		c.info.ABIMinor = i.ABIMinor
+		c.info.MaxPinnedBytes, c.info.MaxPinnedPerUID = int64(i.MaxPinnedBytes), int64(i.MaxPinnedPerUID)
+		c.info.PinnedBytes = int64(i.PinnedBytes)
+	}
 	return c, nil
 }
 
@@ -200,8 +237,16 @@ func (c *Client) Info() Info { return c.info }
 // Fd is the control file's descriptor (for poking at the raw ABI).
 func (c *Client) Fd() uintptr { return c.fd }
 
-// Close closes the control file; the daemon drops every registration of it.
+// Close closes the host buffers the client created or opened, then the
+// control file; the daemon drops every registration of it.
 func (c *Client) Close() error {
+	c.owned.Lock()
+	bufs := c.owned.bufs
+	c.owned.bufs, c.owned.closed = nil, true
+	c.owned.Unlock()
+	for b := range bufs {
+		b.close()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -243,7 +288,9 @@ func (c *Client) ioctl(op string, cmd uint32, arg []byte) error {
 }
 
 // RegisterHost registers the first size bytes (0: all) of path, a file
-// directly or indirectly inside /dev/shm that the caller may read and write.
+// directly or indirectly inside /dev/shm that the calling thread may open
+// read-write (the daemon opens it with this thread's credentials).
+// RegisterFD and the HostBuffer functions register a descriptor instead.
 func (c *Client) RegisterHost(path string, size int64) (BufferID, error) {
 	if size < 0 {
 		return 0, &Error{Op: "register", Errno: syscall.ERANGE}
@@ -259,6 +306,51 @@ func (c *Client) RegisterHost(path string, size int64) (BufferID, error) {
 	}
 	r.Unmarshal(raw[:])
 	return BufferID(r.Buffer), nil
+}
+
+// RegisterFD registers the first size bytes (0: all) of the file open as
+// fd in this process, read-write, on tmpfs or hugetlbfs (a memfd, a
+// /dev/shm file). The daemon takes the descriptor itself (pidfd_getfd), so
+// fd may be closed once this returns. Needs a daemon with abi.CapRegisterFD.
+func (c *Client) RegisterFD(fd int, size int64) (BufferID, error) {
+	id, _, err := c.registerFD(fd, size)
+	return id, err
+}
+
+func (c *Client) registerFD(fd int, size int64) (BufferID, bool, error) {
+	if size < 0 {
+		return 0, false, &Error{Op: "register-fd", Errno: syscall.ERANGE}
+	}
+	if fd < 0 || fd > math.MaxInt32 {
+		return 0, false, &Error{Op: "register-fd", Errno: syscall.EBADF}
+	}
+	r := abi.RegisterFD{ABI: abi.Version, Length: uint64(size), FD: int32(fd)}
+	var raw [abi.RegisterFDSize]byte
+	r.Marshal(raw[:])
+	if err := c.ioctl("register-fd", abi.CmdRegisterFD, raw[:]); err != nil {
+		return 0, false, err
+	}
+	r.Unmarshal(raw[:])
+	return BufferID(r.Buffer), r.Pinned != 0, nil
+}
+
+func (c *Client) own(b *HostBuffer) error {
+	c.owned.Lock()
+	defer c.owned.Unlock()
+	if c.owned.closed {
+		return &Error{Op: "register", Errno: syscall.EBADF}
+	}
+	if c.owned.bufs == nil {
+		c.owned.bufs = map[*HostBuffer]struct{}{}
+	}
+	c.owned.bufs[b] = struct{}{}
+	return nil
+}
+
+func (c *Client) disown(b *HostBuffer) {
+	c.owned.Lock()
+	delete(c.owned.bufs, b)
+	c.owned.Unlock()
 }
 
 // Unregister drops a registration.

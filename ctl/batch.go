@@ -33,6 +33,10 @@ type scratch struct {
 	rreqs []store.ReadReq
 	wreqs []store.WriteReq
 	idx   []int
+	// markOverlaps
+	order, active []int32
+	overlap       []bool
+	spans         []span
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
@@ -110,6 +114,9 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 		}
 		e.valid = true
 		e.pitched = e.e.Pitch != 0 && e.e.Pitch != rowBytes
+	}
+	if load {
+		bad += markOverlaps(ents, uint64(s.tile.Rows), uint64(rowBytes), sc)
 	}
 
 	// Windows of entries whose staging fits the budget.
@@ -208,6 +215,11 @@ func (ss *Session) load(ents []ent, stageBytes int, sc *scratch) error {
 		for k := range reqs {
 			e := &ents[idx[k]]
 			e.st, e.det = loadStatus(reqs[k].Err)
+			if e.st == abi.Corrupt {
+				// The store verified the group from memory only the
+				// daemon writes before calling it corrupt.
+				s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(reqs[k].Err))
+			}
 			if !e.pitched || (e.st != abi.OK && e.st != abi.Corrupt) {
 				continue
 			}

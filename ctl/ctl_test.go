@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -29,8 +30,9 @@ func TestInfo(t *testing.T) {
 	var i abi.Info
 	i.Unmarshal(out)
 	want := abi.Info{
-		ABI: 1, Size: abi.InfoSize, Caps: abi.CapHost | abi.CapPitch | abi.CapStore,
-		Layers: 2, KVHeads: 4, HeadDim: 16, BlockTokens: 16, DType: uint32(layout.BF16), DTypeBytes: 2,
+		ABI: 1, Size: abi.InfoSize, Caps: abi.CapHost | abi.CapPitch | abi.CapStore | abi.CapRegisterFD | abi.CapLimits,
+		ABIMinor: abi.Minor,
+		Layers:   2, KVHeads: 4, HeadDim: 16, BlockTokens: 16, DType: uint32(layout.BF16), DTypeBytes: 2,
 		Align: 512, GroupBytes: 512, GroupStride: 512, GroupsPerBlock: 16, RowBytes: 32,
 		MaxEntries: 511, MaxEntriesSmall: 63, MaxBuffers: 7, MaxRegisteredBytes: 1 << 40,
 		Slots: uint64(f.st.Info().Slots), UUID: f.st.Superblock().UUID,
@@ -343,23 +345,27 @@ func TestRejectedRequests(t *testing.T) {
 		fn(&r)
 		in := make([]byte, abi.RegisterHostSize)
 		r.Marshal(in)
-		_, errno := ss.Ioctl(abi.CmdRegisterHost, in, make([]byte, abi.RegisterHostSize))
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		_, errno := ss.IoctlFrom(uint32(unix.Gettid()), abi.CmdRegisterHost, in, make([]byte, abi.RegisterHostSize))
 		return errno
 	}
 	for name, c := range map[string]struct {
 		fn    func(r *abi.RegisterHost)
 		errno syscall.Errno
 	}{
-		"version":      {func(r *abi.RegisterHost) { r.ABI = 9 }, syscall.EPROTO},
-		"flags":        {func(r *abi.RegisterHost) { r.Flags = 1 }, syscall.EINVAL},
-		"buffer set":   {func(r *abi.RegisterHost) { r.Buffer = 1 }, syscall.EINVAL},
-		"reserved":     {func(r *abi.RegisterHost) { r.Reserved1 = 1 }, syscall.EINVAL},
-		"no NUL":       {func(r *abi.RegisterHost) { copy(r.Path[:], bytes.Repeat([]byte{'a'}, abi.PathMax)) }, syscall.EINVAL},
-		"empty":        {func(r *abi.RegisterHost) { r.SetPath("") }, syscall.EINVAL},
-		"relative":     {func(r *abi.RegisterHost) { r.SetPath("dev/shm/x") }, syscall.EINVAL},
-		"length":       {func(r *abi.RegisterHost) { r.Length = 4096*2 + 1 }, syscall.ERANGE},
-		"length max":   {func(r *abi.RegisterHost) { r.Length = math.MaxUint64 }, syscall.EDQUOT},
-		"missing file": {func(r *abi.RegisterHost) { r.SetPath(s.path + "-nope") }, syscall.ENOENT},
+		"version":    {func(r *abi.RegisterHost) { r.ABI = 9 }, syscall.EPROTO},
+		"flags":      {func(r *abi.RegisterHost) { r.Flags = 1 }, syscall.EINVAL},
+		"buffer set": {func(r *abi.RegisterHost) { r.Buffer = 1 }, syscall.EINVAL},
+		"reserved":   {func(r *abi.RegisterHost) { r.Reserved1 = 1 }, syscall.EINVAL},
+		"no NUL":     {func(r *abi.RegisterHost) { copy(r.Path[:], bytes.Repeat([]byte{'a'}, abi.PathMax)) }, syscall.EINVAL},
+		"empty":      {func(r *abi.RegisterHost) { r.SetPath("") }, syscall.EINVAL},
+		"relative":   {func(r *abi.RegisterHost) { r.SetPath("dev/shm/x") }, syscall.EINVAL},
+		"length":     {func(r *abi.RegisterHost) { r.Length = 4096*2 + 1 }, syscall.ERANGE},
+		// The documented order: policy, path, size, quota.
+		"length max":          {func(r *abi.RegisterHost) { r.Length = math.MaxUint64 }, syscall.ERANGE},
+		"length max, outside": {func(r *abi.RegisterHost) { r.Length = math.MaxUint64; r.SetPath("/etc/passwd") }, syscall.EPERM},
+		"missing file":        {func(r *abi.RegisterHost) { r.SetPath(s.path + "-nope") }, syscall.ENOENT},
 	} {
 		if errno := reg(c.fn); errno != c.errno {
 			t.Errorf("register %s: errno %v, want %v", name, errno, c.errno)
@@ -452,70 +458,54 @@ func TestRegisterPolicy(t *testing.T) {
 		}
 	}
 
-	// Ownership: a file owned by nobody (65534) with mode 0600 is
-	// registrable by uid 65534 and root, not by uid 1000.
+	// Ownership, decided by the kernel with the calling thread's
+	// credentials: the callers are processes running as other users.
 	if err := os.Chown(s.path, 65534, 65534); err != nil {
 		t.Fatal(err)
 	}
-	nobody := f.open(65534, 65534)
-	other := f.open(1000, 1000)
-	if _, errno := register(t, other, s.path, 0); errno != syscall.EACCES {
+	nobody := callerProc(t, 65534, 65534)
+	other := callerProc(t, 1000, 1000)
+	member := callerProc(t, 1000, 1000, 65534) // supplementary group 65534
+	if _, errno := registerFrom(t, root, other, s.path, 0); errno != syscall.EACCES {
 		t.Fatalf("uid 1000 registering nobody's file: %v", errno)
 	}
-	if _, errno := register(t, nobody, s.path, 0); errno != 0 {
+	if _, errno := registerFrom(t, root, nobody, s.path, 0); errno != 0 {
 		t.Fatalf("uid 65534 registering its file: %v", errno)
 	}
-	// Group and world bits.
+	// Group and world bits; supplementary groups count.
 	os.Chmod(s.path, 0o660)
-	if _, errno := register(t, f.open(1000, 65534), s.path, 0); errno != 0 {
-		t.Fatalf("group member: %v", errno)
+	if _, errno := registerFrom(t, root, member, s.path, 0); errno != 0 {
+		t.Fatalf("supplementary group member: %v", errno)
 	}
-	if _, errno := register(t, other, s.path, 0); errno != syscall.EACCES {
+	if _, errno := registerFrom(t, root, other, s.path, 0); errno != syscall.EACCES {
 		t.Fatalf("non-member: %v", errno)
 	}
-	os.Chmod(s.path, 0o646)
-	if _, errno := register(t, other, s.path, 0); errno != 0 {
+	os.Chmod(s.path, 0o606) // group bits narrower than other bits: members are refused
+	if _, errno := registerFrom(t, root, member, s.path, 0); errno != syscall.EACCES {
+		t.Fatalf("member of a group with no access: %v", errno)
+	}
+	if _, errno := registerFrom(t, root, other, s.path, 0); errno != 0 {
 		t.Fatalf("world-writable: %v", errno)
 	}
 	// An unsearchable directory on the way.
 	os.Chown(inSub, 1000, 1000)
 	os.Chmod(sub, 0o700)
-	if _, errno := register(t, other, inSub, 0); errno != syscall.EACCES {
+	if _, errno := registerFrom(t, root, other, inSub, 0); errno != syscall.EACCES {
 		t.Fatalf("unsearchable dir: %v", errno)
 	}
 	os.Chmod(sub, 0o711)
-	if _, errno := register(t, other, inSub, 0); errno != 0 {
+	if _, errno := registerFrom(t, root, other, inSub, 0); errno != 0 {
 		t.Fatalf("searchable dir: %v", errno)
+	}
+	// No caller: refused.
+	if _, errno := registerFrom(t, root, 0, s.path, 0); errno != syscall.ESRCH {
+		t.Fatalf("no caller: %v", errno)
 	}
 
 	// A shm dir that is not tmpfs.
 	f2 := newFixture(t, 2, Options{ShmDir: dir})
 	if _, errno := register(t, f2.open(0, 0), outside, 0); errno != syscall.EXDEV {
 		t.Fatalf("non-tmpfs shm dir: %v", errno)
-	}
-}
-
-func TestMayAccess(t *testing.T) {
-	for _, c := range []struct {
-		mode, fuid, fgid, uid, gid, want uint32
-		ok                               bool
-	}{
-		{0o600, 5, 5, 5, 9, accR | accW, true},
-		{0o400, 5, 5, 5, 9, accR | accW, false},
-		{0o066, 5, 5, 5, 5, accR | accW, false}, // owner bits decide for the owner
-		{0o060, 5, 7, 6, 7, accR | accW, true},
-		{0o040, 5, 7, 6, 7, accR | accW, false},
-		{0o606, 5, 7, 6, 7, accR | accW, false}, // group bits decide for the group
-		{0o006, 5, 7, 6, 8, accR | accW, true},
-		{0o000, 5, 7, 0, 0, accR | accW, true}, // root
-		{0o100, 5, 7, 5, 0, accX, true},
-		{0o010, 5, 7, 6, 7, accX, true},
-		{0o001, 5, 7, 6, 8, accX, true},
-		{0o700, 5, 7, 6, 8, accX, false},
-	} {
-		if got := mayAccess(c.mode, c.fuid, c.fgid, c.uid, c.gid, c.want); got != c.ok {
-			t.Errorf("%+v: got %v", c, got)
-		}
 	}
 }
 

@@ -5,12 +5,25 @@
 //
 // The FUSE layer (package fs) calls Server.Open when a process opens
 // .kvfs/ctl, with the caller's uid and gid, and routes that open file's
-// ioctls to the returned Session and its release to Session.Release. This
+// ioctls to the returned Session (Session.IoctlFrom, with the calling
+// thread's id) and its release to Session.Release. This
 // package does not import fs (nor fs this one): cmd/kvfs wires them with a
 // two-line adapter.
 //
 // Invariants:
 //
+//   - A registration grants exactly what the kernel grants the caller:
+//     REGISTER_FD takes the calling thread's own descriptor (pidfd_getfd);
+//     REGISTER_HOST opens the path on a fresh, never reused OS thread that
+//     carries the calling thread's fsuid, fsgid, groups and capabilities.
+//     Checks run policy, path, size, quota, pinning (docs/abi.md).
+//   - Memory the engine pins is charged to the caller (RLIMIT_MEMLOCK
+//     unless CAP_IPC_LOCK, a per-uid share, a daemon-wide cap); files with
+//     holes are not pinned, so a registration allocates nothing.
+//   - The destinations of one LOAD are disjoint: entries sharing a byte
+//     are refused (BadOverlap). A group is reported corrupt only after its
+//     checksum failed in memory only the daemon writes (the store re-reads
+//     a directly landed group before calling it corrupt).
 //   - Every entry of a batch is checked before any I/O: its key against the
 //     geometry, its buffer id against the registrations of this session
 //     only, and offset + extent against the registered length in exact

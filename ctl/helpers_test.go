@@ -2,9 +2,14 @@ package ctl
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -138,7 +143,19 @@ func (s *shm) checkGuard(t testing.TB) {
 	ctltest.CheckGuard(t, s.mem, s.n)
 }
 
+// register registers path as the calling thread (the test process). The
+// goroutine stays on its thread meanwhile, as a FUSE client's thread waits
+// in the kernel: otherwise the thread could be taken over by the server's
+// credential-carrying goroutine, which ends it.
 func register(t testing.TB, ss *Session, path string, length uint64) (uint32, syscall.Errno) {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return registerFrom(t, ss, uint32(unix.Gettid()), path, length)
+}
+
+// registerFrom registers path as if thread tid had issued the ioctl.
+func registerFrom(t testing.TB, ss *Session, tid uint32, path string, length uint64) (uint32, syscall.Errno) {
 	t.Helper()
 	var r abi.RegisterHost
 	r.ABI, r.Length = abi.Version, length
@@ -148,7 +165,7 @@ func register(t testing.TB, ss *Session, path string, length uint64) (uint32, sy
 	in := make([]byte, abi.RegisterHostSize)
 	r.Marshal(in)
 	out := make([]byte, abi.RegisterHostSize)
-	if _, errno := ss.Ioctl(abi.CmdRegisterHost, in, out); errno != 0 {
+	if _, errno := ss.IoctlFrom(tid, abi.CmdRegisterHost, in, out); errno != 0 {
 		return 0, errno
 	}
 	var got abi.RegisterHost
@@ -247,4 +264,30 @@ func mustBatch(t testing.TB, ss *Session, load bool, es []abi.Entry) []abi.Entry
 		t.Fatalf("batch: %v", errno)
 	}
 	return got
+}
+
+// callerProc starts a process (sleep) running as uid:gid with the given
+// supplementary groups and returns its pid, for tests that need the
+// credentials of another user on an ioctl's caller. Needs root.
+func callerProc(t testing.TB, uid, gid uint32, groups ...uint32) uint32 {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run processes as other users")
+	}
+	cmd := exec.Command("sleep", "600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: groups}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	// Wait until the child runs as the user (exec done).
+	for range 500 {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+		if err == nil && bytes.Contains(b, []byte(fmt.Sprintf("\nUid:\t%d\t", uid))) && bytes.Contains(b, []byte("Name:\tsleep")) {
+			return uint32(cmd.Process.Pid)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("caller process did not start as %d", uid)
+	return 0
 }

@@ -36,6 +36,13 @@ type Options struct {
 	// NoRegisterMemory skips registering client buffers with an engine that
 	// implements store.MemoryRegistrar.
 	NoRegisterMemory bool
+	// MaxPinnedBytes caps the registered memory the engine pins (fixed
+	// buffers) for all callers together (default: half the machine's RAM).
+	MaxPinnedBytes int64
+	// MaxPinnedPerUID is one uid's share of MaxPinnedBytes (default: half
+	// of it). A caller without CAP_IPC_LOCK is also held to its
+	// RLIMIT_MEMLOCK.
+	MaxPinnedPerUID int64
 }
 
 // EnsureDefaults fills in zero fields.
@@ -58,6 +65,13 @@ func (o *Options) EnsureDefaults() {
 	if o.ShmDir == "" {
 		o.ShmDir = "/dev/shm"
 	}
+	if o.MaxPinnedBytes <= 0 {
+		o.MaxPinnedBytes = max(physicalMemory()/2, 1<<30)
+	}
+	if o.MaxPinnedPerUID <= 0 {
+		o.MaxPinnedPerUID = o.MaxPinnedBytes / 2
+	}
+	o.MaxPinnedPerUID = min(o.MaxPinnedPerUID, o.MaxPinnedBytes)
 }
 
 // Metrics is a snapshot of the server's counters.
@@ -65,6 +79,7 @@ type Metrics struct {
 	Sessions        int64  // open now
 	Buffers         int64  // registered now
 	RegisteredBytes int64  // registered now
+	PinnedBytes     int64  // of which pinned by the engine now
 	Loads           uint64 // LOAD ioctls served
 	Stores          uint64 // STORE ioctls served
 	GroupsLoaded    uint64 // entries with status OK
@@ -89,6 +104,7 @@ type Server struct {
 	nextSession atomic.Uint64
 	nextBuffer  atomic.Uint32
 	stage       stagePool
+	pins        pins
 	scratch     sync.Pool // *scratch
 
 	m struct {
@@ -112,6 +128,7 @@ func NewServer(s *store.Store, o Options) *Server {
 		srv.reg = r
 	}
 	srv.stage.max = 8
+	srv.pins.max, srv.pins.perUID = o.MaxPinnedBytes, o.MaxPinnedPerUID
 	srv.scratch.New = func() any { return new(scratch) }
 	return srv
 }
@@ -137,7 +154,8 @@ func (s *Server) Sessions() int { return int(s.m.sessions.Load()) }
 func (s *Server) Metrics() Metrics {
 	return Metrics{
 		Sessions: s.m.sessions.Load(), Buffers: s.m.buffers.Load(), RegisteredBytes: s.m.bytes.Load(),
-		Loads: s.m.loads.Load(), Stores: s.m.stores.Load(),
+		PinnedBytes: s.pins.pinned(),
+		Loads:       s.m.loads.Load(), Stores: s.m.stores.Load(),
 		GroupsLoaded: s.m.loaded.Load(), GroupsStored: s.m.stored.Load(),
 		BadEntries: s.m.bad.Load(), Rejected: s.m.rejected.Load(), Faults: s.m.faults.Load(),
 		BatchNanos: s.m.batchNs.Load(), StoreNanos: s.m.storeNs.Load(),
@@ -155,7 +173,7 @@ func (s *Server) Close() error {
 func (s *Server) info() abi.Info {
 	in := s.st.Info()
 	g := s.geo
-	caps := abi.CapHost | abi.CapPitch
+	caps := abi.CapHost | abi.CapPitch | abi.CapRegisterFD | abi.CapLimits
 	if !s.opts.ReadOnly {
 		caps |= abi.CapStore
 	}
@@ -171,7 +189,12 @@ func (s *Server) info() abi.Info {
 		MaxEntries: abi.BatchMax, MaxEntriesSmall: abi.BatchSmallMax,
 		MaxBuffers: uint32(s.opts.MaxBuffers), MaxRegisteredBytes: uint64(s.opts.MaxRegisteredBytes),
 		Slots: uint64(in.Slots), UsedSlots: uint64(in.UsedSlots),
-		UUID: s.st.Superblock().UUID,
+		UUID:     s.st.Superblock().UUID,
+		ABIMinor: abi.Minor,
+	}
+	if s.reg != nil {
+		i.MaxPinnedBytes, i.MaxPinnedPerUID = uint64(s.opts.MaxPinnedBytes), uint64(s.opts.MaxPinnedPerUID)
+		i.PinnedBytes = uint64(s.pins.pinned())
 	}
 	copy(i.Engine[:len(i.Engine)-1], in.Engine)
 	return i

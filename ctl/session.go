@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"syscall"
 
@@ -34,6 +35,8 @@ type buffer struct {
 	path       string
 	mem        []byte
 	unregister func() // engine registration, nil when none
+	uid        uint32 // real uid the pinned bytes are charged to
+	pinned     int64  // bytes charged to the pinning limits (0: not pinned)
 }
 
 func (b *buffer) contains(addr uintptr) bool {
@@ -44,18 +47,28 @@ func (b *buffer) contains(addr uintptr) bool {
 	return addr >= base && addr-base < uintptr(len(b.mem))
 }
 
-func (b *buffer) release() {
+func (b *buffer) release(s *Server) {
 	if b.unregister != nil {
 		b.unregister()
 	}
 	_ = unix.Munmap(b.mem)
+	if b.pinned != 0 {
+		s.pins.uncharge(b.uid, b.pinned)
+	}
 }
 
-// Ioctl serves one ioctl. in and out are the argument bytes the kernel
+// Ioctl serves one ioctl that did not come through FUSE (no caller): the
+// register commands fail with ESRCH.
+func (ss *Session) Ioctl(cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	return ss.IoctlFrom(0, cmd, in, out)
+}
+
+// IoctlFrom serves one ioctl issued by thread tid (the pid of the FUSE
+// request; 0 when unknown). in and out are the argument bytes the kernel
 // passed in and will copy back; out is filled completely on success. The
 // result is 0, except for LOAD and STORE where it is the number of entries
-// with status OK.
-func (ss *Session) Ioctl(cmd uint32, in, out []byte) (int32, syscall.Errno) {
+// with status OK. It implements fs.CtlCallerSession.
+func (ss *Session) IoctlFrom(tid uint32, cmd uint32, in, out []byte) (int32, syscall.Errno) {
 	s := ss.srv
 	req, err := abi.Decode(cmd, in, len(out))
 	if err != nil {
@@ -68,12 +81,22 @@ func (ss *Session) Ioctl(cmd uint32, in, out []byte) (int32, syscall.Errno) {
 		i := s.info()
 		i.Marshal(out)
 	case abi.OpRegisterHost:
-		var id uint32
-		var n uint64
-		id, n, err = ss.registerHost(req.Path, req.Register.Length)
+		var reg registration
+		reg, err = ss.registerHost(tid, req.Path, req.Register.Length)
 		if err == nil {
 			r := req.Register
-			r.Buffer, r.Length = id, n
+			r.Buffer, r.Length = reg.id, uint64(reg.n)
+			r.Marshal(out)
+		}
+	case abi.OpRegisterFD:
+		var reg registration
+		reg, err = ss.registerFD(tid, req.RegisterFD.FD, req.RegisterFD.Length)
+		if err == nil {
+			r := req.RegisterFD
+			r.Buffer, r.Length = reg.id, uint64(reg.n)
+			if reg.pinned {
+				r.Pinned = 1
+			}
 			r.Marshal(out)
 		}
 	case abi.OpUnregister:
@@ -105,7 +128,7 @@ func (ss *Session) Release() {
 
 	ss.io.Lock()
 	for _, b := range bufs {
-		b.release()
+		b.release(ss.srv)
 	}
 	ss.io.Unlock()
 	s := ss.srv
@@ -122,35 +145,110 @@ func (ss *Session) Buffers() int {
 	return len(ss.mu.bufs)
 }
 
-func (ss *Session) registerHost(path string, length uint64) (uint32, uint64, error) {
+// registration is the outcome of a successful REGISTER_HOST/REGISTER_FD.
+type registration struct {
+	id     uint32
+	n      int
+	pinned bool
+}
+
+// registerHost serves REGISTER_HOST: the path is opened with the calling
+// thread's credentials (openShm), so the caller registers only a file it
+// could open read-write itself. Checks run in the documented order: path
+// policy and resolution (EPERM, EINVAL, ELOOP, EXDEV, ENOENT, EACCES),
+// then the length (ERANGE), then the per-handle limits (EMFILE, EDQUOT),
+// then pinning (ENOMEM).
+func (ss *Session) registerHost(tid uint32, path string, length uint64) (registration, error) {
 	s := ss.srv
+	if _, err := splitShm(s.opts.ShmDir, path); err != nil {
+		return registration{}, err
+	}
+	c, err := callerCred(tid)
+	if err != nil {
+		return registration{}, err
+	}
+	f, err := openShm(s.opts.ShmDir, path, c)
+	if err != nil {
+		return registration{}, err
+	}
+	defer unix.Close(f.fd)
+	return ss.register(c, f, path, length)
+}
+
+// registerFD serves REGISTER_FD: the daemon takes the calling thread's
+// descriptor fd (pidfd_getfd), so the kernel decided, when the caller
+// opened the file, that it may read and write it.
+func (ss *Session) registerFD(tid uint32, fd int32, length uint64) (registration, error) {
+	c, err := callerCred(tid)
+	if err != nil {
+		return registration{}, err
+	}
+	nfd, err := takeFD(tid, fd)
+	if err != nil {
+		return registration{}, err
+	}
+	defer unix.Close(nfd)
+	name := fmt.Sprintf("fd %d of thread %d", fd, tid)
+	f, err := checkFile(nfd, name)
+	if err != nil {
+		return registration{}, err
+	}
+	if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", nfd)); err == nil {
+		name = p
+	}
+	return ss.register(c, f, name, length)
+}
+
+// register maps an opened, checked file for the session: length, then the
+// handle's limits, then the pinning limits, then mmap and the engine.
+func (ss *Session) register(c *cred, f *shmFile, name string, length uint64) (registration, error) {
+	s := ss.srv
+	n, err := checkLength(f, length)
+	if err != nil {
+		return registration{}, err
+	}
 	ss.mu.Lock()
 	closed, nbuf, nbytes := ss.mu.closed, len(ss.mu.bufs), ss.mu.bytes
 	ss.mu.Unlock()
 	if closed {
-		return 0, 0, ErrClosed
+		return registration{}, ErrClosed
 	}
 	if nbuf >= s.opts.MaxBuffers {
-		return 0, 0, fmt.Errorf("%w: %d", ErrTooManyBuffers, s.opts.MaxBuffers)
+		return registration{}, fmt.Errorf("%w: %d", ErrTooManyBuffers, s.opts.MaxBuffers)
 	}
-	if length > uint64(s.opts.MaxRegisteredBytes-nbytes) {
-		return 0, 0, fmt.Errorf("%w: %d bytes registered, %d more asked, limit %d", ErrQuota, nbytes, length, s.opts.MaxRegisteredBytes)
+	if int64(n) > s.opts.MaxRegisteredBytes-nbytes {
+		return registration{}, fmt.Errorf("%w: %d bytes registered, %d more asked, limit %d", ErrQuota, nbytes, n, s.opts.MaxRegisteredBytes)
 	}
-	f, err := openShm(s.opts.ShmDir, path, ss.uid, ss.gid)
+	b := &buffer{path: name, uid: c.ruid}
+	// Pin only memory that exists: pinning a hole would allocate it inside
+	// this ioctl. A file with holes is registered unpinned (its I/O
+	// bounces); it is the caller's to fill.
+	pin := s.reg != nil && f.resident(n)
+	if pin {
+		if err := s.pins.charge(c, int64(n)); err != nil {
+			return registration{}, err
+		}
+		b.pinned = int64(n)
+	}
+	mem, err := mapShm(f, n)
 	if err != nil {
-		return 0, 0, err
+		if b.pinned != 0 {
+			s.pins.uncharge(b.uid, b.pinned)
+		}
+		return registration{}, err
 	}
-	mem, err := mapShm(f, length)
-	unix.Close(f.fd)
-	if err != nil {
-		return 0, 0, err
-	}
-	b := &buffer{path: path, mem: mem}
-	if s.reg != nil {
+	b.mem = mem
+	if pin {
+		// Populate the page tables here, on this ioctl's thread, so the
+		// engine's pinning (on its ring thread, which every client's I/O
+		// shares) only takes references.
+		_ = unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
 		if un, err := s.reg.RegisterMemory(mem); err == nil {
 			b.unregister = un
 		} else {
-			s.log.Debug("ctl: engine did not register buffer; I/O will bounce", zap.String("path", path), zap.Error(err))
+			s.log.Debug("ctl: engine did not register buffer; I/O will bounce", zap.String("file", name), zap.Error(err))
+			s.pins.uncharge(b.uid, b.pinned)
+			b.pinned = 0
 		}
 	}
 	ss.mu.Lock()
@@ -164,8 +262,8 @@ func (ss *Session) registerHost(path string, length uint64) (uint32, uint64, err
 	}
 	if err != nil {
 		ss.mu.Unlock()
-		b.release()
-		return 0, 0, err
+		b.release(s)
+		return registration{}, err
 	}
 	for b.id == 0 || ss.mu.bufs[b.id] != nil {
 		b.id = s.nextBuffer.Add(1)
@@ -176,8 +274,8 @@ func (ss *Session) registerHost(path string, length uint64) (uint32, uint64, err
 	s.m.buffers.Add(1)
 	s.m.bytes.Add(int64(len(mem)))
 	s.log.Debug("ctl: registered", zap.Uint64("session", ss.id), zap.Uint32("buffer", b.id),
-		zap.String("path", path), zap.Int("bytes", len(mem)), zap.Bool("engine", b.unregister != nil))
-	return b.id, uint64(len(mem)), nil
+		zap.String("file", name), zap.Int("bytes", len(mem)), zap.Bool("engine", b.unregister != nil))
+	return registration{id: b.id, n: len(mem), pinned: b.unregister != nil}, nil
 }
 
 func (ss *Session) unregister(id uint32) error {
@@ -196,7 +294,7 @@ func (ss *Session) unregister(id uint32) error {
 	ss.mu.Unlock()
 	// Wait for batches that looked the buffer up before it left the table.
 	ss.io.Lock()
-	b.release()
+	b.release(ss.srv)
 	ss.io.Unlock()
 	ss.srv.m.buffers.Add(-1)
 	ss.srv.m.bytes.Add(-int64(len(b.mem)))

@@ -8,41 +8,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Access bits for mayAccess.
-const (
-	accX = 1
-	accW = 2
-	accR = 4
-)
-
-// mayAccess reports whether a process with uid and (primary) gid may access
-// a file of the given mode and owner with the wanted rwx bits, as the
-// kernel's permission check would decide without supplementary groups,
-// ACLs or capabilities other than uid 0's.
-//
-// The policy of REGISTER_HOST is exactly this check with read and write on
-// the file and search on every directory from the shared-memory dir down:
-// a caller may register a file it could open read-write itself. FUSE passes
-// only the caller's uid and primary gid, so a file reachable through a
-// supplementary group only is refused.
-func mayAccess(mode, fileUID, fileGID, uid, gid, want uint32) bool {
-	if uid == 0 {
-		// Root may read and write anything; search needs some x bit on a
-		// directory, which holds for every directory we walk here.
-		return true
-	}
-	var perm uint32
-	switch {
-	case fileUID == uid:
-		perm = mode >> 6 & 7
-	case fileGID == gid:
-		perm = mode >> 3 & 7
-	default:
-		perm = mode & 7
-	}
-	return perm&want == want
-}
-
 const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
 func openat2(dir int, name string, flags int) (int, error) {
@@ -85,30 +50,83 @@ func splitShm(dir, path string) ([]string, error) {
 
 // shmFile is an opened, checked registration candidate.
 type shmFile struct {
-	fd   int
-	size int64
-	dev  uint64
-	ino  uint64
+	fd     int
+	size   int64
+	blocks int64 // st_blocks: 512-byte units allocated
 }
 
-// openShm opens path read-write for a caller with uid and gid. path must be
-// an absolute name of a regular file inside dir, reached without following
-// any symbolic link, without leaving dir's mount, through directories the
-// caller may search, and the caller must be allowed to read and write the
-// file (mayAccess). dir must be on tmpfs or hugetlbfs. The file is first
-// opened O_PATH (no side effects on a FIFO or device), checked, then opened
-// read-write and checked to be the same inode.
-func openShm(dir, path string, uid, gid uint32) (*shmFile, error) {
+// checkFile checks a descriptor the daemon is about to map: open for reading
+// and writing (EACCES otherwise, as mmap(PROT_WRITE, MAP_SHARED) would say;
+// EBADF for an O_PATH descriptor), a regular file (EINVAL), on tmpfs or
+// hugetlbfs (EXDEV; a memfd is on tmpfs), neither immutable (EPERM) nor
+// append-only (EACCES). name is for messages.
+func checkFile(fd int, name string) (*shmFile, error) {
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return nil, fmt.Errorf("ctl: fcntl %s: %w", name, err)
+	}
+	if fl&unix.O_PATH != 0 {
+		return nil, fmt.Errorf("%w: %s is an O_PATH descriptor", ErrBadFD, name)
+	}
+	if fl&unix.O_ACCMODE != unix.O_RDWR {
+		return nil, fmt.Errorf("%w: %s is not open read-write", ErrAccess, name)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("ctl: stat %s: %w", name, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("%w: %s (mode %#o)", ErrNotRegular, name, st.Mode)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return nil, fmt.Errorf("ctl: statfs %s: %w", name, err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC && fs.Type != unix.HUGETLBFS_MAGIC {
+		return nil, fmt.Errorf("%w: %s (type %#x)", ErrFilesystem, name, fs.Type)
+	}
+	if flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS); err == nil {
+		const immutable, appendOnly = 0x10, 0x20 // FS_IMMUTABLE_FL, FS_APPEND_FL
+		if flags&immutable != 0 {
+			return nil, fmt.Errorf("%w: %s", ErrImmutable, name)
+		}
+		if flags&appendOnly != 0 {
+			return nil, fmt.Errorf("%w: %s is append-only", ErrAccess, name)
+		}
+	}
+	return &shmFile{fd: fd, size: st.Size, blocks: st.Blocks}, nil
+}
+
+// openShm opens path read-write with the credentials of the caller c (see
+// asCaller): the kernel decides search permission on every directory and
+// read-write permission on the file exactly as for the caller, ACLs,
+// supplementary groups and immutable flags included. path must be an
+// absolute name of a regular file inside dir, reached without following
+// any symbolic link and without leaving dir's mount; dir must be on tmpfs
+// or hugetlbfs. The file is first opened O_PATH (no side effects on a FIFO
+// or device), checked, then opened read-write and checked to be the same
+// inode.
+func openShm(dir, path string, c *cred) (*shmFile, error) {
 	parts, err := splitShm(dir, path)
 	if err != nil {
 		return nil, err
 	}
+	var f *shmFile
+	err = asCaller(c, func() error {
+		var err error
+		f, err = openShmAs(dir, path, parts)
+		return err
+	})
+	return f, err
+}
+
+func openShmAs(dir, path string, parts []string) (*shmFile, error) {
 	root, err := unix.Openat2(unix.AT_FDCWD, strings.TrimRight(dir, "/"), &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
-		return nil, pathError(dir, err)
+		return nil, accessError(dir, err)
 	}
 	cur := root
 	defer func() { unix.Close(cur) }()
@@ -120,16 +138,10 @@ func openShm(dir, path string, uid, gid uint32) (*shmFile, error) {
 		return nil, fmt.Errorf("%w: %s (type %#x)", ErrFilesystem, dir, fs.Type)
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(root, &st); err != nil {
-		return nil, fmt.Errorf("ctl: stat %s: %w", dir, err)
-	}
-	if !mayAccess(st.Mode, st.Uid, st.Gid, uid, gid, accX) {
-		return nil, fmt.Errorf("%w: %s is not searchable", ErrAccess, dir)
-	}
 	for _, p := range parts[:len(parts)-1] {
 		fd, err := openat2(cur, p, unix.O_PATH|unix.O_NOFOLLOW)
 		if err != nil {
-			return nil, pathError(path, err)
+			return nil, accessError(path, err)
 		}
 		unix.Close(cur)
 		cur = fd
@@ -143,14 +155,11 @@ func openShm(dir, path string, uid, gid uint32) (*shmFile, error) {
 		default:
 			return nil, fmt.Errorf("%w: %s: %s is not a directory", ErrNotRegular, path, p)
 		}
-		if !mayAccess(st.Mode, st.Uid, st.Gid, uid, gid, accX) {
-			return nil, fmt.Errorf("%w: directory %s of %s is not searchable", ErrAccess, p, path)
-		}
 	}
 	name := parts[len(parts)-1]
 	pfd, err := openat2(cur, name, unix.O_PATH|unix.O_NOFOLLOW)
 	if err != nil {
-		return nil, pathError(path, err)
+		return nil, accessError(path, err)
 	}
 	err = unix.Fstat(pfd, &st)
 	unix.Close(pfd)
@@ -164,13 +173,10 @@ func openShm(dir, path string, uid, gid uint32) (*shmFile, error) {
 	default:
 		return nil, fmt.Errorf("%w: %s (mode %#o)", ErrNotRegular, path, st.Mode)
 	}
-	if !mayAccess(st.Mode, st.Uid, st.Gid, uid, gid, accR|accW) {
-		return nil, fmt.Errorf("%w: %s (owner %d:%d mode %#o, caller %d:%d)", ErrAccess, path, st.Uid, st.Gid, st.Mode&0o7777, uid, gid)
-	}
 	dev, ino := st.Dev, st.Ino
 	fd, err := openat2(cur, name, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
-		return nil, pathError(path, err)
+		return nil, accessError(path, err)
 	}
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
@@ -180,20 +186,50 @@ func openShm(dir, path string, uid, gid uint32) (*shmFile, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%w: %s was replaced while it was checked", ErrNotRegular, path)
 	}
-	return &shmFile{fd: fd, size: st.Size, dev: dev, ino: ino}, nil
+	f, err := checkFile(fd, path)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return f, nil
 }
 
-// mapShm maps length bytes (0: the whole file) of f shared and read-write.
-func mapShm(f *shmFile, length uint64) ([]byte, error) {
+// accessError is pathError plus the permission errors of opening as the
+// caller.
+func accessError(path string, err error) error {
+	switch err {
+	case unix.EACCES:
+		return fmt.Errorf("%w: %s", ErrAccess, path)
+	case unix.EPERM:
+		return fmt.Errorf("%w: %s", ErrImmutable, path)
+	}
+	return pathError(path, err)
+}
+
+// checkLength resolves a requested length (0: the whole file) against the
+// file's size: the result is > 0 and ≤ the size, or ErrLength.
+func checkLength(f *shmFile, length uint64) (int, error) {
 	if length == 0 {
 		length = uint64(f.size)
 	}
 	if length == 0 || length > uint64(f.size) || length > math.MaxInt {
-		return nil, fmt.Errorf("%w: %d bytes of a %d-byte file", ErrLength, length, f.size)
+		return 0, fmt.Errorf("%w: %d bytes of a %d-byte file", ErrLength, length, f.size)
 	}
-	mem, err := unix.Mmap(f.fd, 0, int(length), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	return int(length), nil
+}
+
+// resident reports whether the first n bytes of f are allocated (a file
+// without holes there): pinning them then allocates nothing.
+func (f *shmFile) resident(n int) bool {
+	page := int64(unix.Getpagesize())
+	return f.blocks*512 >= (int64(n)+page-1)/page*page
+}
+
+// mapShm maps n bytes of f shared and read-write.
+func mapShm(f *shmFile, n int) ([]byte, error) {
+	mem, err := unix.Mmap(f.fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("ctl: mmap %d bytes: %w", length, err)
+		return nil, fmt.Errorf("ctl: mmap %d bytes: %w", n, err)
 	}
 	return mem, nil
 }

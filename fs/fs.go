@@ -36,6 +36,16 @@ type CtlSession interface {
 	Release()
 }
 
+// CtlCallerSession is a CtlSession that is told which thread issued each
+// ioctl: pid is the thread id FUSE reports for the request (0 when the
+// caller is outside the daemon's pid namespace). The caller's thread waits
+// in the kernel until the ioctl is answered, so the id stays its own while
+// IoctlFrom runs. fs calls IoctlFrom instead of Ioctl when the session
+// implements it.
+type CtlCallerSession interface {
+	IoctlFrom(pid uint32, cmd uint32, in, out []byte) (int32, syscall.Errno)
+}
+
 // Default values of Options.
 const (
 	DefaultEntryTimeout = time.Second

@@ -312,6 +312,13 @@ func (h *ctlHandle) Ioctl(ctx context.Context, cmd uint32, arg uint64, input, ou
 		return 0, syscall.ENOTTY
 	}
 	h.fs.m.ioctls.Add(1)
+	if cs, ok := h.s.(CtlCallerSession); ok {
+		var pid uint32
+		if caller, ok := fuse.FromContext(ctx); ok {
+			pid = caller.Pid
+		}
+		return cs.IoctlFrom(pid, cmd, input, output)
+	}
 	return h.s.Ioctl(cmd, input, output)
 }
 

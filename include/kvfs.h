@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvfs.h — the control ABI of kvfs, version 1.
+ * kvfs.h — the control ABI of kvfs, version 1 (minor 1).
  *
  * A kvfs daemon mounts a KV-cache store (default /mnt/kvcache). The file
  * <mountpoint>/.kvfs/ctl answers the ioctls below. FUSE forwards only
@@ -18,10 +18,9 @@
  *     int fd = open("/mnt/kvcache/.kvfs/ctl", O_RDWR | O_CLOEXEC);
  *     struct kvfs_info info;
  *     ioctl(fd, KVFS_IOC_INFO, &info);            // check info.abi
- *     // create and size /dev/shm/mybuf, mmap it MAP_SHARED, then:
- *     struct kvfs_register_host r = { .abi = KVFS_ABI_VERSION, .length = len };
- *     strcpy(r.path, "/dev/shm/mybuf");
- *     ioctl(fd, KVFS_IOC_REGISTER_HOST, &r);      // r.buffer is the id
+ *     // memfd_create + ftruncate + fallocate, mmap it MAP_SHARED, then:
+ *     struct kvfs_register_fd r = { .abi = KVFS_ABI_VERSION, .length = len, .fd = mfd };
+ *     ioctl(fd, KVFS_IOC_REGISTER_FD, &r);        // r.buffer is the id; close(mfd) is fine now
  *     static struct kvfs_batch b;                 // 16368 bytes
  *     b.hdr.abi = KVFS_ABI_VERSION; b.hdr.count = n; // fill b.e[0..n-1]
  *     int ok = ioctl(fd, KVFS_IOC_LOAD, &b);      // entries with status OK
@@ -33,6 +32,7 @@
 #include <linux/types.h>
 
 #define KVFS_ABI_VERSION 1u
+#define KVFS_ABI_MINOR   1u /* kvfs_info.abi_minor: 1 adds REGISTER_FD, pinning limits, BAD_OVERLAP */
 
 /* ioctl type byte. Unused by the VFS (do_vfs_ioctl) and by FUSE itself. */
 #define KVFS_IOC_MAGIC 0xB7
@@ -43,6 +43,8 @@
 #define KVFS_CAP_PITCH         (1ull << 2) /* entries with a row pitch */
 #define KVFS_CAP_FIXED_BUFFERS (1ull << 3) /* engine registers host buffers (zero copy) */
 #define KVFS_CAP_CUDA          (1ull << 4) /* REGISTER_CUDA (not in this version) */
+#define KVFS_CAP_REGISTER_FD   (1ull << 5) /* REGISTER_FD */
+#define KVFS_CAP_LIMITS        (1ull << 6) /* kvfs_info.abi_minor and max_pinned_* are filled in */
 
 /* dtype values (kvfs_info.dtype), as stored on disk. */
 #define KVFS_DTYPE_BF16 1u
@@ -69,6 +71,7 @@
 #define KVFS_BAD_RANGE    3u /* the tile would reach outside the registered buffer */
 #define KVFS_BAD_PITCH    4u /* 0 < pitch < row_bytes (rows would overlap) */
 #define KVFS_BAD_RESERVED 5u /* a reserved field is not zero */
+#define KVFS_BAD_OVERLAP  6u /* LOAD: the destination overlaps another entry's in the batch */
 
 /* INFO: what the daemon serves. 192 bytes, out only. */
 struct kvfs_info {
@@ -95,7 +98,12 @@ struct kvfs_info {
 	__u64 used_slots;            /*  96 */
 	__u8  uuid[16];              /* 104 store UUID */
 	char  engine[16];            /* 120 I/O engine name, NUL padded */
-	__u64 reserved[7];           /* 136 */
+	__u64 max_pinned_bytes;      /* 136 daemon-wide cap on pinned registrations (0: engine pins nothing) */
+	__u64 max_pinned_per_uid;    /* 144 share of one uid */
+	__u64 pinned_bytes;          /* 152 pinned now, all callers */
+	__u32 abi_minor;             /* 160 KVFS_ABI_MINOR of the daemon (0: older daemon) */
+	__u32 reserved1;             /* 164 */
+	__u64 reserved[3];           /* 168 */
 };                               /* 192 */
 
 /* REGISTER_HOST: map a file of /dev/shm into the daemon. 4096 bytes. */
@@ -108,6 +116,21 @@ struct kvfs_register_host {
 	__u64 reserved1;             /*  24 */
 	char  path[4064];            /*  32 in: absolute path, NUL terminated */
 };                               /* 4096 */
+
+/* REGISTER_FD: register a descriptor the caller holds, open O_RDWR, of a
+ * regular file on tmpfs or hugetlbfs (a memfd, a /dev/shm file). The daemon
+ * takes the descriptor with pidfd_getfd, so the kernel's decision when the
+ * caller opened the file is the access check. 64 bytes, in/out. */
+struct kvfs_register_fd {
+	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
+	__u32 flags;                 /*   4 in: 0 */
+	__u64 length;                /*   8 in: bytes from offset 0, 0 = whole file; out: bytes registered */
+	__u32 buffer;                /*  16 out: buffer id (never 0); 0 on input */
+	__s32 fd;                    /*  20 in: the caller's descriptor */
+	__u32 pinned;                /*  24 out: 1 when pinned for fixed-buffer I/O; 0 on input */
+	__u32 reserved0;             /*  28 */
+	__u64 reserved[4];           /*  32 */
+};                               /*  64 */
 
 /* UNREGISTER: drop a registration of this open file. 8 bytes, in only. */
 struct kvfs_unregister {
@@ -155,6 +178,7 @@ struct kvfs_batch_small {
 #define KVFS_IOC_REGISTER_HOST _IOWR(KVFS_IOC_MAGIC, 0x02, struct kvfs_register_host) /* 0xd000b702 */
 #define KVFS_IOC_UNREGISTER    _IOW(KVFS_IOC_MAGIC,  0x03, struct kvfs_unregister)    /* 0x4008b703 */
 /* 0x04 is reserved for REGISTER_CUDA. */
+#define KVFS_IOC_REGISTER_FD   _IOWR(KVFS_IOC_MAGIC, 0x05, struct kvfs_register_fd)   /* 0xc040b705 */
 #define KVFS_IOC_LOAD          _IOWR(KVFS_IOC_MAGIC, 0x10, struct kvfs_batch)         /* 0xfff0b710 */
 #define KVFS_IOC_STORE         _IOWR(KVFS_IOC_MAGIC, 0x11, struct kvfs_batch)         /* 0xfff0b711 */
 #define KVFS_IOC_LOAD_SMALL    _IOWR(KVFS_IOC_MAGIC, 0x12, struct kvfs_batch_small)   /* 0xc7f0b712 */
@@ -164,6 +188,7 @@ struct kvfs_batch_small {
 _Static_assert(sizeof(struct kvfs_info) == 192, "kvfs_info");
 _Static_assert(sizeof(struct kvfs_register_host) == 4096, "kvfs_register_host");
 _Static_assert(sizeof(struct kvfs_unregister) == 8, "kvfs_unregister");
+_Static_assert(sizeof(struct kvfs_register_fd) == 64, "kvfs_register_fd");
 _Static_assert(sizeof(struct kvfs_batch_hdr) == 16, "kvfs_batch_hdr");
 _Static_assert(sizeof(struct kvfs_entry) == 32, "kvfs_entry");
 _Static_assert(sizeof(struct kvfs_batch) == 16368, "kvfs_batch");

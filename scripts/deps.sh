@@ -5,6 +5,7 @@ set -euo pipefail
 want=()
 need() { command -v "$1" >/dev/null 2>&1 || want+=("$2"); }
 need getfattr attr         # getfattr in the FUSE tests and the README session
+need setfacl acl           # ACL deny entries in the control-path registration tests
 need fusermount3 fuse3     # non-root mounts; the kernel's FUSE needs nothing else as root
 need python3 python3       # the Python client's tests
 need cc gcc                # the ABI test compiles include/kvfs.h

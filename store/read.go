@@ -165,19 +165,64 @@ func (s *Store) readRuns(runs []*run) error {
 		for j, q := range r.reqs {
 			g := r.rel[j]
 			if !r.direct {
-				copy(q.Buf, ios[i].Buf[g*stride:g*stride+gb])
-			}
-			if got := CRC32C(q.Buf); got != r.crcs[j] {
-				clear(q.Buf)
-				q.Err = fmt.Errorf("%w: %v: crc32c %08x, header says %08x", ErrCorrupt, q.Key, got, r.crcs[j])
-				s.m.corrupt.Add(1)
-				continue
+				// Verify in the bounce buffer, which only the store
+				// writes, then copy.
+				src := ios[i].Buf[g*stride : g*stride+gb]
+				if got := CRC32C(src); got != r.crcs[j] {
+					s.corruptReq(q, got, r.crcs[j])
+					continue
+				}
+				copy(q.Buf, src)
+			} else if got := CRC32C(q.Buf); got != r.crcs[j] {
+				// The group landed in the caller's memory, which another
+				// process may write meanwhile (a client's shared mapping):
+				// verify again from a private copy before calling it
+				// corrupt.
+				if err := s.reverify(r.slot, r.first+g, q, r.crcs[j]); err != nil {
+					q.Err = err
+					continue
+				}
 			}
 			s.m.reads.Add(1)
 			s.m.hits.Add(1)
 			s.m.bytesRead.Add(uint64(gb))
 		}
 	}
+	return nil
+}
+
+// corruptReq zeroes a request's buffer and reports the group corrupt.
+func (s *Store) corruptReq(q *ReadReq, got, want uint32) {
+	clear(q.Buf)
+	q.Err = fmt.Errorf("%w: %v: crc32c %08x, header says %08x", ErrCorrupt, q.Key, got, want)
+	s.m.corrupt.Add(1)
+}
+
+// reverify reads group idx of slot (pinned by the caller) into a bounce
+// buffer and checks it there. When it verifies, its bytes are copied into
+// q.Buf and the group is not corrupt: the mismatch was in memory someone
+// else wrote. Otherwise the group is corrupt (q.Buf zeroed, counted), or
+// the read failed (the error is returned).
+func (s *Store) reverify(slot int64, idx int, q *ReadReq, want uint32) error {
+	gb, stride := s.geo.GroupBytes(), int(s.geo.GroupStride())
+	b, err := s.getBounce()
+	if err != nil {
+		return fmt.Errorf("store: read %v: %w", q.Key, err)
+	}
+	defer s.putBounce(b)
+	io := []IO{{Op: OpRead, Off: s.groupOffset(slot, idx), Stream: StreamData, Buf: b[:stride]}}
+	if err := s.e.Do(io); err == nil {
+		err = io[0].Err
+	}
+	if err != nil {
+		s.m.ioErrors.Add(1)
+		return fmt.Errorf("store: read %v: %w", q.Key, err)
+	}
+	if got := CRC32C(b[:gb]); got != want {
+		s.corruptReq(q, got, want)
+		return q.Err
+	}
+	copy(q.Buf, b[:gb])
 	return nil
 }
 

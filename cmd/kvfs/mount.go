@@ -45,6 +45,7 @@ type mountOptions struct {
 	wait        time.Duration
 	debugFUSE   bool
 	readAhead   string
+	maxPinned   string
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -91,6 +92,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.DurationVar(&o.wait, "wait", time.Minute, "how long --daemon waits for the mount to answer")
 	f.BoolVar(&o.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	f.StringVar(&o.readAhead, "read-ahead", "1MiB", "largest layer extent read with one group file's read, with a 32 MiB cache (0: neither)")
+	f.StringVar(&o.maxPinned, "max-pinned", "", "cap on client memory the engine pins for zero-copy I/O, all callers (default half the RAM; one uid gets half of it; see docs/abi.md)")
 	addCommand(c)
 }
 
@@ -120,6 +122,18 @@ func (o *mountOptions) parseCtl() (os.FileMode, *uint32, error) {
 	return os.FileMode(m), &g, nil
 }
 
+// parseMaxPinned checks --max-pinned: ctl.Options.MaxPinnedBytes (0: default).
+func (o *mountOptions) parseMaxPinned() (int64, error) {
+	if o.maxPinned == "" {
+		return 0, nil
+	}
+	n, err := layout.ParseSize(o.maxPinned)
+	if err != nil || n <= 0 {
+		return 0, usageErrorf("--max-pinned %q: want a size such as 16GiB", o.maxPinned)
+	}
+	return n, nil
+}
+
 // parseReadAhead checks --read-ahead: fs.Options.ReadAhead and CacheBytes.
 func (o *mountOptions) parseReadAhead() (readAhead, cache int, err error) {
 	n, err := layout.ParseSize(o.readAhead)
@@ -137,6 +151,9 @@ func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) err
 		return err
 	}
 	if _, _, err := o.parseReadAhead(); err != nil {
+		return err
+	}
+	if _, err := o.parseMaxPinned(); err != nil {
 		return err
 	}
 	if o.metricsAddr != "" {
@@ -321,7 +338,11 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	}
 	defer closeInto(&err, closeAll)
 
-	ctlSrv := ctl.NewServer(s, ctl.Options{Logger: log})
+	maxPinned, err := o.parseMaxPinned()
+	if err != nil {
+		return err
+	}
+	ctlSrv := ctl.NewServer(s, ctl.Options{Logger: log, MaxPinnedBytes: maxPinned})
 	defer ctlSrv.Close()
 	srv, err := fs.Mount(mountpoint, s, fs.Options{
 		Logger: log, Ctl: ctlHandler{ctlSrv}, CtlMode: ctlMode, CtlGID: ctlGID,

@@ -15,6 +15,12 @@ import "encoding/binary"
 // Version is the ABI version this package speaks.
 const Version = 1
 
+// Minor is the minor version of ABI 1 this package speaks, reported in
+// Info.ABIMinor. Minor 1 added REGISTER_FD, the pinning limits of INFO, the
+// per-entry BadOverlap detail and strict path registration; a daemon of
+// minor 0 reports 0 there (the field was reserved).
+const Minor = 1
+
 // Magic is the ioctl type byte of kvfs.
 const Magic = 0xB7
 
@@ -44,6 +50,7 @@ const (
 	InfoSize         = 192
 	RegisterHostSize = 4096
 	UnregisterSize   = 8
+	RegisterFDSize   = 64
 	BatchHeaderSize  = 16
 	EntrySize        = 32
 	PathMax          = RegisterHostSize - 32 // bytes of kvfs_register_host.path, NUL included
@@ -60,6 +67,7 @@ var (
 	CmdInfo         = ioc(dirRead, 0x01, InfoSize)
 	CmdRegisterHost = ioc(dirRead|dirWrite, 0x02, RegisterHostSize)
 	CmdUnregister   = ioc(dirWrite, 0x03, UnregisterSize)
+	CmdRegisterFD   = ioc(dirRead|dirWrite, 0x05, RegisterFDSize)
 	CmdLoad         = ioc(dirRead|dirWrite, 0x10, BatchSize)
 	CmdStore        = ioc(dirRead|dirWrite, 0x11, BatchSize)
 	CmdLoadSmall    = ioc(dirRead|dirWrite, 0x12, BatchSmallSz)
@@ -73,6 +81,10 @@ const (
 	CapPitch        uint64 = 1 << 2
 	CapFixedBuffers uint64 = 1 << 3
 	CapCUDA         uint64 = 1 << 4
+	// CapRegisterFD: REGISTER_FD (the daemon takes the caller's descriptor).
+	CapRegisterFD uint64 = 1 << 5
+	// CapLimits: INFO's ABIMinor and pinning-limit fields are filled in.
+	CapLimits uint64 = 1 << 6
 )
 
 // Status is the outcome of one batch entry.
@@ -117,6 +129,7 @@ const (
 	BadRange    Detail = 3
 	BadPitch    Detail = 4
 	BadReserved Detail = 5
+	BadOverlap  Detail = 6
 )
 
 func (d Detail) String() string {
@@ -133,6 +146,8 @@ func (d Detail) String() string {
 		return "pitch smaller than a row"
 	case BadReserved:
 		return "reserved field not zero"
+	case BadOverlap:
+		return "destination overlaps another entry's in the same load"
 	}
 	return "detail(" + itoa(int(d)) + ")"
 }
@@ -186,7 +201,12 @@ type Info struct {
 	UsedSlots          uint64
 	UUID               [16]byte
 	Engine             [16]byte
-	Reserved           [7]uint64
+	MaxPinnedBytes     uint64 // daemon-wide cap on pinned registered memory (0: the engine pins nothing)
+	MaxPinnedPerUID    uint64 // share of one uid
+	PinnedBytes        uint64 // pinned now, all callers
+	ABIMinor           uint32 // Minor of the daemon (0 before minor 1)
+	Reserved1          uint32
+	Reserved           [3]uint64
 }
 
 // Marshal encodes i into b (InfoSize bytes).
@@ -216,8 +236,13 @@ func (i *Info) Marshal(b []byte) {
 	le.PutUint64(b[96:], i.UsedSlots)
 	copy(b[104:120], i.UUID[:])
 	copy(b[120:136], i.Engine[:])
+	le.PutUint64(b[136:], i.MaxPinnedBytes)
+	le.PutUint64(b[144:], i.MaxPinnedPerUID)
+	le.PutUint64(b[152:], i.PinnedBytes)
+	le.PutUint32(b[160:], i.ABIMinor)
+	le.PutUint32(b[164:], i.Reserved1)
 	for k, v := range i.Reserved {
-		le.PutUint64(b[136+8*k:], v)
+		le.PutUint64(b[168+8*k:], v)
 	}
 }
 
@@ -247,8 +272,13 @@ func (i *Info) Unmarshal(b []byte) {
 	i.UsedSlots = le.Uint64(b[96:])
 	copy(i.UUID[:], b[104:120])
 	copy(i.Engine[:], b[120:136])
+	i.MaxPinnedBytes = le.Uint64(b[136:])
+	i.MaxPinnedPerUID = le.Uint64(b[144:])
+	i.PinnedBytes = le.Uint64(b[152:])
+	i.ABIMinor = le.Uint32(b[160:])
+	i.Reserved1 = le.Uint32(b[164:])
 	for k := range i.Reserved {
-		i.Reserved[k] = le.Uint64(b[136+8*k:])
+		i.Reserved[k] = le.Uint64(b[168+8*k:])
 	}
 }
 
@@ -304,6 +334,50 @@ func (r *RegisterHost) Unmarshal(b []byte) {
 	r.Reserved0 = le.Uint32(b[20:])
 	r.Reserved1 = le.Uint64(b[24:])
 	copy(r.Path[:], b[32:RegisterHostSize])
+}
+
+// RegisterFD is struct kvfs_register_fd: register a descriptor the caller
+// holds (the daemon takes it with pidfd_getfd, so the kernel decided the
+// caller may open the file read-write).
+type RegisterFD struct {
+	ABI       uint32
+	Flags     uint32
+	Length    uint64 // in: bytes from offset 0, 0 = the whole file; out: registered
+	Buffer    uint32 // out: buffer id; 0 on input
+	FD        int32  // in: the caller's descriptor, open O_RDWR
+	Pinned    uint32 // out: 1 when the engine pinned the memory for fixed-buffer I/O; 0 on input
+	Reserved0 uint32
+	Reserved  [4]uint64
+}
+
+// Marshal encodes r into b (RegisterFDSize bytes).
+func (r *RegisterFD) Marshal(b []byte) {
+	_ = b[RegisterFDSize-1]
+	le.PutUint32(b[0:], r.ABI)
+	le.PutUint32(b[4:], r.Flags)
+	le.PutUint64(b[8:], r.Length)
+	le.PutUint32(b[16:], r.Buffer)
+	le.PutUint32(b[20:], uint32(r.FD))
+	le.PutUint32(b[24:], r.Pinned)
+	le.PutUint32(b[28:], r.Reserved0)
+	for k, v := range r.Reserved {
+		le.PutUint64(b[32+8*k:], v)
+	}
+}
+
+// Unmarshal decodes b (RegisterFDSize bytes) into r.
+func (r *RegisterFD) Unmarshal(b []byte) {
+	_ = b[RegisterFDSize-1]
+	r.ABI = le.Uint32(b[0:])
+	r.Flags = le.Uint32(b[4:])
+	r.Length = le.Uint64(b[8:])
+	r.Buffer = le.Uint32(b[16:])
+	r.FD = int32(le.Uint32(b[20:]))
+	r.Pinned = le.Uint32(b[24:])
+	r.Reserved0 = le.Uint32(b[28:])
+	for k := range r.Reserved {
+		r.Reserved[k] = le.Uint64(b[32+8*k:])
+	}
 }
 
 // Unregister is struct kvfs_unregister.

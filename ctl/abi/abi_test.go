@@ -36,6 +36,7 @@ func goLayout() []layoutField {
 	add("kvfs_info", Info{})
 	add("kvfs_register_host", RegisterHost{})
 	add("kvfs_unregister", Unregister{})
+	add("kvfs_register_fd", RegisterFD{})
 	add("kvfs_batch_hdr", BatchHeader{})
 	add("kvfs_entry", Entry{})
 	return fs
@@ -45,6 +46,7 @@ func cName(goName string) string {
 	special := map[string]string{
 		"ABI": "abi", "KVHeads": "kv_heads", "DType": "dtype", "DTypeBytes": "dtype_bytes",
 		"NOK": "n_ok", "UUID": "uuid", "MaxRegisteredBytes": "max_registered_bytes",
+		"FD": "fd", "MaxPinnedPerUID": "max_pinned_per_uid", "ABIMinor": "abi_minor",
 	}
 	if s, ok := special[goName]; ok {
 		return s
@@ -71,6 +73,7 @@ func TestGoLayout(t *testing.T) {
 		{"Info", unsafe.Sizeof(Info{}), InfoSize},
 		{"RegisterHost", unsafe.Sizeof(RegisterHost{}), RegisterHostSize},
 		{"Unregister", unsafe.Sizeof(Unregister{}), UnregisterSize},
+		{"RegisterFD", unsafe.Sizeof(RegisterFD{}), RegisterFDSize},
 		{"BatchHeader", unsafe.Sizeof(BatchHeader{}), BatchHeaderSize},
 		{"Entry", unsafe.Sizeof(Entry{}), EntrySize},
 	} {
@@ -96,7 +99,7 @@ func TestMarshalOffsets(t *testing.T) {
 		t.Skip("memory image comparison assumes little-endian")
 	}
 	type marshaler interface{ Marshal([]byte) }
-	for _, v := range []marshaler{&Info{}, &RegisterHost{}, &Unregister{}, &BatchHeader{}, &Entry{}} {
+	for _, v := range []marshaler{&Info{}, &RegisterHost{}, &Unregister{}, &RegisterFD{}, &BatchHeader{}, &Entry{}} {
 		rv := reflect.ValueOf(v).Elem()
 		size := rv.Type().Size()
 		img := unsafe.Slice((*byte)(rv.Addr().UnsafePointer()), size)
@@ -140,12 +143,13 @@ func TestCHeader(t *testing.T) {
 			f.cStruct, f.cField, f.cStruct, f.cField, f.cStruct, f.cField)
 	}
 	cmds := map[string]uint32{
-		"KVFS_IOC_INFO": CmdInfo, "KVFS_IOC_REGISTER_HOST": CmdRegisterHost, "KVFS_IOC_UNREGISTER": CmdUnregister,
+		"KVFS_IOC_INFO": CmdInfo, "KVFS_IOC_REGISTER_HOST": CmdRegisterHost, "KVFS_IOC_UNREGISTER": CmdUnregister, "KVFS_IOC_REGISTER_FD": CmdRegisterFD, "KVFS_ABI_MINOR": Minor,
 		"KVFS_IOC_LOAD": CmdLoad, "KVFS_IOC_STORE": CmdStore, "KVFS_IOC_LOAD_SMALL": CmdLoadSmall, "KVFS_IOC_STORE_SMALL": CmdStoreSmall,
 		"KVFS_ABI_VERSION": Version, "KVFS_IOC_MAGIC": Magic, "KVFS_BATCH_MAX": BatchMax, "KVFS_BATCH_SMALL_MAX": BatchSmallMax,
 		"sizeof(struct kvfs_batch)": BatchSize, "sizeof(struct kvfs_batch_small)": BatchSmallSz,
 		"KVFS_CAP_HOST": uint32(CapHost), "KVFS_CAP_STORE": uint32(CapStore), "KVFS_CAP_PITCH": uint32(CapPitch),
 		"KVFS_CAP_FIXED_BUFFERS": uint32(CapFixedBuffers), "KVFS_CAP_CUDA": uint32(CapCUDA),
+		"KVFS_CAP_REGISTER_FD": uint32(CapRegisterFD), "KVFS_CAP_LIMITS": uint32(CapLimits), "KVFS_BAD_OVERLAP": uint32(BadOverlap),
 		"KVFS_OK": uint32(OK), "KVFS_ABSENT": uint32(Absent), "KVFS_CORRUPT": uint32(Corrupt),
 		"KVFS_BAD_REQUEST": uint32(BadRequest), "KVFS_IO_ERROR": uint32(IOError), "KVFS_NO_SPACE": uint32(NoSpace),
 		"KVFS_BAD_NONE": uint32(BadNone), "KVFS_BAD_KEY": uint32(BadKey), "KVFS_BAD_BUFFER": uint32(BadBuffer),
@@ -207,7 +211,7 @@ func TestIoctlNumbers(t *testing.T) {
 		cmd  uint32
 		want uint32
 	}{
-		{CmdInfo, 0x80c0b701}, {CmdRegisterHost, 0xd000b702}, {CmdUnregister, 0x4008b703},
+		{CmdInfo, 0x80c0b701}, {CmdRegisterHost, 0xd000b702}, {CmdUnregister, 0x4008b703}, {CmdRegisterFD, 0xc040b705},
 		{CmdLoad, 0xfff0b710}, {CmdStore, 0xfff0b711}, {CmdLoadSmall, 0xc7f0b712}, {CmdStoreSmall, 0xc7f0b713},
 	} {
 		if c.cmd != c.want {
@@ -224,7 +228,7 @@ func TestIoctlNumbers(t *testing.T) {
 		0x80086601, 0x40086602, 0x801c581f, 0x401c5820, // FS_IOC_{GET,SET}FLAGS FS_IOC_FS{GET,SET}XATTR
 		0x80111500, 0x80811501, // FS_IOC_GETFSUUID FS_IOC_GETFSSYSFSPATH
 	}
-	for _, ours := range []uint32{CmdInfo, CmdRegisterHost, CmdUnregister, CmdLoad, CmdStore, CmdLoadSmall, CmdStoreSmall} {
+	for _, ours := range []uint32{CmdInfo, CmdRegisterHost, CmdUnregister, CmdRegisterFD, CmdLoad, CmdStore, CmdLoadSmall, CmdStoreSmall} {
 		for _, v := range vfs {
 			if ours == v || (ours>>8&0xff) == (v>>8&0xff) {
 				t.Errorf("command %#x shares a type byte with VFS ioctl %#x", ours, v)

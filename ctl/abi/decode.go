@@ -17,6 +17,7 @@ var (
 	ErrFlags    = errors.New("kvfs/abi: unknown flags")
 	ErrReserved = errors.New("kvfs/abi: reserved field not zero")
 	ErrPath     = errors.New("kvfs/abi: malformed path")
+	ErrFD       = errors.New("kvfs/abi: negative file descriptor")
 
 	// Per-entry errors; an entry that fails gets status BadRequest and the
 	// matching Detail, and the rest of the batch proceeds.
@@ -25,6 +26,10 @@ var (
 	ErrRange  = errors.New("kvfs/abi: tile outside the registered buffer")
 	ErrPitch  = errors.New("kvfs/abi: pitch smaller than a row")
 )
+
+// ErrOverlap is the per-entry error of a LOAD entry whose destination
+// overlaps another entry's (Detail BadOverlap); the check is the server's.
+var ErrOverlap = errors.New("kvfs/abi: destination overlaps another entry's")
 
 // Op is what a command does.
 type Op uint8
@@ -36,6 +41,7 @@ const (
 	OpUnregister
 	OpLoad
 	OpStore
+	OpRegisterFD
 )
 
 func (o Op) String() string {
@@ -50,6 +56,8 @@ func (o Op) String() string {
 		return "load"
 	case OpStore:
 		return "store"
+	case OpRegisterFD:
+		return "register-fd"
 	}
 	return "op(" + itoa(int(o)) + ")"
 }
@@ -73,6 +81,8 @@ func Lookup(cmd uint32) (Command, error) {
 		c = Command{Op: OpRegisterHost}
 	case CmdUnregister:
 		c = Command{Op: OpUnregister}
+	case CmdRegisterFD:
+		c = Command{Op: OpRegisterFD}
 	case CmdLoad:
 		c = Command{Op: OpLoad, Max: BatchMax}
 	case CmdStore:
@@ -98,6 +108,7 @@ type Request struct {
 	Register   RegisterHost // OpRegisterHost
 	Path       string       // OpRegisterHost: Register.Path up to its NUL
 	Unregister Unregister   // OpUnregister
+	RegisterFD RegisterFD   // OpRegisterFD
 	Header     BatchHeader  // OpLoad, OpStore
 	Entries    []byte       // OpLoad, OpStore
 }
@@ -146,6 +157,21 @@ func Decode(cmd uint32, in []byte, outLen int) (Request, error) {
 		r.Path = string(r.Register.Path[:n])
 		if r.Path[0] != '/' {
 			return r, fmt.Errorf("%w: %q is not absolute", ErrPath, r.Path)
+		}
+	case OpRegisterFD:
+		r.RegisterFD.Unmarshal(in)
+		q := &r.RegisterFD
+		if err := checkVersion(q.ABI); err != nil {
+			return r, err
+		}
+		if q.Flags != 0 {
+			return r, fmt.Errorf("%w: register flags %#x", ErrFlags, q.Flags)
+		}
+		if q.Buffer != 0 || q.Pinned != 0 || q.Reserved0 != 0 || q.Reserved != [4]uint64{} {
+			return r, fmt.Errorf("%w: in register-fd request", ErrReserved)
+		}
+		if q.FD < 0 {
+			return r, fmt.Errorf("%w: %d", ErrFD, q.FD)
 		}
 	case OpUnregister:
 		r.Unregister.Unmarshal(in)
@@ -245,6 +271,8 @@ func DetailOf(err error) Detail {
 		return BadBuffer
 	case errors.Is(err, ErrPitch):
 		return BadPitch
+	case errors.Is(err, ErrOverlap):
+		return BadOverlap
 	}
 	return BadRange
 }

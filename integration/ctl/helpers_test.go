@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/ctl"
+	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/ctl/ctltest"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/layout"
@@ -50,6 +51,34 @@ func (h handler) Open(uid, gid uint32) (fs.CtlSession, syscall.Errno) {
 	return s, 0
 }
 
+// minor0Handler serves the control file as a daemon of ABI 1.0 would.
+type minor0Handler struct{ *ctl.Server }
+
+func (h minor0Handler) Open(uid, gid uint32) (fs.CtlSession, syscall.Errno) {
+	s, errno := h.Server.Open(uid, gid)
+	if errno != 0 {
+		return nil, errno
+	}
+	return minor0Session{s}, 0
+}
+
+type minor0Session struct{ *ctl.Session }
+
+func (s minor0Session) IoctlFrom(pid, cmd uint32, in, out []byte) (int32, syscall.Errno) {
+	if cmd == abi.CmdRegisterFD {
+		return 0, syscall.ENOTTY
+	}
+	r, errno := s.Session.IoctlFrom(pid, cmd, in, out)
+	if cmd == abi.CmdInfo && errno == 0 {
+		var i abi.Info
+		i.Unmarshal(out)
+		i.Caps &^= abi.CapRegisterFD | abi.CapLimits
+		i.MaxPinnedBytes, i.MaxPinnedPerUID, i.PinnedBytes, i.ABIMinor = 0, 0, 0, 0
+		i.Marshal(out)
+	}
+	return r, errno
+}
+
 type env struct {
 	t   testing.TB
 	dir string // mount point
@@ -69,6 +98,9 @@ type envOptions struct {
 	public bool
 	// st, when set, is mounted instead of a fresh in-memory store.
 	st *store.Store
+	// minor0 makes the daemon look like one of ABI 1.0: INFO without the
+	// minor-1 capabilities and fields, REGISTER_FD unknown (ENOTTY).
+	minor0 bool
 }
 
 func mountEnv(t testing.TB, o envOptions) *env {
@@ -102,6 +134,9 @@ func mountEnv(t testing.TB, o envOptions) *env {
 	}
 	e.srv = ctl.NewServer(e.st, o.ctl)
 	fo := fs.Options{Logger: log, Ctl: handler{e.srv}}
+	if o.minor0 {
+		fo.Ctl = minor0Handler{e.srv}
+	}
 	if o.public {
 		base, err := os.MkdirTemp("", "kvfs-ctl-")
 		if err != nil {

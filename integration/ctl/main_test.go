@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvfs/kvfs/client"
 )
 
@@ -37,17 +39,39 @@ func helper(mode string) int {
 	case "register":
 		// Print the errno of registering KVFS_CTL_PATH (0 on success).
 		_, err := c.RegisterHost(os.Getenv("KVFS_CTL_PATH"), 0)
-		var e *client.Error
-		switch {
-		case err == nil:
-			fmt.Println("errno=0")
-		case errors.As(err, &e):
-			fmt.Printf("errno=%d\n", int(e.Errno))
-		default:
-			fmt.Println("error:", err)
+		return printErrno(err)
+	case "registerfd":
+		// Open KVFS_CTL_PATH read-write here and register the descriptor;
+		// print "open=ERRNO" when the open fails, else "errno=ERRNO".
+		f, err := os.OpenFile(os.Getenv("KVFS_CTL_PATH"), os.O_RDWR, 0)
+		if err != nil {
+			var en syscall.Errno
+			if !errors.As(err, &en) {
+				fmt.Println("error:", err)
+				return 1
+			}
+			fmt.Printf("open=%d\n", int(en))
+			return 0
+		}
+		defer f.Close()
+		_, err = c.RegisterFD(int(f.Fd()), 0)
+		return printErrno(err)
+	case "pin":
+		// Lower RLIMIT_MEMLOCK to KVFS_CTL_MEMLOCK bytes, then create a
+		// host buffer of KVFS_CTL_SIZE bytes; print the errno.
+		lim, _ := strconv.ParseUint(os.Getenv("KVFS_CTL_MEMLOCK"), 10, 64)
+		if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: lim, Max: lim}); err != nil {
+			fmt.Println("setrlimit:", err)
 			return 1
 		}
-		return 0
+		size, _ := strconv.ParseInt(os.Getenv("KVFS_CTL_SIZE"), 10, 64)
+		b, err := c.NewHostBuffer("", size)
+		if err == nil {
+			fmt.Printf("pinned=%v\n", b.Pinned)
+		} else {
+			fmt.Println(err)
+		}
+		return printErrno(err)
 	case "loadloop":
 		// Load whole blocks KVFS_CTL_BLOCKS (hex, comma separated) into a
 		// host buffer at KVFS_CTL_PATH until killed.
@@ -88,6 +112,21 @@ func helper(mode string) int {
 	}
 	fmt.Println("unknown helper", mode)
 	return 2
+}
+
+// printErrno prints "errno=N" for err (0 for nil), the helpers' answer.
+func printErrno(err error) int {
+	var e *client.Error
+	switch {
+	case err == nil:
+		fmt.Println("errno=0")
+	case errors.As(err, &e):
+		fmt.Printf("errno=%d\n", int(e.Errno))
+	default:
+		fmt.Println("error:", err)
+		return 1
+	}
+	return 0
 }
 
 // helperCmd prepares the test binary as a helper process. With cred set,
@@ -138,17 +177,52 @@ func copyFile(src, dst string) error {
 // registerAs runs the register helper as cred and returns the errno.
 func registerAs(t *testing.T, e *env, cred *syscall.Credential, path string) syscall.Errno {
 	t.Helper()
-	out, err := helperCmd(t, e, "register", cred, "KVFS_CTL_PATH="+path).CombinedOutput()
+	return helperErrno(t, e, "register", cred, "KVFS_CTL_PATH="+path)
+}
+
+// registerFDAs runs the registerfd helper as cred: the errno of opening
+// path read-write there (open true), or else of registering the descriptor.
+func registerFDAs(t *testing.T, e *env, cred *syscall.Credential, path string) (errno syscall.Errno, open bool) {
+	t.Helper()
+	out := helperOut(t, e, "registerfd", cred, "KVFS_CTL_PATH="+path)
+	if v, ok := strings.CutPrefix(out, "open="); ok {
+		n, _ := strconv.Atoi(v)
+		return syscall.Errno(n), true
+	}
+	return parseErrno(t, out), false
+}
+
+func helperErrno(t *testing.T, e *env, mode string, cred *syscall.Credential, env ...string) syscall.Errno {
+	t.Helper()
+	return parseErrno(t, helperOut(t, e, mode, cred, env...))
+}
+
+// helperOut runs a helper to its end and returns its last "key=value" line.
+func helperOut(t *testing.T, e *env, mode string, cred *syscall.Credential, env ...string) string {
+	t.Helper()
+	out, err := helperCmd(t, e, mode, cred, env...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("helper: %v: %s", err, out)
 	}
+	last := ""
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "errno="); ok {
-			n, _ := strconv.Atoi(v)
-			return syscall.Errno(n)
+		if strings.HasPrefix(sc.Text(), "errno=") || strings.HasPrefix(sc.Text(), "open=") {
+			last = sc.Text()
 		}
 	}
-	t.Fatalf("helper said %q", out)
-	return 0
+	if last == "" {
+		t.Fatalf("helper said %q", out)
+	}
+	return last
+}
+
+func parseErrno(t *testing.T, line string) syscall.Errno {
+	t.Helper()
+	v, ok := strings.CutPrefix(line, "errno=")
+	if !ok {
+		t.Fatalf("helper said %q", line)
+	}
+	n, _ := strconv.Atoi(v)
+	return syscall.Errno(n)
 }

@@ -1,14 +1,14 @@
 """Python client of the kvfs control ioctls (docs/abi.md).
 
 Pure standard library (fcntl, mmap, struct). Open a kvfs mount's control
-file, register host memory (a file of /dev/shm mapped by both sides), and
-load or store many KV-cache groups per ioctl straight between the store and
-that memory::
+file, register host memory (a memfd, or a file of /dev/shm, mapped by both
+sides), and load or store many KV-cache groups per ioctl straight between
+the store and that memory::
 
     import kvfs
     with kvfs.Client("/mnt/kvcache") as c:
         info = c.info()
-        buf = c.create_host_buffer(64 << 20)       # /dev/shm/kvfs-..., mapped, registered
+        buf = c.create_host_buffer(64 << 20)       # a memfd, mapped, registered
         st = c.load([kvfs.Entry(block=0xabc, layer=0, head=0, kind="K",
                                 buffer=buf.id, offset=0)])
         assert st == [kvfs.OK]
@@ -16,7 +16,10 @@ that memory::
         arr = buf.numpy("uint16")                  # optional, needs numpy
 
 Registrations belong to the Client's open file: closing it (or the process
-dying) releases them in the daemon.
+dying) releases them in the daemon. Client.close() also closes the host
+buffers the client created or opened; a created buffer has no name in any
+file system (a memfd; with an older daemon a /dev/shm file unlinked as soon
+as it is registered), so a killed client leaves nothing behind.
 """
 
 import collections
@@ -68,6 +71,9 @@ _REGISTER_REASONS = {
     _errno.EMFILE: "too many buffers registered on this handle",
     _errno.EDQUOT: "registered-bytes limit of this handle",
     _errno.ENOENT: "no such file",
+    _errno.ESRCH: "the daemon cannot see this process (another pid namespace?)",
+    _errno.ENOMEM: "over the pinned-memory limit (RLIMIT_MEMLOCK, or the daemon's per-uid or total cap)",
+    _errno.EBADF: "not an open descriptor (O_PATH or closed)",
 }
 
 
@@ -75,9 +81,21 @@ class KvfsError(OSError):
     """A failed control ioctl; .errno is the errno, .op the operation."""
 
     def __init__(self, op, err, extra=""):
-        reason = _REASONS.get(err) or (op == "register" and _REGISTER_REASONS.get(err)) or os.strerror(err)
+        reason = ((op in ("register", "register-fd") and _REGISTER_REASONS.get(err)) or _REASONS.get(err)
+                  or os.strerror(err))
         super().__init__(err, "kvfs %s: %s%s" % (op, reason, extra))
         self.op = op
+
+
+def _allocate(fd, size):
+    """Size a new tmpfs file and allocate its pages, so the daemon can pin
+    them without allocating anything itself."""
+    os.ftruncate(fd, size)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (_errno.EOPNOTSUPP, _errno.EINVAL):
+            raise
 
 
 def _kind(k):
@@ -91,23 +109,23 @@ def _kind(k):
 
 
 class HostBuffer:
-    """A /dev/shm file mapped here and registered with the daemon.
+    """Shared memory mapped here and registered with the daemon.
 
     .view is a writable memoryview of the whole registered range; release any
-    views you take (and numpy arrays over it) before close()."""
+    views you take (and numpy arrays over it) before close(). .pinned tells
+    whether the daemon's engine pinned it for zero-copy I/O."""
 
-    def __init__(self, client, path, size, unlink):
+    def __init__(self, client, fd, size, path):
         self._client = client
         self.path = path
         self.size = size
-        self._unlink = unlink
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.pinned = False
+        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         try:
-            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        try:
-            self.id = client.register_host(path, size)
+            if client.info().caps & abi.CAP_REGISTER_FD:
+                self.id, self.pinned = client._register_fd(fd, size)
+            else:
+                self.id = client.register_host(path, size)
         except BaseException:
             self.mm.close()
             raise
@@ -125,6 +143,7 @@ class HostBuffer:
     def close(self):
         if self.mm is None:
             return
+        self._client._disown(self)
         try:
             self._client.unregister(self.id)
         except KvfsError as e:
@@ -132,13 +151,8 @@ class HostBuffer:
                 raise
         finally:
             self.view.release()
-            self.mm.close()
-            self.mm = None
-            if self._unlink:
-                try:
-                    os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
+            mm, self.mm = self.mm, None
+            mm.close()
 
     def __enter__(self):
         return self
@@ -154,6 +168,8 @@ class Client:
         path = ctl_path or os.path.join(mountpoint, CTL_PATH)
         self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         self._local = threading.local()
+        self._owned = set()
+        self._owned_lock = threading.RLock()
         try:
             self._info = self._read_info()
         except BaseException:
@@ -205,33 +221,69 @@ class Client:
         self.ioctl(abi.IOC_REGISTER_HOST, b, "register")
         return abi.REGISTER_HOST.unpack(b)[3]
 
+    def register_fd(self, fd, size=0):
+        """Register the first size bytes (0: all) of the file open read-write as
+        fd in this process (a memfd, a /dev/shm file; tmpfs or hugetlbfs). The
+        daemon takes the descriptor itself, so fd may be closed afterwards.
+        Returns the buffer id."""
+        return self._register_fd(fd, size)[0]
+
+    def _register_fd(self, fd, size):
+        b = bytearray(abi.REGISTER_FD.pack(abi.ABI_VERSION, 0, size, 0, fd, 0, 0, 0, 0, 0, 0))
+        self.ioctl(abi.IOC_REGISTER_FD, b, "register-fd")
+        v = abi.REGISTER_FD.unpack(b)
+        return v[3], bool(v[5])
+
+    def _own(self, buf):
+        with self._owned_lock:
+            if self._fd < 0:
+                buf.close()
+                raise KvfsError("register", _errno.EBADF)
+            self._owned.add(buf)
+        return buf
+
+    def _disown(self, buf):
+        with self._owned_lock:
+            self._owned.discard(buf)
+
     def unregister(self, buffer_id):
         b = bytearray(abi.UNREGISTER.pack(abi.ABI_VERSION, buffer_id))
         self.ioctl(abi.IOC_UNREGISTER, b, "unregister")
 
     def create_host_buffer(self, size, name=None):
-        """Create /dev/shm/<name> (0600, unique name by default), map and register it.
-        close() removes the file."""
+        """Create size bytes of shared memory, allocate them, map and register
+        them. Nothing is left in any file system: a memfd, or with a daemon
+        without REGISTER_FD a /dev/shm file unlinked as soon as it is
+        registered. close(), or closing the client, frees it."""
         if size <= 0:
             raise ValueError("size must be positive")
         name = name or "kvfs-%d-%s" % (os.getpid(), secrets.token_hex(8))
+        if self._info.caps & abi.CAP_REGISTER_FD:
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            try:
+                _allocate(fd, size)
+                return self._own(HostBuffer(self, fd, size, "memfd:" + name))
+            finally:
+                os.close(fd)
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.ftruncate(fd, size)
+            _allocate(fd, size)
+            return self._own(HostBuffer(self, fd, size, path))
         finally:
             os.close(fd)
-        try:
-            return HostBuffer(self, path, size, unlink=True)
-        except BaseException:
             os.unlink(path)
-            raise
 
     def open_host_buffer(self, path, size=0):
-        """Map and register an existing /dev/shm file (size 0: all of it). close() keeps the file."""
-        if size == 0:
-            size = os.stat(path).st_size
-        return HostBuffer(self, path, size, unlink=False)
+        """Map and register an existing tmpfs file, e.g. in /dev/shm (size 0: all
+        of it); it is opened here, read-write. close() keeps the file."""
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if size == 0:
+                size = os.fstat(fd).st_size
+            return self._own(HostBuffer(self, fd, size, path))
+        finally:
+            os.close(fd)
 
     def load(self, entries, details=False):
         """Load groups into registered buffers. Returns one status per entry
@@ -284,9 +336,19 @@ class Client:
                             "head-%0*d" % (hw, head), "KV"[_kind(kind)])
 
     def close(self):
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            os.close(fd)
+        """Close the host buffers this client created or opened, then the
+        control file (the daemon drops every registration of it)."""
+        with self._owned_lock:
+            bufs, self._owned = list(self._owned), set()
+        for b in bufs:
+            try:
+                b.close()
+            except BufferError:
+                pass  # views still exported: the mapping goes with them
+        with self._owned_lock:
+            if self._fd >= 0:
+                fd, self._fd = self._fd, -1
+                os.close(fd)
 
     def __enter__(self):
         return self

@@ -1,4 +1,4 @@
-"""The kvfs control ABI, version 1 (docs/abi.md, include/kvfs.h).
+"""The kvfs control ABI, version 1, minor 1 (docs/abi.md, include/kvfs.h).
 
 Fixed-size little-endian structs and the ioctl numbers; pure stdlib.
 """
@@ -6,6 +6,7 @@ Fixed-size little-endian structs and the ioctl numbers; pure stdlib.
 import struct
 
 ABI_VERSION = 1
+ABI_MINOR = 1
 IOC_MAGIC = 0xB7
 
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -16,17 +17,21 @@ def _ioc(direction, nr, size):
 
 
 # struct kvfs_info (192 bytes)
-INFO = struct.Struct("<IIQ8IQ6IQQQ16s16s7Q")
+INFO = struct.Struct("<IIQ8IQ6IQQQ16s16sQQQII3Q")
 INFO_FIELDS = (
     "abi", "size", "caps",
     "layers", "kv_heads", "head_dim", "block_tokens", "dtype", "dtype_bytes", "align", "group_bytes",
     "group_stride",
     "groups_per_block", "row_bytes", "max_entries", "max_entries_small", "max_buffers", "reserved0",
     "max_registered_bytes", "slots", "used_slots", "uuid", "engine",
+    # minor 1 (zero from an older daemon; see CAP_LIMITS)
+    "max_pinned_bytes", "max_pinned_per_uid", "pinned_bytes", "abi_minor",
 )
 # struct kvfs_register_host (4096 bytes)
 REGISTER_HOST = struct.Struct("<IIQIIQ4064s")
 PATH_MAX = 4064
+# struct kvfs_register_fd (64 bytes): abi flags length buffer fd pinned reserved0 reserved[4]
+REGISTER_FD = struct.Struct("<IIQIiII4Q")
 # struct kvfs_unregister (8 bytes)
 UNREGISTER = struct.Struct("<II")
 # struct kvfs_batch_hdr (16 bytes) and struct kvfs_entry (32 bytes)
@@ -43,6 +48,7 @@ BATCH_SMALL_SIZE = BATCH_HDR.size + BATCH_SMALL_MAX * ENTRY.size  # 2032
 IOC_INFO = _ioc(_IOC_READ, 0x01, INFO.size)
 IOC_REGISTER_HOST = _ioc(_IOC_READ | _IOC_WRITE, 0x02, REGISTER_HOST.size)
 IOC_UNREGISTER = _ioc(_IOC_WRITE, 0x03, UNREGISTER.size)
+IOC_REGISTER_FD = _ioc(_IOC_READ | _IOC_WRITE, 0x05, REGISTER_FD.size)
 IOC_LOAD = _ioc(_IOC_READ | _IOC_WRITE, 0x10, BATCH_SIZE)
 IOC_STORE = _ioc(_IOC_READ | _IOC_WRITE, 0x11, BATCH_SIZE)
 IOC_LOAD_SMALL = _ioc(_IOC_READ | _IOC_WRITE, 0x12, BATCH_SMALL_SIZE)
@@ -53,6 +59,8 @@ CAP_STORE = 1 << 1
 CAP_PITCH = 1 << 2
 CAP_FIXED_BUFFERS = 1 << 3
 CAP_CUDA = 1 << 4
+CAP_REGISTER_FD = 1 << 5
+CAP_LIMITS = 1 << 6
 
 DTYPES = {1: "bf16", 2: "fp16", 3: "fp32", 4: "fp8"}
 
@@ -61,10 +69,12 @@ OK, ABSENT, CORRUPT, BAD_REQUEST, IO_ERROR, NO_SPACE = range(6)
 STATUS_NAMES = {OK: "ok", ABSENT: "absent", CORRUPT: "corrupt", BAD_REQUEST: "bad-request",
                 IO_ERROR: "io-error", NO_SPACE: "no-space"}
 # Why an entry is BAD_REQUEST.
-BAD_NONE, BAD_KEY, BAD_BUFFER, BAD_RANGE, BAD_PITCH, BAD_RESERVED = range(6)
+BAD_NONE, BAD_KEY, BAD_BUFFER, BAD_RANGE, BAD_PITCH, BAD_RESERVED, BAD_OVERLAP = range(7)
 DETAIL_NAMES = {BAD_NONE: "", BAD_KEY: "layer, head or kind outside the geometry",
                 BAD_BUFFER: "buffer not registered on this handle",
                 BAD_RANGE: "tile outside the registered buffer",
-                BAD_PITCH: "pitch smaller than a row", BAD_RESERVED: "reserved field not zero"}
+                BAD_PITCH: "pitch smaller than a row", BAD_RESERVED: "reserved field not zero",
+                BAD_OVERLAP: "destination overlaps another entry's in the same load"}
 
 assert INFO.size == 192 and REGISTER_HOST.size == 4096 and ENTRY.size == 32 and BATCH_SIZE == 16368
+assert REGISTER_FD.size == 64 and IOC_REGISTER_FD == 0xc040b705
