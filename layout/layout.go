@@ -1,11 +1,3 @@
-// Package layout owns the geometry of a kvfs store: the size of one KV-cache
-// group, where every group of a block sits inside the block's slot, and the
-// canonical file-system names of groups. It does no I/O.
-//
-// A group is one (block, layer, kv-head, K|V) tile of
-// BlockTokens × HeadDim × dtype bytes. Inside a slot the groups are ordered by
-// layer, then K before V, then head, so a layer's groups of one block form one
-// contiguous extent and a load of many groups coalesces into few large reads.
 package layout
 
 import (
