@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -78,4 +79,59 @@ ff 1 1 V 4096 1024
 	if _, err := PlaceRequests([]Request{{Line: 3, Offset: 1 << 46}}, info); !errors.As(err, &re) || re.Line != 3 {
 		t.Errorf("offset past 64 TiB: %v", err)
 	}
+}
+
+// FuzzParseRequests: any input parses or fails with a *RequestError (or a
+// scanner error), never panics; what parses is consistent and re-parses to
+// itself when printed back (as fields, or as JSON where fields cannot say
+// it).
+func FuzzParseRequests(f *testing.F) {
+	f.Add("abc 1 0 K\n0xABC 0 1 v 64KiB\n")
+	f.Add("ff 1 1 V 4096 1024\n# c\n\n")
+	f.Add(`{"block": "00ab", "layer": 0, "head": 1, "kind": "V", "offset": 8192, "pitch": 512}`)
+	f.Add(`{"block": 171, "layer": 1, "head": 0, "kind": "K"}`)
+	f.Add("abc 1 0 K 0 99GiB\n{")
+	f.Fuzz(func(t *testing.T, in string) {
+		reqs, err := ParseRequests(strings.NewReader(in))
+		if err != nil {
+			var re *RequestError
+			if !errors.As(err, &re) && !strings.HasPrefix(err.Error(), "kvfs client: requests: ") {
+				t.Fatalf("undocumented error: %v", err)
+			}
+			if reqs != nil {
+				t.Fatal("requests returned with an error")
+			}
+			return
+		}
+		line := 0
+		var back strings.Builder
+		for _, q := range reqs {
+			if q.Line <= line {
+				t.Fatalf("line %d after %d", q.Line, line)
+			}
+			line = q.Line
+			if q.Block != fmt.Sprintf("%016x", q.Key.Block) || q.Layer != q.Key.Layer || q.Head != q.Key.Head ||
+				q.Kind != q.Key.Kind.String() || q.Layer < 0 || q.Head < 0 || (q.AutoOffset && q.Offset != 0) {
+				t.Fatalf("inconsistent %+v", q)
+			}
+			switch {
+			case q.AutoOffset && q.Pitch == 0:
+				fmt.Fprintf(&back, "%s %d %d %s\n", q.Block, q.Layer, q.Head, q.Kind)
+			case q.AutoOffset:
+				fmt.Fprintf(&back, `{"block": %q, "layer": %d, "head": %d, "kind": %q, "pitch": %d}`+"\n", q.Block, q.Layer, q.Head, q.Kind, q.Pitch)
+			default:
+				fmt.Fprintf(&back, `{"block": %q, "layer": %d, "head": %d, "kind": %q, "offset": %d, "pitch": %d}`+"\n", q.Block, q.Layer, q.Head, q.Kind, q.Offset, q.Pitch)
+			}
+		}
+		again, err := ParseRequests(strings.NewReader(back.String()))
+		if err != nil || len(again) != len(reqs) {
+			t.Fatalf("printed back %q: %v", back.String(), err)
+		}
+		for i := range again {
+			a, q := again[i], reqs[i]
+			if a.Key != q.Key || a.Offset != q.Offset || a.Pitch != q.Pitch || a.AutoOffset != q.AutoOffset {
+				t.Fatalf("round trip %+v → %+v", q, a)
+			}
+		}
+	})
 }

@@ -2,6 +2,7 @@ package bytesize
 
 import (
 	"errors"
+	"strconv"
 	"testing"
 )
 
@@ -21,4 +22,27 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q): %v does not wrap ErrSyntax", c.s, err)
 		}
 	}
+}
+
+// FuzzParse: any input parses to a size that is not negative, or fails
+// with ErrSyntax; a plain number parses to itself.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"4096", "256MiB", "1g", "512k", "", "-1", "9000000000T", " 2 TB "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := Parse(s)
+		if err != nil {
+			if !errors.Is(err, ErrSyntax) {
+				t.Fatalf("Parse(%q): %v does not wrap ErrSyntax", s, err)
+			}
+			return
+		}
+		if v < 0 {
+			t.Fatalf("Parse(%q) = %d", s, v)
+		}
+		if again, err := Parse(strconv.FormatInt(v, 10)); err != nil || again != v {
+			t.Fatalf("Parse(%d) = %d, %v", v, again, err)
+		}
+	})
 }
