@@ -50,6 +50,10 @@ func mountForLoad(t *testing.T) (string, *store.Store) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		srv.Wait()
+		// What the ioctls and bench-load did left the store consistent.
+		if err := st.CheckInvariants(); err != nil {
+			t.Error(err)
+		}
 		st.Close()
 	})
 	return dir, st
