@@ -273,8 +273,12 @@ func (s *Store) checkDevice(p *problems, snaps []slotSnap, maxGen uint64) {
 			case sn.hdr == nil && dh.Live && dh.Count() > 0:
 				p.addf("slot %d: no header in memory, but copy %d on the device is live (block %016x)", slot, sn.cur, dh.Block)
 			}
-			if sn.freed && sc.cur != sn.cur {
-				p.addf("slot %d: free, but the device's current header is copy %d (memory: %d)", slot, sc.cur, sn.cur)
+			// A free slot's tombstone must be what a reopen finds: the
+			// device's newest copy (fsck's repair writes both copies with
+			// one generation, so compare generations, not copy numbers).
+			if sn.freed && sc.cur >= 0 && sc.hdr[sc.cur].Gen != sn.gen {
+				p.addf("slot %d: free, but the device's current header is copy %d of generation %d (memory: copy %d of %d)",
+					slot, sc.cur, sc.hdr[sc.cur].Gen, sn.cur, sn.gen)
 			}
 		}
 	}

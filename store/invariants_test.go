@@ -69,18 +69,25 @@ func TestCheckInvariantsCatches(t *testing.T) {
 	})
 	t.Run("device-free-slot-live", func(t *testing.T) {
 		s, m := brokenStore(t)
-		// Slot 0 held block 1 before copy-on-write moved it: put its old
-		// live header back over both copies, with a higher generation.
+		// Slot 0 is free: its current copy holds the tombstone. Put a live
+		// header of a newer generation into its other copy, as a lost
+		// tombstone write would leave it: a reopen would bring block 1
+		// back from there.
 		sb := s.Superblock()
 		img := m.Image()
 		h0 := sb.DataOffset
-		var cur, other int64 = h0, h0 + sb.HeaderBytes
-		if img[h0+12]&1 != 0 { // copy 0 is the live one, copy 1 the tombstone
-			cur, other = other, cur
+		other := h0 // the copy that is not the tombstone
+		if img[h0+12]&1 == 0 {
+			other = h0 + sb.HeaderBytes
 		}
-		m.Poke(cur, img[other:other+sb.HeaderBytes])
+		n := testGeo.GroupsPerBlock()
+		h := &store.Header{Slot: 0, Block: 1, Gen: 1 << 40, Live: true,
+			Present: []uint64{1}, CRC: make([]uint32, n), MTime: make([]int64, n)}
+		b := make([]byte, sb.HeaderBytes)
+		store.MarshalHeader(b, sb.UUID, h)
+		m.Poke(other, b)
 		err := s.CheckInvariants()
-		if !errors.Is(err, store.ErrInvariant) || !strings.Contains(err.Error(), "slot 0") {
+		if !errors.Is(err, store.ErrInvariant) || !strings.Contains(err.Error(), "slot 0: free, but the device's current header") {
 			t.Fatalf("check: %v", err)
 		}
 		t.Log(err)
@@ -92,4 +99,23 @@ func TestCheckInvariantsCatches(t *testing.T) {
 			t.Fatalf("check of a closed store: %v", err)
 		}
 	})
+}
+
+// TestInvariantsAfterRepairOfFreeSlot: fsck's repair writes both header
+// copies of a free slot with one generation; the check must accept either
+// copy as current then.
+func TestInvariantsAfterRepairOfFreeSlot(t *testing.T) {
+	s, m := newMemStore(t, 4, testGeo)
+	put(t, s, keysOf(1, 0, 1), 1) // slot 0, header copy 0
+	put(t, s, keysOf(1, 0), 2)    // copy-on-write to slot 1; slot 0's tombstone goes to copy 1
+	sb := s.Superblock()
+	off := sb.DataOffset + 70 // slot 0, copy 0: the old live header
+	m.Poke(off, []byte{m.Image()[off] ^ 1})
+	rep, err := s.Fsck(true)
+	if err != nil || len(rep.Problems) != 1 || rep.Problems[0].Slot != 0 {
+		t.Fatalf("fsck: %+v, %v", rep, err)
+	}
+	if err := s.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
 }
