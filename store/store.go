@@ -354,7 +354,16 @@ func (s *Store) tombstone(slots []int64) error {
 	hb := int(s.sb.HeaderBytes)
 	buf, err := s.alloc(len(slots) * hb)
 	if err != nil {
-		return err
+		// Nothing was written, but the callers count on a slot being
+		// either tombstoned or quarantined: a slot released with its live
+		// header still current could be reused, and a reopen would bring
+		// its block back over the new payloads.
+		s.mu.Lock()
+		for _, slot := range slots {
+			s.mu.slots[slot].quarantined = true
+		}
+		s.mu.Unlock()
+		return fmt.Errorf("store: tombstone: %w", err)
 	}
 	defer s.freeBuf(buf)
 	ios := make([]IO, len(slots))

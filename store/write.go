@@ -222,21 +222,32 @@ func (s *Store) writePlans(plans []*plan) error {
 	// 3. Copy-on-write: read the groups the new slot keeps from the old one.
 	s.carryGroups(plans)
 
-	// 4. Payloads, then sync.
+	// 4. Payloads, then sync. An error returned here (no memory for a
+	// bounce buffer) comes before any payload I/O: it fails every plan
+	// still live, and step 6 gives their slots back.
+	var batchErr error
 	if err := s.writePayloads(plans); err != nil {
-		return err
+		failAll(plans, err)
+		batchErr = err
 	}
 
 	// 5. Headers, then sync.
 	now := s.now().UnixNano()
 	hb := int(s.sb.HeaderBytes)
 	live := livePlans(plans)
+	var buf []byte
 	if len(live) > 0 {
-		buf, err := s.alloc(len(live) * hb)
-		if err != nil {
-			return err
+		var err error
+		if buf, err = s.alloc(len(live) * hb); err != nil {
+			// No header was written: as in step 4.
+			failAll(live, err)
+			batchErr = err
+			live = nil
+		} else {
+			defer s.freeBuf(buf)
 		}
-		defer s.freeBuf(buf)
+	}
+	if len(live) > 0 {
 		ios := make([]IO, len(live))
 		s.mu.Lock()
 		for i, p := range live {
@@ -317,7 +328,14 @@ func (s *Store) writePlans(plans []*plan) error {
 			s.log.Warn("store: tombstone of replaced slots failed; they stay unused until reopen", zap.Error(err))
 		}
 	}
-	return nil
+	return batchErr
+}
+
+// failAll fails every plan (those that failed already keep their error).
+func failAll(plans []*plan, err error) {
+	for _, p := range plans {
+		p.fail(err)
+	}
 }
 
 // streamWindow is how many consecutive slot allocations share a stream.
