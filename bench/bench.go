@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -221,28 +222,13 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	}
 	e := c.Engine
 	bufs := make([][]byte, c.QD)
-	alloc, _ := e.(store.BufferAllocator)
-	defer func() {
-		for _, b := range bufs {
-			switch {
-			case b == nil:
-			case alloc != nil:
-				alloc.FreeBuffer(b)
-			default:
-				store.FreeAligned(b)
-			}
-		}
-	}()
 	for i := range bufs {
-		var err error
-		if alloc != nil {
-			bufs[i], err = alloc.AllocBuffer(c.IOSize)
-		} else {
-			bufs[i], err = store.AllocAligned(c.IOSize)
-		}
+		b, free, err := allocIO(e, c.IOSize)
 		if err != nil {
-			return Result{}, fmt.Errorf("bench: buffer: %w", err)
+			return Result{}, err
 		}
+		defer free()
+		bufs[i] = b
 		if c.Op == OpWrite {
 			fillRandom(bufs[i], c.Seed+uint64(i))
 		}
@@ -267,7 +253,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		stop.Store(true)
 	}()
 	var (
-		lats   [][]int64
+		lats   [][]time.Duration
 		runErr error
 	)
 	if c.Mode == ModeAsync {
@@ -284,7 +270,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	res := Result{
 		Engine: e.Name(), Op: c.Op, Pattern: c.Pattern, IOSize: c.IOSize, QD: c.QD, Mode: c.Mode,
 		Ops: int64(len(all)), Bytes: int64(len(all)) * int64(c.IOSize), Seconds: elapsed,
-		P50us: percentile(all, 50) / 1e3, P99us: percentile(all, 99) / 1e3,
+		P50us: Micros(Percentile(all, 50)), P99us: Micros(Percentile(all, 99)),
 	}
 	if elapsed > 0 {
 		res.GBps = float64(res.Bytes) / elapsed / 1e9
@@ -310,19 +296,19 @@ func offsets(c Config) func(w int) int64 {
 }
 
 // runSync runs QD goroutines, each with one request per Engine.Do.
-func runSync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *atomic.Bool) ([][]int64, error) {
+func runSync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *atomic.Bool) ([][]time.Duration, error) {
 	var (
 		wg      sync.WaitGroup
 		errOnce sync.Once
 		runErr  error
-		lats    = make([][]int64, c.QD)
+		lats    = make([][]time.Duration, c.QD)
 	)
 	for w := 0; w < c.QD; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ios := []store.IO{{Op: op, Buf: bufs[w]}}
-			lat := make([]int64, 0, 1024)
+			lat := make([]time.Duration, 0, 1024)
 			for !stop.Load() {
 				ios[0].Off = next(w)
 				t0 := time.Now()
@@ -338,7 +324,7 @@ func runSync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *a
 					})
 					break
 				}
-				lat = append(lat, int64(d))
+				lat = append(lat, d)
 			}
 			lats[w] = lat
 		}()
@@ -349,13 +335,13 @@ func runSync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *a
 
 // runAsync keeps QD requests in flight with DoAsync: each completion
 // records its latency and starts the slot's next request.
-func runAsync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *atomic.Bool) ([][]int64, error) {
+func runAsync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *atomic.Bool) ([][]time.Duration, error) {
 	ae := c.Engine.(AsyncEngine)
 	var (
 		mu       sync.Mutex // guards the fields below; callbacks run on the engine's goroutine
 		active   = c.QD
 		runErr   error
-		lats     = make([][]int64, c.QD)
+		lats     = make([][]time.Duration, c.QD)
 		finished = make(chan struct{})
 	)
 	ios := make([]store.IO, c.QD)
@@ -373,7 +359,7 @@ func runAsync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *
 	}
 	for w := range cbs {
 		ios[w] = store.IO{Op: op, Buf: bufs[w]}
-		lats[w] = make([]int64, 0, 1024)
+		lats[w] = make([]time.Duration, 0, 1024)
 		cbs[w] = func(int) {
 			d := time.Since(starts[w])
 			mu.Lock()
@@ -382,7 +368,7 @@ func runAsync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *
 				mu.Unlock()
 				return
 			}
-			lats[w] = append(lats[w], int64(d))
+			lats[w] = append(lats[w], d)
 			if stop.Load() {
 				retire(nil)
 				mu.Unlock()
@@ -413,15 +399,20 @@ func runAsync(c Config, op store.Op, bufs [][]byte, next func(int) int64, stop *
 	return lats, runErr
 }
 
-// percentile is the nearest-rank p-th percentile of sorted values.
-func percentile(sorted []int64, p float64) float64 {
+// Percentile is the nearest-rank p-th percentile (0 < p ≤ 100) of sorted
+// latencies: the smallest one that at least p % of them do not exceed. It
+// is 0 for none. Every latency figure kvfs reports comes from it.
+func Percentile(sorted []time.Duration, p float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
 	}
-	rank := int(p/100*float64(len(sorted))+0.5) - 1
+	rank := int(math.Ceil(p*float64(len(sorted))/100)) - 1
 	rank = min(max(rank, 0), len(sorted)-1)
-	return float64(sorted[rank])
+	return sorted[rank]
 }
+
+// Micros is d in microseconds, the unit of the reports.
+func Micros(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 // fillRandom fills b with incompressible bytes, so that a thin-provisioned
 // or compressing device cannot shortcut the writes.

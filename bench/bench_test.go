@@ -100,9 +100,29 @@ func TestFioArgs(t *testing.T) {
 }
 
 func TestPercentile(t *testing.T) {
-	v := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
-	if percentile(v, 50) != 5 || percentile(v, 99) != 10 || percentile(v, 0) != 1 || percentile(nil, 50) != 0 {
-		t.Fatal(percentile(v, 50), percentile(v, 99))
+	var v []time.Duration
+	for i := 1; i <= 10; i++ {
+		v = append(v, time.Duration(i)*time.Microsecond)
+	}
+	hundred := make([]time.Duration, 100)
+	for i := range hundred {
+		hundred[i] = time.Duration(i + 1)
+	}
+	for _, c := range []struct {
+		in   []time.Duration
+		p    float64
+		want time.Duration
+	}{
+		{v, 50, 5 * time.Microsecond}, {v, 99, 10 * time.Microsecond}, {v, 100, 10 * time.Microsecond},
+		{v, 0, time.Microsecond}, {v, 10, time.Microsecond}, {v, 11, 2 * time.Microsecond},
+		{hundred, 99, 99}, {hundred, 50, 50}, {hundred, 99.5, 100}, {nil, 50, 0},
+	} {
+		if got := Percentile(c.in, c.p); got != c.want {
+			t.Errorf("Percentile(%d values, %v) = %v, want %v", len(c.in), c.p, got, c.want)
+		}
+	}
+	if Micros(1500*time.Nanosecond) != 1.5 {
+		t.Error("Micros")
 	}
 }
 

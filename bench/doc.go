@@ -1,7 +1,23 @@
-// Package bench is the core of `kvfs bench`: it drives a store.Engine with
-// a fixed queue depth of same-sized reads or writes for a while and reports
-// throughput and per-request latency, and it runs fio on the same region
-// for comparison.
+// Package bench owns kvfs's measurements, the cores of kvfs bench and kvfs
+// bench-load:
+//
+//   - Run drives a store.Engine with a fixed queue depth of same-sized reads
+//     or writes for a while and reports throughput and per-request latency;
+//     RunFio runs fio on the same region for comparison.
+//   - RunBlocks measures the store's own batched reads: each call is one
+//     store.Read of every group of N random whole blocks, QD calls at a
+//     time, into contiguous (engine-registered when offered) buffers, the
+//     way a client's registered buffer receives them. FillBlocks writes
+//     blocks for it, never evicting.
+//   - RunLoad measures LOAD ioctls end to end through a mount's control
+//     file (package client), with Jobs callers.
+//   - Percentile (nearest rank) is the one percentile of every latency
+//     figure; Micros converts to the reports' unit.
+//
+// Invalid configurations wrap ErrConfig; too few blocks to measure wrap
+// ErrFewBlocks. The package holds no global state; a run's goroutines share
+// only their result slots (and, in async mode, one mutex that the engine's
+// completion callbacks take).
 //
 // Run keeps QD requests in flight in one of two ways (Config.Mode):
 //

@@ -1,15 +1,3 @@
-// Package client is the Go client of the kvfs control ioctls (docs/abi.md):
-// open a mount's .kvfs/ctl, register host memory (a file of /dev/shm that
-// the caller maps too), and load or store many KV-cache groups per ioctl
-// straight between the store and that memory.
-//
-//	c, err := client.Open("/mnt/kvcache")
-//	buf, err := c.NewHostBuffer("", 64<<20) // creates, maps and registers /dev/shm/kvfs-…
-//	st, err := c.Load([]client.Entry{{Key: k, Buffer: buf.ID, Offset: 0}})
-//
-// A Client is safe for concurrent use; concurrent Loads run in parallel in
-// the daemon. Registrations belong to the Client's open file and vanish when
-// it is closed (or the process dies).
 package client
 
 import (

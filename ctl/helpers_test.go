@@ -50,6 +50,9 @@ func newFixture(t testing.TB, slots int, o Options) *fixture {
 			t.Errorf("registrations left: %+v", m)
 		}
 		srv.Close()
+		if err := st.CheckInvariants(); err != nil {
+			t.Error(err)
+		}
 		st.Close()
 	})
 	return &fixture{t: t, srv: srv, st: st, mem: m, gb: testGeo.GroupBytes()}

@@ -3,6 +3,20 @@
 // extended attributes and the .kvfs/ control files; it keeps no state the
 // store already has: every lookup, listing and read asks the store.
 //
+// # Invariants
+//
+//   - fs keeps no copy of the store's state beyond one operation (lookups,
+//     listings, attributes and reads ask the store), except the pending
+//     block directories, which live in memory only, and the read-ahead
+//     cache, whose snapshots are served only while the index still names
+//     them.
+//   - No byte reaches a reader that store.Read did not verify; one read(2)
+//     returns bytes of one version, never older than the version current
+//     when its READ arrived.
+//   - A group is stored whole or not at all: exactly one group's bytes, at
+//     close(2) or fsync(2).
+//   - Only syscall.Errno crosses the FUSE boundary, made in one function.
+//
 // # Tree
 //
 //	layer-<L>/block-<16 hex>/head-<H>/K and V   one group each
@@ -61,26 +75,13 @@
 // Read-only handles are FOPEN_NOFLUSH (close sends no FLUSH). mmap of a
 // group is not supported (direct I/O).
 //
-// Measured (make run's geometry, 4 KiB groups): reading one group through
-// a file costs OPEN, GETATTR (the reader's fstat), READ, READ at EOF and
-// RELEASE, about 25 µs each on a 16-core host. Every group of 64 full
-// blocks (32768 files, 128 MiB; integration/fuse TestMeasureReads, H200
-// host, virtio disk, uring engine), in groups/s:
-//
-//	in-process store.Read, 1 group per call (as kvfs get)   18,072
-//	in-process store.Read, 1 block per call                 238,094
-//	mount, find | xargs cat           read-ahead off / on   3,294–3,560 / 4,633–5,110
-//	mount, find | xargs -P 8 cat      read-ahead off / on   11,633–12,373 / 11,803–12,514
-//	mount, Go open/read/close loop    read-ahead off / on   4,796–5,087 / 9,399–9,554
-//
-// On the 2-core development VM (loaded) the same file walks ran at
-// 600–2,200 groups/s. Files are for tools and inspection; bulk loads go
-// through .kvfs/ctl. Serving groups through the page cache (no
-// DIRECT_IO, BenchmarkReadGroupFiles) was not faster for 4 KiB files:
-// with attributes never cached the kernel asks for them on every read(2)
-// of a cached file, and the ioctl path would need invalidation hooks to
-// keep it correct. Not caching names (EntryTimeout 0) cost a third of the
-// throughput (one LOOKUP per path component per open).
+// Files are for tools and inspection; bulk loads go through .kvfs/ctl. A
+// file read costs five FUSE round trips (OPEN, GETATTR, READ, READ at EOF,
+// RELEASE). Serving groups through the page cache instead of DIRECT_IO
+// would need attributes cached (the kernel asks for them on every read(2)
+// of a cached file) and invalidation hooks on the ioctl path to stay
+// correct. What these choices cost and gain, measured: docs/performance.md,
+// "Reading through files".
 //
 // # Writing
 //

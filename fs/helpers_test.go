@@ -77,6 +77,9 @@ func mountEnv(t testing.TB, slots int64, opts Options) *env {
 			t.Errorf("unmount: %v", err)
 		}
 		srv.Wait()
+		if err := st.CheckInvariants(); err != nil {
+			t.Error(err)
+		}
 		if err := st.Close(); err != nil {
 			t.Errorf("close store: %v", err)
 		}

@@ -1,17 +1,8 @@
-// Package layout owns the geometry of a kvfs store: the size of one KV-cache
-// group, where every group of a block sits inside the block's slot, and the
-// canonical file-system names of groups. It does no I/O.
-//
-// A group is one (block, layer, kv-head, K|V) tile of
-// BlockTokens × HeadDim × dtype bytes. Inside a slot the groups are ordered by
-// layer, then K before V, then head, so a layer's groups of one block form one
-// contiguous extent and a load of many groups coalesces into few large reads.
 package layout
 
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/bits"
 	"strconv"
 	"strings"
@@ -337,38 +328,4 @@ func (g Geometry) ParseName(p string) (Key, error) {
 	}
 	k.Kind, _ = ParseKind(parts[3])
 	return k, nil
-}
-
-// ParseSize parses sizes like 4096, 256MiB, 4GiB, 1G, 512k (binary units).
-func ParseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	i := 0
-	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
-		i++
-	}
-	if i == 0 {
-		return 0, fmt.Errorf("%w: size %q has no number", ErrName, s)
-	}
-	n, err := strconv.ParseInt(t[:i], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%w: size %q: %v", ErrName, s, err)
-	}
-	var shift uint
-	switch strings.ToLower(strings.TrimSpace(t[i:])) {
-	case "", "b":
-	case "k", "kb", "kib":
-		shift = 10
-	case "m", "mb", "mib":
-		shift = 20
-	case "g", "gb", "gib":
-		shift = 30
-	case "t", "tb", "tib":
-		shift = 40
-	default:
-		return 0, fmt.Errorf("%w: size %q has an unknown unit", ErrName, s)
-	}
-	if n > math.MaxInt64>>shift {
-		return 0, fmt.Errorf("%w: size %q overflows", ErrName, s)
-	}
-	return n << shift, nil
 }

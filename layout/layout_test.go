@@ -138,20 +138,6 @@ func TestParseBlockID(t *testing.T) {
 	}
 }
 
-func TestParseSize(t *testing.T) {
-	for _, c := range []struct {
-		s  string
-		v  int64
-		ok bool
-	}{{"4096", 4096, true}, {"256MiB", 256 << 20, true}, {"4GiB", 4 << 30, true}, {"1g", 1 << 30, true}, {"512k", 512 << 10, true},
-		{"", 0, false}, {"MiB", 0, false}, {"12XB", 0, false}, {"99999999999999999999", 0, false}, {"9000000000T", 0, false}} {
-		v, err := ParseSize(c.s)
-		if (err == nil) != c.ok || c.ok && v != c.v {
-			t.Errorf("ParseSize(%q) = %d, %v", c.s, v, err)
-		}
-	}
-}
-
 func TestDType(t *testing.T) {
 	for _, s := range []string{"bf16", "fp16", "fp32", "fp8"} {
 		d, err := ParseDType(s)

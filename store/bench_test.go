@@ -17,10 +17,7 @@ func BenchmarkReadWholeBlock(b *testing.B) {
 	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	s, err := store.Open(m, store.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	s := openStore(b, m, store.Options{})
 	n := geo.GroupsPerBlock()
 	w := make([]store.WriteReq, n)
 	for i := range w {

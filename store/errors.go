@@ -20,4 +20,7 @@ var (
 	ErrSuperblock = errors.New("store: superblock damaged")
 	ErrHeader     = errors.New("store: slot header damaged")
 	ErrEngine     = errors.New("store: engine unusable")
+	// ErrInvariant is wrapped by CheckInvariants' report of in-memory state
+	// that disagrees with itself or with the device: a bug in the store.
+	ErrInvariant = errors.New("store: invariant violated")
 )

@@ -145,10 +145,7 @@ func TestDamagedSuperblockAndHeader(t *testing.T) {
 	put(t, s, keysOf(3, 6), 1) // second header generation: both copies valid
 	s.Close()
 	m.Poke(100, []byte("garbage"))
-	s2, err := store.Open(m, store.Options{})
-	if err != nil {
-		t.Fatalf("open with copy 0 damaged: %v", err)
-	}
+	s2 := openStore(t, m, store.Options{})
 	rep, _ := s2.Fsck(false)
 	if len(rep.Problems) != 1 || rep.Problems[0].Slot != -1 {
 		t.Fatalf("fsck should report the superblock: %v", rep.Problems)
@@ -168,10 +165,7 @@ func TestDamagedSuperblockAndHeader(t *testing.T) {
 		cur = h0 + sb.HeaderBytes
 	}
 	m.Poke(cur+70, []byte{img[cur+70] ^ 1})
-	s3, err := store.Open(m, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s3 := openStore(t, m, store.Options{})
 	if rep, _ := s3.Fsck(false); rep.Clean() {
 		t.Fatal("fsck missed a damaged header")
 	}
@@ -268,10 +262,7 @@ func faultsOn(t *testing.T, newEngine func() store.Engine) {
 				t.Fatal(err)
 			}
 			fe := storetest.NewFaulty(m, nil, nil)
-			s, err := store.Open(fe, store.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := openStore(t, fe, store.Options{})
 			put(t, s, keysOf(1, 0, 1, 2, 3), 1)
 			writes := 0
 			fe.SetInjector(func(n int, r store.IO) storetest.Fault {
@@ -328,10 +319,7 @@ func faultsOn(t *testing.T, newEngine func() store.Engine) {
 			}
 			// And after a reopen.
 			s.Close()
-			s2, err := store.Open(m, store.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s2 := openStore(t, m, store.Options{})
 			checkMaybe(s2)
 			for k, v := range acked {
 				got, err := get(s2, k)
@@ -339,13 +327,14 @@ func faultsOn(t *testing.T, newEngine func() store.Engine) {
 					t.Fatalf("fault %d at write %d, reopened: %v: %v", f, nth, k, err)
 				}
 			}
+			s2.Close() // before the next round formats the device again
 		}
 	}
 	// A read error is reported per group; the rest of the batch is served.
 	m := newEngine()
 	store.Format(m, testGeo, store.FormatOptions{Force: true})
 	fe := storetest.NewFaulty(m, nil, nil)
-	s, _ := store.Open(fe, store.Options{})
+	s := openStore(t, fe, store.Options{})
 	put(t, s, keysOf(1, 0), 1)
 	put(t, s, keysOf(2, 0), 1)
 	for _, f := range []storetest.Fault{storetest.EIO, storetest.ShortRead} {
@@ -382,9 +371,9 @@ func faultsOn(t *testing.T, newEngine func() store.Engine) {
 	failSync := true
 	fe2 := storetest.NewFaulty(m, nil, func() bool { return failSync })
 	s.Close()
-	s3, _ := store.Open(storetest.NewFaulty(m, nil, nil), store.Options{})
+	s3 := openStore(t, storetest.NewFaulty(m, nil, nil), store.Options{})
 	s3.Close()
-	s4, _ := store.Open(fe2, store.Options{})
+	s4 := openStore(t, fe2, store.Options{})
 	w := []store.WriteReq{{Key: keysOf(3, 0)[0], Data: groupData(testGeo, keysOf(3, 0)[0], 1)}}
 	s4.Write(w)
 	if w[0].Err == nil {
@@ -453,6 +442,17 @@ func TestConcurrent(t *testing.T) {
 			}
 		}()
 	}
+	// The invariants hold between write operations while readers run.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 20 {
+			if err := s.CheckInvariants(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
 	wg.Wait()
 	if rep, err := s.Fsck(false); err != nil || !rep.Clean() {
 		t.Fatalf("fsck after concurrent use: %v %v", err, rep)
@@ -478,10 +478,8 @@ func TestPosixEngine(t *testing.T) {
 	if _, err := store.Format(e, geo, store.FormatOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := store.Open(e, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openStore(t, e, store.Options{})
+	defer s.Close() // before the engine's
 	keys := make([]layout.Key, geo.GroupsPerBlock())
 	for i := range keys {
 		keys[i] = geo.KeyAt(0x77, i)

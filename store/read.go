@@ -71,8 +71,12 @@ func (s *Store) Read(reqs []ReadReq) error {
 		s.touchLocked(slot)
 		wants = append(wants, want{r, slot, idx, st.hdr.CRC[idx]})
 	}
+	reader := len(pinned) > 0
+	if reader {
+		s.mu.readers++
+	}
 	s.mu.Unlock()
-	defer s.unpin(pinned)
+	defer s.unpin(pinned, reader)
 	if len(wants) == 0 {
 		return nil
 	}

@@ -83,6 +83,9 @@ type Store struct {
 		lru    *list.List // front = most recently used; values are block ids
 		gen    uint64     // last generation handed out
 		allocs uint64
+		// readers counts Read batches holding pins; with none (and wmu
+		// held) no slot is pinned.
+		readers int
 	}
 	m metrics
 }
@@ -155,7 +158,7 @@ func Open(e Engine, o Options) (*Store, error) {
 	// Whole groups per I/O, at least one.
 	stride := int(s.geo.GroupStride())
 	s.opts.MaxIO = max(1, s.opts.MaxIO/stride) * stride
-	if err := s.recover(); err != nil {
+	if err := s.rebuildIndex(); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -255,11 +258,12 @@ func (s *Store) scanHeaders(first, n int64) ([]headerScan, error) {
 
 const scanChunk = 256
 
-// recover rebuilds the index from every slot's current header. When two
+// rebuildIndex rebuilds the in-memory state (index, slot states, LRU, free
+// list) from every slot's current header; Open runs it. When two
 // slots claim the same block (a crash between a copy-on-write commit and the
 // old slot's tombstone), the higher generation wins and the other slot is
 // tombstoned before it can be reused.
-func (s *Store) recover() error {
+func (s *Store) rebuildIndex() error {
 	n := s.sb.Slots
 	s.mu.slots = make([]slotState, n)
 	s.mu.index = make(map[uint64]int64)
@@ -350,15 +354,26 @@ func (s *Store) tombstone(slots []int64) error {
 	hb := int(s.sb.HeaderBytes)
 	buf, err := s.alloc(len(slots) * hb)
 	if err != nil {
-		return err
+		// Nothing was written, but the callers count on a slot being
+		// either tombstoned or quarantined: a slot released with its live
+		// header still current could be reused, and a reopen would bring
+		// its block back over the new payloads.
+		s.mu.Lock()
+		for _, slot := range slots {
+			s.mu.slots[slot].quarantined = true
+		}
+		s.mu.Unlock()
+		return fmt.Errorf("store: tombstone: %w", err)
 	}
 	defer s.freeBuf(buf)
 	ios := make([]IO, len(slots))
 	copies := make([]int, len(slots))
+	gens := make([]uint64, len(slots))
 	s.mu.Lock()
 	for i, slot := range slots {
 		st := &s.mu.slots[slot]
 		s.mu.gen++
+		gens[i] = s.mu.gen
 		h := newHeader(s.geo.GroupsPerBlock())
 		h.Slot, h.Gen = slot, s.mu.gen
 		if st.hdr != nil {
@@ -394,7 +409,7 @@ func (s *Store) tombstone(slots []int64) error {
 			}
 			continue
 		}
-		st.cur = copies[i]
+		st.cur, st.gen = copies[i], gens[i]
 	}
 	return firstErr
 }
@@ -565,10 +580,14 @@ func (s *Store) touchLocked(slot int64) {
 }
 
 // unpin drops one pin of each slot; a slot freed while pinned goes to the
-// free list when its last pin drops.
-func (s *Store) unpin(slots []int64) {
+// free list when its last pin drops. reader is true for the pins of a Read
+// batch (which counted itself in readers when it took them).
+func (s *Store) unpin(slots []int64, reader bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if reader {
+		s.mu.readers--
+	}
 	for _, slot := range slots {
 		st := &s.mu.slots[slot]
 		st.pins--
@@ -598,6 +617,10 @@ func (s *Store) releaseLocked(slot int64) {
 	s.mu.free = append(s.mu.free, slot)
 }
 
+// closeHook, when set (by the store's tests), runs in Close with wmu held,
+// before the store is marked closed, while the engine is still open.
+var closeHook func(s *Store)
+
 // Close makes everything durable and closes the store (not the engine).
 func (s *Store) Close() error {
 	s.wmu.Lock()
@@ -607,6 +630,11 @@ func (s *Store) Close() error {
 		s.mu.Unlock()
 		return nil
 	}
+	s.mu.Unlock()
+	if closeHook != nil {
+		closeHook(s)
+	}
+	s.mu.Lock()
 	s.mu.closed = true
 	s.mu.Unlock()
 	s.bounce.Lock()

@@ -21,11 +21,38 @@ func newMemStore(t testing.TB, slots int, geo layout.Geometry) (*store.Store, *s
 	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := store.Open(m, store.Options{})
+	return openStore(t, m, store.Options{}), m
+}
+
+// openStore opens the store on e and checks its invariants when it is
+// closed (export_test.go hooks the check into Close): by the test, or at
+// the end of the test, where openStore closes it. Close a store before its
+// engine; the check reads the slot headers through it.
+func openStore(t testing.TB, e store.Engine, o store.Options) *store.Store {
+	t.Helper()
+	s, err := store.Open(e, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, m
+	checkAtClose(t, s)
+	return s
+}
+
+// checkAtClose closes s at the end of the test if it is still open, and
+// reports what the invariants check found when it was closed.
+func checkAtClose(t testing.TB, s *store.Store) {
+	sb := s.Superblock()
+	id := sb.UUIDString()
+	t.Cleanup(func() {
+		s.Close() // a no-op when the test closed it; its error is the test's business
+		ran, err := store.CheckedAtClose(s)
+		switch {
+		case !ran:
+			t.Errorf("store %s: the invariants check did not run at Close", id)
+		case err != nil:
+			t.Errorf("store %s: %v", id, err)
+		}
+	})
 }
 
 // groupData is deterministic content for a key and a version.
@@ -99,10 +126,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Reopen: the index comes back from the headers.
-	s2, err := store.Open(m, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s2 := openStore(t, m, store.Options{})
 	got, err = get(s2, k)
 	if err != nil || !bytes.Equal(got, groupData(testGeo, k, 2)) {
 		t.Fatalf("after reopen: %v", err)

@@ -106,7 +106,7 @@ func (s *Store) writePlans(plans []*plan) error {
 	n := s.geo.GroupsPerBlock()
 	var victims []int64
 	var writerPins []int64
-	defer func() { s.unpin(writerPins) }()
+	defer func() { s.unpin(writerPins, false) }()
 
 	// 1. Decide, per block, where its groups go; take slots, evicting the
 	// least recently used blocks that no one is using.
@@ -222,21 +222,32 @@ func (s *Store) writePlans(plans []*plan) error {
 	// 3. Copy-on-write: read the groups the new slot keeps from the old one.
 	s.carryGroups(plans)
 
-	// 4. Payloads, then sync.
+	// 4. Payloads, then sync. An error returned here (no memory for a
+	// bounce buffer) comes before any payload I/O: it fails every plan
+	// still live, and step 6 gives their slots back.
+	var batchErr error
 	if err := s.writePayloads(plans); err != nil {
-		return err
+		failAll(plans, err)
+		batchErr = err
 	}
 
 	// 5. Headers, then sync.
 	now := s.now().UnixNano()
 	hb := int(s.sb.HeaderBytes)
 	live := livePlans(plans)
+	var buf []byte
 	if len(live) > 0 {
-		buf, err := s.alloc(len(live) * hb)
-		if err != nil {
-			return err
+		var err error
+		if buf, err = s.alloc(len(live) * hb); err != nil {
+			// No header was written: as in step 4.
+			failAll(live, err)
+			batchErr = err
+			live = nil
+		} else {
+			defer s.freeBuf(buf)
 		}
-		defer s.freeBuf(buf)
+	}
+	if len(live) > 0 {
 		ios := make([]IO, len(live))
 		s.mu.Lock()
 		for i, p := range live {
@@ -265,10 +276,8 @@ func (s *Store) writePlans(plans []*plan) error {
 			ios[i] = IO{Op: OpWrite, Off: s.headerOffset(p.target, p.copy), Buf: b, Stream: StreamMeta}
 		}
 		s.mu.Unlock()
-		s.doPhase("before-headers", live, ios)
-		if err := s.syncPhase(live); err != nil {
-			return err
-		}
+		s.writePhase("before-headers", live, ios)
+		s.syncPhase(live)
 	}
 
 	// 6. Commit in memory; tombstone the slots that copy-on-write replaced.
@@ -319,7 +328,14 @@ func (s *Store) writePlans(plans []*plan) error {
 			s.log.Warn("store: tombstone of replaced slots failed; they stay unused until reopen", zap.Error(err))
 		}
 	}
-	return nil
+	return batchErr
+}
+
+// failAll fails every plan (those that failed already keep their error).
+func failAll(plans []*plan, err error) {
+	for _, p := range plans {
+		p.fail(err)
+	}
 }
 
 // streamWindow is how many consecutive slot allocations share a stream.
@@ -422,7 +438,7 @@ func (s *Store) writePayloads(plans []*plan) error {
 			s.putBounce(b)
 		}
 	}()
-	for _, p := range live(plans) {
+	for _, p := range livePlans(plans) {
 		all := map[int][]byte{}
 		for idx, d := range p.carry {
 			all[idx] = d
@@ -461,18 +477,15 @@ func (s *Store) writePayloads(plans []*plan) error {
 	if len(ios) == 0 {
 		return nil
 	}
-	s.doPhaseOwners("before-payloads", owners, ios)
-	return s.syncPhase(live(plans))
+	s.writePhase("before-payloads", owners, ios)
+	s.syncPhase(livePlans(plans))
+	return nil
 }
 
-func live(plans []*plan) []*plan { return livePlans(plans) }
-
-// doPhase runs one IO per plan; failures mark their plan.
-func (s *Store) doPhase(fp string, plans []*plan, ios []IO) {
-	s.doPhaseOwners(fp, plans, ios)
-}
-
-func (s *Store) doPhaseOwners(fp string, owners []*plan, ios []IO) {
+// writePhase passes failpoint fp, then runs ios; owners[i] is the plan of
+// ios[i]. A failure marks the plans it touches failed; the batch goes on
+// with the rest.
+func (s *Store) writePhase(fp string, owners []*plan, ios []IO) {
 	if err := s.failpoint(fp); err != nil {
 		for _, p := range owners {
 			p.fail(err)
@@ -493,17 +506,19 @@ func (s *Store) doPhaseOwners(fp string, owners []*plan, ios []IO) {
 	}
 }
 
-// syncPhase syncs; a failure fails every plan still live.
-func (s *Store) syncPhase(plans []*plan) error {
+// syncPhase syncs after a write phase of plans (those still live). A
+// failed sync fails every one of them: nothing they wrote is known durable,
+// so none is acknowledged. The batch itself goes on (step 6 of writePlans
+// sorts out each failed plan's slot).
+func (s *Store) syncPhase(plans []*plan) {
 	if len(plans) == 0 {
-		return nil
+		return
 	}
 	if err := s.sync(); err != nil {
 		for _, p := range plans {
 			p.fail(err)
 		}
 	}
-	return nil
 }
 
 func (s *Store) sync() error {

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/signal"
-	"slices"
-	"sync"
 	"syscall"
 	"time"
 
@@ -17,7 +14,7 @@ import (
 
 	"github.com/kvfs/kvfs/bench"
 	"github.com/kvfs/kvfs/engine"
-	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/nvme"
 	"github.com/kvfs/kvfs/store"
 )
@@ -107,7 +104,7 @@ func (o *benchOptions) run(cmd *cobra.Command, path string) error {
 	if err != nil {
 		return usageErrorf("--engine: %v", err)
 	}
-	ioSize, err := layout.ParseSize(o.ioSize)
+	ioSize, err := bytesize.Parse(o.ioSize)
 	if err != nil || ioSize <= 0 || ioSize > 1<<30 {
 		return usageErrorf("--io-size %q: want a size like 4KiB or 1MiB, at most 1GiB", o.ioSize)
 	}
@@ -248,7 +245,7 @@ func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchRe
 	return nil
 }
 
-// runBlocks measures store.Read of whole random blocks.
+// runBlocks measures store.Read of whole random blocks (bench.RunBlocks).
 func (o *benchOptions) runBlocks(ctx context.Context, path string, eo engine.Options, dur time.Duration) (rep benchReport, err error) {
 	if o.fill > 0 && !o.forceWrite {
 		return benchReport{}, usageErrorf("--fill writes blocks into the store (evicting others when it is full); pass --force-write")
@@ -260,153 +257,20 @@ func (o *benchOptions) runBlocks(ctx context.Context, path string, eo engine.Opt
 	}
 	defer closeInto(&err, closeAll)
 	if o.fill > 0 {
-		if err := fillBlocks(s, o.fill); err != nil {
+		if err := bench.FillBlocks(s, o.fill); err != nil {
 			return benchReport{}, err
 		}
 	}
-	blocks := s.Blocks()
-	if len(blocks) == 0 {
-		return benchReport{}, fmt.Errorf("%s holds no blocks to read; put some, or pass --fill K --force-write", path)
+	r, err := bench.RunBlocks(ctx, bench.BlocksConfig{Store: s, Blocks: o.blocks, QD: o.qd, Duration: dur})
+	if errors.Is(err, bench.ErrFewBlocks) {
+		return benchReport{}, fmt.Errorf("%s: %w; put some, or pass --fill K --force-write", path, err)
 	}
-	if o.blocks > len(blocks) {
-		return benchReport{}, usageErrorf("--blocks %d: the store holds only %d blocks", o.blocks, len(blocks))
+	if err != nil {
+		return benchReport{}, err
 	}
-	g := s.Geometry()
-	gb := g.GroupBytes()
-	type worker struct {
-		lat   []time.Duration
-		bytes int64
-		err   error
-	}
-	workers := make([]worker, o.qd)
-	deadline := time.Now().Add(dur)
-	start := time.Now()
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			me := &workers[w]
-			rng := rand.New(rand.NewPCG(uint64(w)+1, 0x6b766673))
-			reqs := make([]store.ReadReq, 0, o.blocks*g.GroupsPerBlock())
-			picks := make([]int, 0, o.blocks)
-			// One contiguous buffer per worker, from the engine when it
-			// offers (registered, huge-page) memory, as a client's
-			// registered buffer would be: whole blocks land in it without
-			// a copy.
-			mem, free, err := benchBuffer(s.Engine(), cap(reqs)*gb)
-			if err != nil {
-				me.err = err
-				return
-			}
-			defer free()
-			bufs := make([][]byte, cap(reqs))
-			for i := range bufs {
-				bufs[i] = mem[i*gb : (i+1)*gb]
-			}
-			for time.Now().Before(deadline) && ctx.Err() == nil {
-				reqs = reqs[:0]
-				for _, bi := range pickDistinct(rng, len(blocks), picks) {
-					b := blocks[bi]
-					for idx := range g.GroupsPerBlock() {
-						if b.Has(idx) {
-							reqs = append(reqs, store.ReadReq{Key: g.KeyAt(b.ID, idx), Buf: bufs[len(reqs)]})
-						}
-					}
-				}
-				t0 := time.Now()
-				if err := s.Read(reqs); err != nil {
-					me.err = err
-					return
-				}
-				me.lat = append(me.lat, time.Since(t0))
-				for _, r := range reqs {
-					if r.Err != nil {
-						me.err = fmt.Errorf("bench: read %v: %w", r.Key, r.Err)
-						return
-					}
-					me.bytes += int64(gb)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	secs := time.Since(start).Seconds()
-	var lat []time.Duration
-	for _, w := range workers {
-		if w.err != nil {
-			return benchReport{}, w.err
-		}
-		lat = append(lat, w.lat...)
-		rep.Bytes += w.bytes
-	}
-	slices.Sort(lat)
-	rep.Path, rep.Engine, rep.Op, rep.Pattern, rep.QD = path, s.Engine().Name(), bench.OpRead, "blocks", o.qd
-	rep.BlocksPerCall, rep.GroupsPerCall = o.blocks, o.blocks*g.GroupsPerBlock()
-	rep.IOSize = rep.GroupsPerCall * gb
-	rep.Ops, rep.Seconds = int64(len(lat)), secs
-	rep.GBps = float64(rep.Bytes) / secs / 1e9
-	rep.IOPS = float64(rep.Ops) / secs
-	rep.P50us, rep.P99us = pct(lat, 0.50), pct(lat, 0.99)
-	return rep, nil
-}
-
-// pickDistinct fills picks with cap(picks) distinct random indices
-// below n (cap(picks) ≤ n), without allocating.
-func pickDistinct(rng *rand.Rand, n int, picks []int) []int {
-	picks = picks[:0]
-	for len(picks) < cap(picks) {
-		i := rng.IntN(n)
-		if !slices.Contains(picks, i) {
-			picks = append(picks, i)
-		}
-	}
-	return picks
-}
-
-// pct is the p-quantile of sorted latencies in µs.
-func pct(sorted []time.Duration, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := min(int(p*float64(len(sorted))), len(sorted)-1)
-	return float64(sorted[i].Nanoseconds()) / 1e3
-}
-
-// fillBlocks writes every group of new random blocks until s holds n.
-func fillBlocks(s *store.Store, n int) error {
-	g := s.Geometry()
-	have := map[uint64]bool{}
-	for _, b := range s.Blocks() {
-		have[b.ID] = true
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	data := make([]byte, g.GroupBytes())
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	for id := uint64(0); len(have) < n; id++ {
-		if have[id] {
-			continue
-		}
-		reqs := make([]store.WriteReq, g.GroupsPerBlock())
-		for idx := range reqs {
-			reqs[idx] = store.WriteReq{Key: g.KeyAt(id, idx), Data: data}
-		}
-		if err := s.Write(reqs); err != nil {
-			return err
-		}
-		for _, r := range reqs {
-			if r.Err != nil {
-				return fmt.Errorf("bench: fill %v: %w", r.Key, r.Err)
-			}
-		}
-		have[id] = true
-		if int64(len(have)) >= s.Info().Slots {
-			break // full: more would evict
-		}
-	}
-	return nil
+	return benchReport{Path: path, Engine: r.Engine, Op: bench.OpRead, Pattern: "blocks", IOSize: r.CallBytes, QD: r.QD,
+		GBps: r.GBps, IOPS: r.CallsPerSec, P50us: r.P50us, P99us: r.P99us, Bytes: r.Bytes, Ops: r.Calls, Seconds: r.Seconds,
+		BlocksPerCall: r.BlocksPerCall, GroupsPerCall: r.GroupsPerCall}, nil
 }
 
 func (r benchReport) String() string {
@@ -420,21 +284,4 @@ func (r benchReport) String() string {
 		s += fmt.Sprintf("; fio %.3f GB/s, ratio %.3f", *r.FioGBps, *r.RatioVsFio)
 	}
 	return s
-}
-
-// benchBuffer allocates n bytes of I/O memory: the engine's own buffers
-// when it has them, else page-aligned memory.
-func benchBuffer(e store.Engine, n int) ([]byte, func(), error) {
-	if a, ok := e.(store.BufferAllocator); ok {
-		b, err := a.AllocBuffer(n)
-		if err != nil {
-			return nil, nil, err
-		}
-		return b, func() { a.FreeBuffer(b) }, nil
-	}
-	b, err := store.AllocAligned(n)
-	if err != nil {
-		return nil, nil, err
-	}
-	return b, func() { store.FreeAligned(b) }, nil
 }

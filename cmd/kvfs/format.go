@@ -3,14 +3,16 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvfs/kvfs/engine"
+	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
+
+// kvfs format: flags and messages; engine.Format does the work.
 
 // formatOptions are the flags of kvfs format.
 type formatOptions struct {
@@ -69,7 +71,7 @@ func (o *formatOptions) geometry() (layout.Geometry, error) {
 	return g, nil
 }
 
-func (o *formatOptions) run(cmd *cobra.Command, path string) (err error) {
+func (o *formatOptions) run(cmd *cobra.Command, path string) error {
 	log, err := newLogger(cmd)
 	if err != nil {
 		return err
@@ -84,137 +86,24 @@ func (o *formatOptions) run(cmd *cobra.Command, path string) (err error) {
 	}
 	var size int64
 	if o.size != "" {
-		if size, err = layout.ParseSize(o.size); err != nil || size <= 0 {
+		if size, err = bytesize.Parse(o.size); err != nil || size <= 0 {
 			return usageErrorf("--size %q: want a positive size like 256MiB or 4GiB", o.size)
 		}
 	}
-	st, statErr := os.Stat(path)
-	existed := statErr == nil
-	isDev := existed && st.Mode()&os.ModeDevice != 0
-	if existed && !isDev && !st.Mode().IsRegular() {
-		return fmt.Errorf("%s is neither a regular file nor a block device", path)
-	}
-	if statErr != nil && !errors.Is(statErr, os.ErrNotExist) {
-		return statErr
-	}
-	if size == 0 && !existed {
+	sb, err := engine.Format(path, engine.FormatOptions{Geometry: g, Size: size, Force: o.force, Engine: engine.Options{Kind: kind, Logger: log}})
+	switch {
+	case errors.Is(err, engine.ErrNeedSize):
 		return usageErrorf("--size is required to create %s", path)
-	}
-	if size == 0 && !isDev {
-		size = st.Size() // an existing file keeps its size
-	}
-	if err := checkSize(g, size, sizeSource(o.size, path)); err != nil && (size > 0 || !isDev) {
-		return err
-	}
-	eo := engine.Options{Kind: kind, Logger: log}
-
-	// An existing file or device: lock it and make sure it may be
-	// overwritten before anything changes.
-	if existed {
-		lock, err := engine.Lock(path)
-		if err != nil {
-			return err
-		}
-		defer lock.Close()
-		if err := o.checkExisting(path, eo, g); err != nil {
-			return err
-		}
-	}
-	if err := store.PrepareFile(path, size); err != nil {
-		return err
-	}
-	if !existed {
-		// Anything that fails from here leaves no new file behind.
-		defer func() {
-			if err != nil {
-				os.Remove(path)
-			}
-		}()
-		lock, err := engine.Lock(path)
-		if err != nil {
-			return err
-		}
-		defer lock.Close()
-	}
-	e, err := engine.Open(path, eo)
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	if !existed {
-		if err := checkAlign(e, g); err != nil {
-			return err
-		}
-	}
-	if isDev {
-		if size > e.Size() {
-			return fmt.Errorf("%w: --size %s is more than the %d bytes of %s", store.ErrTooSmall, o.size, e.Size(), path)
-		}
-		if err := checkSize(g, e.Size(), path); err != nil {
-			return err
-		}
-	}
-	sb, err := store.Format(e, g, store.FormatOptions{Force: o.force, Size: size})
-	if err != nil {
-		if errors.Is(err, layout.ErrGeometry) {
-			return usageErrorf("%v", err)
-		}
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err := e.Close(); err != nil {
+	case errors.Is(err, layout.ErrGeometry):
+		return usageErrorf("%v", err)
+	case errors.Is(err, store.ErrTooSmall) && o.size != "":
+		return fmt.Errorf("--size %s: %w", o.size, err)
+	case err != nil:
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "formatted %s: %v, %d slots of %s (%d groups of %d bytes each), %s used, uuid %s\n",
 		path, g, sb.Slots, humanBytes(sb.SlotBytes), g.GroupsPerBlock(), g.GroupBytes(), humanBytes(sb.DataOffset+sb.Slots*sb.SlotBytes), sb.UUIDString())
 	return nil
-}
-
-// checkExisting refuses, without writing, to format over an existing store
-// (unless --force) or with an alignment the device cannot do.
-func (o *formatOptions) checkExisting(path string, eo engine.Options, g layout.Geometry) error {
-	eo.ReadOnly = true
-	e, err := engine.Open(path, eo)
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	if err := checkAlign(e, g); err != nil {
-		return err
-	}
-	if o.force {
-		return nil
-	}
-	found, err := store.HoldsStore(e)
-	if err != nil {
-		return fmt.Errorf("%s: looking for an existing store: %w", path, err)
-	}
-	if found {
-		return fmt.Errorf("%s: %w", path, store.ErrExists)
-	}
-	return nil
-}
-
-func checkAlign(e store.Engine, g layout.Geometry) error {
-	if a := e.Align(); a > store.SuperblockSize || g.Align%a != 0 {
-		return usageErrorf("--align %d: %s needs %d-byte alignment", g.Align, e.Name(), a)
-	}
-	return nil
-}
-
-// checkSize refuses a size below one slot of g, naming the minimum.
-func checkSize(g layout.Geometry, size int64, what string) error {
-	if minSize := store.MinSize(g); size < minSize {
-		return fmt.Errorf("%w: %s is %d bytes; one slot of this geometry (%v) needs at least %d bytes (%s)",
-			store.ErrTooSmall, what, size, g, minSize, humanBytes(minSize))
-	}
-	return nil
-}
-
-func sizeSource(flag, path string) string {
-	if flag != "" {
-		return "--size " + flag
-	}
-	return path
 }
 
 // humanBytes formats n with a binary unit.

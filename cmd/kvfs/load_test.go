@@ -11,72 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/bench"
 	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
 )
-
-func TestParseRequests(t *testing.T) {
-	in := `# comment
-abc 1 0 K
-0xABC 0 1 v 64KiB
-  
-ff 1 1 V 4096 1024
-{"block": "00ab", "layer": 0, "head": 1, "kind": "V", "offset": 8192, "pitch": 512}
-{"block": 171, "layer": 1, "head": 0, "kind": "K"}
-`
-	reqs, err := parseRequests(strings.NewReader(in))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []struct {
-		key     layout.Key
-		off     uint64
-		pitch   uint32
-		autoOff bool
-		line    int
-	}{
-		{layout.Key{Block: 0xabc, Layer: 1, Kind: layout.K}, 0, 0, true, 2},
-		{layout.Key{Block: 0xabc, Head: 1, Kind: layout.V}, 64 << 10, 0, false, 3},
-		{layout.Key{Block: 0xff, Layer: 1, Head: 1, Kind: layout.V}, 4096, 1024, false, 5},
-		{layout.Key{Block: 0xab, Head: 1, Kind: layout.V}, 8192, 512, false, 6},
-		{layout.Key{Block: 0xab, Layer: 1, Kind: layout.K}, 0, 0, true, 7},
-	}
-	if len(reqs) != len(want) {
-		t.Fatalf("%d requests", len(reqs))
-	}
-	for i, w := range want {
-		q := reqs[i]
-		if q.key != w.key || q.Offset != w.off || q.Pitch != w.pitch || q.autoOff != w.autoOff || q.Line != w.line {
-			t.Errorf("request %d: %+v, want %+v", i, q, w)
-		}
-	}
-	// Packed offsets for the ones without.
-	info := client.Info{Geometry: testGeo, GroupBytes: 512, RowBytes: 32}
-	size, err := layoutRequests(reqs, info)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// After the furthest end so far (64 KiB + 512).
-	if reqs[0].Offset != 0 || reqs[4].Offset != 64<<10+512 || size != int64(reqs[4].Offset+512) {
-		t.Fatalf("offsets %d %d, size %d", reqs[0].Offset, reqs[4].Offset, size)
-	}
-	for _, bad := range []string{
-		"abc 1 0", "abc 1 0 X", "xyz 1 0 K", "abc -1 0 K", "abc 1 0 K 12 34 56", "abc 1 0 K 1q",
-		"abc 1 0 K 0 99GiB", `{"block": "ab", "layer": 0}`, `{"block": "ab", "layer": 0, "head": 0, "kind": "K", "x": 1}`,
-		`{"block": [1], "layer": 0, "head": 0, "kind": "K"}`, `{"block": "ab", "layer": -1, "head": 0, "kind": "K"}`, `{`,
-	} {
-		if _, err := parseRequests(strings.NewReader(bad)); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-	if _, err := layoutRequests([]request{{Line: 1, Pitch: 8}}, info); err == nil {
-		t.Error("pitch below a row accepted")
-	}
-}
 
 // mountForLoad mounts an in-memory store with the ctl server in this
 // process, as kvfs mount does.
@@ -109,6 +50,10 @@ func mountForLoad(t *testing.T) (string, *store.Store) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		srv.Wait()
+		// What the ioctls and bench-load did left the store consistent.
+		if err := st.CheckInvariants(); err != nil {
+			t.Error(err)
+		}
 		st.Close()
 	})
 	return dir, st
@@ -147,7 +92,7 @@ ab 1 1 K 2048
 	r.want(t, 1, "loaded 1 of 2 groups", ", 1 absent")
 	var rep struct {
 		OK, Total int
-		Entries   []request
+		Entries   []loadEntry
 	}
 	decodeJSON(t, r.stdout, &rep)
 	if rep.OK != 1 || rep.Total != 2 || rep.Entries[0].Status != "ok" || rep.Entries[1].Status != "absent" {
@@ -187,7 +132,7 @@ func TestBenchLoad(t *testing.T) {
 	r.want(t, 1, "holds 0 blocks", "--fill")
 	r = kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "12", "--calls", "20", "--jobs", "2", "--fill", "3", "--json")
 	r.want(t, 0)
-	var rep benchLoadReport
+	var rep bench.LoadResult
 	if err := json.Unmarshal(r.stdout, &rep); err != nil {
 		t.Fatalf("%v: %s", err, r.stdout)
 	}

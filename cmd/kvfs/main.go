@@ -1,8 +1,3 @@
-// Command kvfs formats, inspects and mounts kvfs stores. See README.md.
-//
-// Every subcommand lives in its own file and registers itself with
-// addCommand from an init function. Exit status: 0 success, 1 failure,
-// 2 usage error (bad flags or arguments: return usageErrorf).
 package main
 
 import (

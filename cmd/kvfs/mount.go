@@ -29,7 +29,7 @@ import (
 	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/fs"
-	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -136,7 +136,7 @@ func (o *mountOptions) parseMaxPinned() (int64, error) {
 
 // parseReadAhead checks --read-ahead: fs.Options.ReadAhead and CacheBytes.
 func (o *mountOptions) parseReadAhead() (readAhead, cache int, err error) {
-	n, err := layout.ParseSize(o.readAhead)
+	n, err := bytesize.Parse(o.readAhead)
 	if err != nil || n > 1<<30 {
 		return 0, 0, usageErrorf("--read-ahead %q: want a size such as 1MiB, at most 1GiB, or 0", o.readAhead)
 	}

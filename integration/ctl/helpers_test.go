@@ -121,6 +121,9 @@ func mountEnv(t testing.TB, o envOptions) *env {
 		}
 		e.st = st
 		t.Cleanup(func() {
+			if err := st.CheckInvariants(); err != nil {
+				t.Error(err)
+			}
 			if err := st.Close(); err != nil {
 				t.Errorf("close store: %v", err)
 			}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfs/kvfs/bench"
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/engine"
@@ -244,9 +245,8 @@ func measure(t *testing.T, dir string) {
 			sum += d
 		}
 		slices.Sort(r.lat)
-		us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-		return float64(r.calls*gpc*gb) / r.wall.Seconds() / 1e9, us(sum) / float64(r.calls),
-			us(r.lat[len(r.lat)/2]), us(r.lat[min(len(r.lat)-1, len(r.lat)*99/100)])
+		return float64(r.calls*gpc*gb) / r.wall.Seconds() / 1e9, bench.Micros(sum) / float64(r.calls),
+			bench.Micros(bench.Percentile(r.lat, 50)), bench.Micros(bench.Percentile(r.lat, 99))
 	}
 	t.Logf("store %s (%s engine, %d MiB, %d blocks of %d × %d B), %d groups/call, %d jobs; empty ioctl round trip %.1f µs",
 		path, st.Engine().Name(), size>>20, nblocks, per, gb, gpc, jobs, float64(empty.Nanoseconds())/1e3)

@@ -1,0 +1,257 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/layout"
+)
+
+// LoadConfig describes an end-to-end measurement of LOAD ioctls on a
+// mount: each call is one LOAD of GroupsPerCall groups of whole random
+// blocks (all groups of a block, in slot order; the last block of a call
+// may be partial) into a registered /dev/shm buffer, packed in order, so the
+// store can land coalesced reads straight in it. Jobs callers issue Calls
+// calls each, concurrently, on one open control file.
+type LoadConfig struct {
+	// Client is open on the mount's control file.
+	Client *client.Client
+	// Mountpoint is where the blocks are listed (its layer directories).
+	Mountpoint string
+	// GroupsPerCall is the groups of one ioctl, 1 to the daemon's
+	// MaxEntries (default 256).
+	GroupsPerCall int
+	// Calls is the measured calls per job (default 1000).
+	Calls int
+	// Jobs is the number of concurrent callers (default 1).
+	Jobs int
+	// Warmup is the unmeasured calls per job before (0: none).
+	Warmup int
+	// Fill, when above the blocks present, first STOREs random blocks
+	// until Fill are present (this writes to the store).
+	Fill int
+	// Seed seeds the choice of blocks.
+	Seed uint64
+}
+
+// LoadResult is the outcome of RunLoad; its JSON is what kvfs bench-load
+// --json prints. Latencies are per ioctl; UsPerGroup is the mean call
+// latency per group.
+type LoadResult struct {
+	Mountpoint    string  `json:"mountpoint"`
+	Engine        string  `json:"engine"`
+	GroupBytes    int     `json:"group_bytes"`
+	GroupsPerCall int     `json:"groups_per_call"`
+	Calls         int     `json:"calls"`
+	Jobs          int     `json:"jobs"`
+	Blocks        int     `json:"blocks"`
+	Bytes         int64   `json:"bytes"`
+	Seconds       float64 `json:"seconds"`
+	GBps          float64 `json:"gbps"`
+	UsPerCall     float64 `json:"us_per_call"`
+	P50us         float64 `json:"p50_us"`
+	P99us         float64 `json:"p99_us"`
+	UsPerGroup    float64 `json:"us_per_group"`
+	NotOK         int     `json:"not_ok"`
+}
+
+// RunLoad measures LOAD calls as c describes. Entries that are not ok
+// (absent, corrupt or evicted while measuring) are counted in NotOK; a
+// failed ioctl ends the run with its error.
+func RunLoad(c LoadConfig) (LoadResult, error) {
+	if c.GroupsPerCall == 0 {
+		c.GroupsPerCall = 256
+	}
+	if c.Calls == 0 {
+		c.Calls = 1000
+	}
+	if c.Jobs == 0 {
+		c.Jobs = 1
+	}
+	if c.Client == nil {
+		return LoadResult{}, fmt.Errorf("%w: no client", ErrConfig)
+	}
+	info := c.Client.Info()
+	switch {
+	case c.GroupsPerCall < 1 || info.MaxEntries > 0 && c.GroupsPerCall > info.MaxEntries:
+		return LoadResult{}, fmt.Errorf("%w: %d groups per call (one LOAD ioctl takes 1 to %d)", ErrConfig, c.GroupsPerCall, info.MaxEntries)
+	case c.Calls < 1 || c.Jobs < 1 || c.Warmup < 0 || c.Fill < 0:
+		return LoadResult{}, fmt.Errorf("%w: %d calls, %d jobs, %d warmup calls, fill %d", ErrConfig, c.Calls, c.Jobs, c.Warmup, c.Fill)
+	}
+	g, gb := info.Geometry, info.GroupBytes
+	blocks, err := ListBlocks(c.Mountpoint, g)
+	if err != nil {
+		return LoadResult{}, err
+	}
+	if len(blocks) < c.Fill {
+		if blocks, err = fillBlocksCtl(c.Client, blocks, c.Fill, c.Seed); err != nil {
+			return LoadResult{}, err
+		}
+	}
+	perBlock := g.GroupsPerBlock()
+	need := (c.GroupsPerCall + perBlock - 1) / perBlock
+	if len(blocks) < need {
+		return LoadResult{}, fmt.Errorf("%w: %s holds %d blocks, a call of %d groups needs %d", ErrFewBlocks, c.Mountpoint, len(blocks), c.GroupsPerCall, need)
+	}
+	callBytes := int64(c.GroupsPerCall * gb)
+	buf, err := c.Client.NewHostBuffer("", callBytes*int64(c.Jobs))
+	if err != nil {
+		return LoadResult{}, err
+	}
+	defer buf.Close()
+
+	lat := make([][]time.Duration, c.Jobs)
+	notOK := make([]int, c.Jobs)
+	errs := make([]error, c.Jobs)
+	var ready, wg sync.WaitGroup
+	gate := make(chan struct{})
+	for j := range c.Jobs {
+		wg.Add(1)
+		ready.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(c.Seed, uint64(j)))
+			es := make([]client.Entry, c.GroupsPerCall)
+			st := make([]client.Status, c.GroupsPerCall)
+			base := uint64(int64(j) * callBytes)
+			pick := func() {
+				n := 0
+				for n < len(es) {
+					b := blocks[rng.IntN(len(blocks))]
+					for i := 0; i < perBlock && n < len(es); i++ {
+						es[n] = client.Entry{Key: g.KeyAt(b, i), Buffer: buf.ID, Offset: base + uint64(n*gb)}
+						n++
+					}
+				}
+			}
+			for range c.Warmup {
+				pick()
+				if _, err := c.Client.Batch(true, es, st, nil); err != nil {
+					errs[j] = err
+				}
+			}
+			ready.Done()
+			<-gate
+			lat[j] = make([]time.Duration, 0, c.Calls)
+			for range c.Calls {
+				pick()
+				t0 := time.Now()
+				nok, err := c.Client.Batch(true, es, st, nil)
+				lat[j] = append(lat[j], time.Since(t0))
+				if err != nil {
+					errs[j] = err
+					return
+				}
+				notOK[j] += len(es) - nok
+			}
+		}()
+	}
+	ready.Wait()
+	start := time.Now()
+	close(gate)
+	wg.Wait()
+	wall := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return LoadResult{}, err
+	}
+	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: c.GroupsPerCall,
+		Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), Seconds: wall.Seconds()}
+	all := slices.Concat(lat...)
+	var sum time.Duration
+	for _, d := range all {
+		sum += d
+	}
+	for _, n := range notOK {
+		res.NotOK += n
+	}
+	slices.Sort(all)
+	res.Bytes = int64(len(all)) * callBytes
+	res.GBps = float64(res.Bytes) / wall.Seconds() / 1e9
+	res.UsPerCall = Micros(sum) / float64(len(all))
+	res.P50us, res.P99us = Micros(Percentile(all, 50)), Micros(Percentile(all, 99))
+	res.UsPerGroup = res.UsPerCall / float64(c.GroupsPerCall)
+	return res, nil
+}
+
+func (r LoadResult) String() string {
+	s := fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d calls × %d groups of %d bytes from %d blocks\n",
+		r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.GroupsPerCall, r.GroupBytes, r.Blocks)
+	s += fmt.Sprintf("  %.2f GB/s   %.1f µs/ioctl (p50 %.1f, p99 %.1f)   %.3f µs/group   %d bytes in %.3f s",
+		r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, r.Bytes, r.Seconds)
+	if r.NotOK > 0 {
+		s += fmt.Sprintf("\n  %d groups not ok (absent, corrupt or evicted while measuring)", r.NotOK)
+	}
+	return s
+}
+
+// ListBlocks returns the blocks present under mountpoint (the union over
+// its layer directories), sorted.
+func ListBlocks(mountpoint string, g layout.Geometry) ([]uint64, error) {
+	seen := map[uint64]bool{}
+	for l := range g.Layers {
+		des, err := os.ReadDir(filepath.Join(mountpoint, g.LayerName(l)))
+		if err != nil {
+			return nil, err
+		}
+		for _, de := range des {
+			if b, err := layout.ParseBlockName(de.Name()); err == nil {
+				seen[b] = true
+			}
+		}
+	}
+	out := make([]uint64, 0, len(seen))
+	for b := range seen {
+		out = append(out, b)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// fillBlocksCtl stores random whole blocks through STORE until want blocks
+// are present.
+func fillBlocksCtl(c *client.Client, have []uint64, want int, seed uint64) ([]uint64, error) {
+	info := c.Info()
+	g, gb, per := info.Geometry, info.GroupBytes, info.Geometry.GroupsPerBlock()
+	buf, err := c.NewHostBuffer("", int64(per*gb))
+	if err != nil {
+		return nil, err
+	}
+	defer buf.Close()
+	rng := rand.New(rand.NewPCG(seed, 0xf111))
+	for i := range buf.Mem {
+		buf.Mem[i] = byte(rng.Uint32())
+	}
+	present := map[uint64]bool{}
+	for _, b := range have {
+		present[b] = true
+	}
+	es := make([]client.Entry, per)
+	for len(have) < want {
+		b := rng.Uint64()
+		if present[b] {
+			continue
+		}
+		for i := range es {
+			es[i] = client.Entry{Key: g.KeyAt(b, i), Buffer: buf.ID, Offset: uint64(i * gb)}
+		}
+		st, err := c.Store(es)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range st {
+			if s != client.OK {
+				return nil, fmt.Errorf("bench: fill: storing block %016x: %v", b, s)
+			}
+		}
+		present[b] = true
+		have = append(have, b)
+	}
+	return have, nil
+}
