@@ -127,7 +127,7 @@ func (o *mountOptions) parseMaxPinned() (int64, error) {
 	if o.maxPinned == "" {
 		return 0, nil
 	}
-	n, err := layout.ParseSize(o.maxPinned)
+	n, err := bytesize.Parse(o.maxPinned)
 	if err != nil || n <= 0 {
 		return 0, usageErrorf("--max-pinned %q: want a size such as 16GiB", o.maxPinned)
 	}
