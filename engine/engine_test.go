@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/kvfs/kvfs/engine/posix"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
@@ -201,7 +202,7 @@ func formatFile(t *testing.T) string {
 	if err := store.PrepareFile(path, store.SizeFor(testGeo, 4)); err != nil {
 		t.Fatal(err)
 	}
-	e, err := store.OpenPosix(path, store.PosixOptions{})
+	e, err := posix.Open(path, posix.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@
 #            reads back, none reads corrupt.
 #
 # Environment: KVFS_NVME_CACHE (default integration/nvme/.cache),
-# KVFS_NVME_RUN (go test -run regexp for the nvme package tests),
+# KVFS_NVME_RUN (go test -run regexp for the nvme and engine/nvme package tests),
 # KVFS_NVME_TIMEOUT (seconds per boot, default 240), KVFS_NVME_CRASH_ACKS
 # (acknowledged batches before the power cut, default 60), KVFS_NVME_KEEP=1
 # keeps the work dir. Exit status: 0 when every boot's tests passed. The
@@ -156,6 +156,7 @@ stage_start build
 mkdir -p "$work/root/bin"
 # Stripped: the guest kernel unpacks every byte of the initramfs under TCG.
 (cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvme.test" ./nvme/)
+(cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvmeengine.test" ./engine/nvme/)
 (cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvmeint.test" ./integration/nvme/)
 # The CLI, for TestStoreCLI (which skips when it is missing).
 (cd "$repo" && CGO_ENABLED=0 go build -ldflags='-s -w' -o "$work/root/bin/kvfs" ./cmd/kvfs) ||

@@ -1,6 +1,8 @@
 package nvme
 
 import (
+	nvmedev "github.com/kvfs/kvfs/nvme"
+
 	"errors"
 	"fmt"
 	"io"
@@ -51,7 +53,7 @@ type EngineStats struct {
 	Retries       uint64 // EINTR/EAGAIN resubmissions
 	Flushes       uint64
 	// PlacedBytes counts written bytes per placement handle (index into
-	// FDPInfo.Handles); empty without FDP.
+	// nvmedev.FDPInfo.Handles); empty without FDP.
 	PlacedBytes []uint64
 }
 
@@ -68,14 +70,14 @@ func (s EngineStats) String() string {
 // owns the ring, on the calling goroutine's OS thread (so the completion
 // task work of the passthrough commands runs where the batch waits).
 type Engine struct {
-	dev       *Device
+	dev       *nvmedev.Device
 	log       *zap.Logger
 	qd        int
 	lba       int
 	size      int64
 	maxXfer   int
-	placement Placement
-	fdp       *FDPInfo
+	placement nvmedev.Placement
+	fdp       *nvmedev.FDPInfo
 	pool      *bufPool
 	poolMem   []byte
 
@@ -94,7 +96,7 @@ type Engine struct {
 		chunks  []chunk
 		queue   []int
 		cqes    []uring.CQE
-		cmdBuf  [CmdSize]byte
+		cmdBuf  [nvmedev.CmdSize]byte
 		nextReg int
 	}
 }
@@ -132,10 +134,10 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	default:
 		return nil, fmt.Errorf("nvme: FDP option %q: want auto or off", o.FDP)
 	}
-	if err := Available(path); err != nil {
+	if err := nvmedev.Available(path); err != nil {
 		return nil, err
 	}
-	dev, err := OpenDevice(path)
+	dev, err := nvmedev.OpenDevice(path)
 	if err != nil {
 		return nil, err
 	}
@@ -150,11 +152,11 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 func (e *Engine) init(o EngineOptions) error {
 	ns := e.dev.NS
 	if f := ns.Format(); f.MetaSize != 0 {
-		return fmt.Errorf("%w: %s: LBA format %d has %d bytes of metadata per block (reformat to a format without metadata)", ErrUnsupported, e.dev.Path, ns.FormatIndex, f.MetaSize)
+		return fmt.Errorf("%w: %s: LBA format %d has %d bytes of metadata per block (reformat to a format without metadata)", nvmedev.ErrUnsupported, e.dev.Path, ns.FormatIndex, f.MetaSize)
 	}
 	e.lba = ns.LBASize()
 	if e.lba > unix.Getpagesize() {
-		return fmt.Errorf("%w: %s: LBA size %d above the page size", ErrUnsupported, e.dev.Path, e.lba)
+		return fmt.Errorf("%w: %s: LBA size %d above the page size", nvmedev.ErrUnsupported, e.dev.Path, e.lba)
 	}
 	e.size = ns.Size()
 	e.maxXfer = int(e.dev.Limits.MaxTransfer)
@@ -163,12 +165,12 @@ func (e *Engine) init(o EngineOptions) error {
 		e.qd = defaultQueueDepth
 	}
 
-	// Placement.
+	// nvmedev.Placement.
 	if o.FDP == "off" {
-		e.fdp = &FDPInfo{Supported: e.dev.Ctrl.FDP(), Reason: "FDP off by option"}
+		e.fdp = &nvmedev.FDPInfo{Supported: e.dev.Ctrl.FDP(), Reason: "FDP off by option"}
 	} else if info, err := e.dev.FDP(); err != nil {
 		e.log.Warn("FDP discovery failed; writes go untagged", zap.Error(err))
-		e.fdp = &FDPInfo{Supported: e.dev.Ctrl.FDP(), Reason: err.Error()}
+		e.fdp = &nvmedev.FDPInfo{Supported: e.dev.Ctrl.FDP(), Reason: err.Error()}
 	} else {
 		e.fdp = info
 	}
@@ -202,7 +204,7 @@ func (e *Engine) init(o EngineOptions) error {
 func (e *Engine) setupFixed(o EngineOptions) {
 	var u unix.Utsname
 	_ = unix.Uname(&u)
-	if rel := unix.ByteSliceToString(u.Release[:]); !KernelAtLeast(rel, 6, 1) {
+	if rel := unix.ByteSliceToString(u.Release[:]); !nvmedev.KernelAtLeast(rel, 6, 1) {
 		e.log.Info("no fixed buffers for URING_CMD before kernel 6.1", zap.String("kernel", rel))
 		return
 	}
@@ -254,16 +256,16 @@ func (e *Engine) Align() int { return e.lba }
 // MaxTransfer is the largest single command; Do splits larger IOs.
 func (e *Engine) MaxTransfer() int { return e.maxXfer }
 
-// Device is the open namespace (identify data, limits).
-func (e *Engine) Device() *Device { return e.dev }
+// nvmedev.Device is the open namespace (identify data, limits).
+func (e *Engine) Device() *nvmedev.Device { return e.dev }
 
-// Placement is the stream → placement identifier map in use (empty
+// nvmedev.Placement is the stream → placement identifier map in use (empty
 // without FDP).
-func (e *Engine) Placement() Placement { return e.placement }
+func (e *Engine) Placement() nvmedev.Placement { return e.placement }
 
-// FDPInfo reports the namespace's FDP state with fresh reclaim unit handle
+// nvmedev.FDPInfo reports the namespace's FDP state with fresh reclaim unit handle
 // status (available space per handle).
-func (e *Engine) FDPInfo() (*FDPInfo, error) {
+func (e *Engine) FDPInfo() (*nvmedev.FDPInfo, error) {
 	info := *e.fdp
 	if !info.Enabled {
 		return &info, nil
@@ -294,29 +296,29 @@ func (e *Engine) check(io_ *store.IO) error {
 	n := int64(len(io_.Buf))
 	switch {
 	case io_.Op != store.OpRead && io_.Op != store.OpWrite:
-		return fmt.Errorf("nvme: unknown op %d: %w", io_.Op, ErrInvalidCommand)
+		return fmt.Errorf("nvme: unknown op %d: %w", io_.Op, nvmedev.ErrInvalidCommand)
 	case n == 0:
 		return nil
 	case io_.Off < 0 || io_.Off%int64(e.lba) != 0 || n%int64(e.lba) != 0 || addrOf(io_.Buf)%uint64(e.lba) != 0:
-		return fmt.Errorf("%w: %s of %d bytes at %d (buffer %#x), LBA size %d", ErrAlign, io_.Op, n, io_.Off, addrOf(io_.Buf), e.lba)
+		return fmt.Errorf("%w: %s of %d bytes at %d (buffer %#x), LBA size %d", nvmedev.ErrAlign, io_.Op, n, io_.Off, addrOf(io_.Buf), e.lba)
 	case io_.Off+n > e.size:
 		if io_.Op == store.OpRead {
 			return fmt.Errorf("nvme: read of %d bytes at %d past the namespace end %d: %w", n, io_.Off, e.size, io.ErrUnexpectedEOF)
 		}
-		return fmt.Errorf("%w: write of %d bytes at %d past the namespace end %d", ErrRange, n, io_.Off, e.size)
+		return fmt.Errorf("%w: write of %d bytes at %d past the namespace end %d", nvmedev.ErrRange, n, io_.Off, e.size)
 	}
 	return nil
 }
 
 // Do performs the batch: each IO is split at MaxTransfer, up to QueueDepth
 // commands are in flight, writes carry the placement identifier of
-// IO.Stream when FDP is enabled. Device status comes back per IO as a
-// wrapped *StatusError.
+// IO.Stream when FDP is enabled. nvmedev.Device status comes back per IO as a
+// wrapped *nvmedev.StatusError.
 func (e *Engine) Do(ios []store.IO) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.mu.closed {
-		return ErrClosed
+		return nvmedev.ErrClosed
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -415,7 +417,7 @@ func (e *Engine) Do(ios []store.IO) error {
 
 // prep fills sqe with the NVMe command of ch.
 func (e *Engine) prep(sqe *uring.SQE, ch *chunk, op store.Op, stream uint16) error {
-	rw := RW{
+	rw := nvmedev.RW{
 		NSID: e.dev.NSID,
 		SLBA: uint64(ch.off) / uint64(e.lba),
 		NLB:  uint32(len(ch.buf) / e.lba),
@@ -423,22 +425,22 @@ func (e *Engine) prep(sqe *uring.SQE, ch *chunk, op store.Op, stream uint16) err
 		Len:  uint32(len(ch.buf)),
 	}
 	var (
-		c   Command
+		c   nvmedev.Command
 		err error
 	)
 	if op == store.OpWrite {
 		if len(e.placement.PIDs) > 0 {
-			rw.DType, rw.DSpec = DTypePlacement, e.placement.PID(stream)
+			rw.DType, rw.DSpec = nvmedev.DTypePlacement, e.placement.PID(stream)
 		}
-		c, err = WriteCmd(rw)
+		c, err = nvmedev.WriteCmd(rw)
 	} else {
-		c, err = ReadCmd(rw)
+		c, err = nvmedev.ReadCmd(rw)
 	}
 	if err != nil {
 		return err
 	}
 	c.Encode(e.mu.cmdBuf[:])
-	if err := e.mu.ring.PrepURingCmd(sqe, int32(e.dev.fd), URingCmdIO, e.mu.cmdBuf[:]); err != nil {
+	if err := e.mu.ring.PrepURingCmd(sqe, int32(e.dev.Fd()), nvmedev.URingCmdIO, e.mu.cmdBuf[:]); err != nil {
 		return err
 	}
 	if idx, ok := e.fixedIndexLocked(ch.buf); ok {
@@ -479,12 +481,12 @@ func (e *Engine) complete(c uring.CQE, ch *chunk, io_ *store.IO) bool {
 			io_.Err = fmt.Errorf("nvme: %s of %d bytes at %d: %w", op, len(ch.buf), ch.off, errno)
 		}
 	default:
-		opc := OpRead
+		opc := nvmedev.OpRead
 		if op == store.OpWrite {
-			opc = OpWrite
+			opc = nvmedev.OpWrite
 		}
 		if io_.Err == nil {
-			io_.Err = fmt.Errorf("nvme: %s of %d bytes at %d: %w", op, len(ch.buf), ch.off, &StatusError{Opcode: opc, Status: Status(c.Res)})
+			io_.Err = fmt.Errorf("nvme: %s of %d bytes at %d: %w", op, len(ch.buf), ch.off, &nvmedev.StatusError{Opcode: opc, Status: nvmedev.Status(c.Res)})
 		}
 	}
 	return false
@@ -504,18 +506,18 @@ func (e *Engine) Sync() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.mu.closed {
-		return ErrClosed
+		return nvmedev.ErrClosed
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	for try := 0; ; try++ {
-		c := FlushCmd(e.dev.NSID)
+		c := nvmedev.FlushCmd(e.dev.NSID)
 		c.Encode(e.mu.cmdBuf[:])
 		sqe := e.mu.ring.GetSQE()
 		if sqe == nil {
 			return e.broken(errors.New("nvme: no SQE free for flush"))
 		}
-		if err := e.mu.ring.PrepURingCmd(sqe, int32(e.dev.fd), URingCmdIO, e.mu.cmdBuf[:]); err != nil {
+		if err := e.mu.ring.PrepURingCmd(sqe, int32(e.dev.Fd()), nvmedev.URingCmdIO, e.mu.cmdBuf[:]); err != nil {
 			return err
 		}
 		if _, err := e.mu.ring.SubmitAndWait(1); err != nil {
@@ -537,7 +539,7 @@ func (e *Engine) Sync() error {
 			}
 			return fmt.Errorf("nvme: flush: %w", errno)
 		default:
-			return fmt.Errorf("nvme: flush: %w", &StatusError{Opcode: OpFlush, Status: Status(cqe.Res)})
+			return fmt.Errorf("nvme: flush: %w", &nvmedev.StatusError{Opcode: nvmedev.OpFlush, Status: nvmedev.Status(cqe.Res)})
 		}
 	}
 }
@@ -547,7 +549,7 @@ func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.mu.closed {
-		return ErrClosed
+		return nvmedev.ErrClosed
 	}
 	return e.closeLocked()
 }
@@ -563,7 +565,7 @@ func (e *Engine) closeLocked() error {
 		store.FreeAligned(e.poolMem)
 		e.poolMem = nil
 	}
-	if e.dev.fd >= 0 {
+	if e.dev.Fd() >= 0 {
 		errs = append(errs, e.dev.Close())
 	}
 	return errors.Join(errs...)
@@ -609,7 +611,7 @@ func (e *Engine) RegisterMemory(b []byte) (func(), error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.mu.closed {
-		return nil, ErrClosed
+		return nil, nvmedev.ErrClosed
 	}
 	if !e.mu.useFix || len(b) == 0 {
 		return func() {}, nil // plain addresses work as well, just slower
@@ -742,4 +744,11 @@ func (p *bufPool) release(b []byte) bool {
 		p.free = append(p.free[:i], p.free[i+1:]...)
 	}
 	return true
+}
+
+func addrOf(b []byte) uint64 {
+	if len(b) == 0 {
+		return 0
+	}
+	return uint64(uintptr(unsafe.Pointer(&b[0])))
 }

@@ -1,6 +1,8 @@
 package uring
 
 import (
+	iouring "github.com/kvfs/kvfs/uring"
+
 	"errors"
 	"fmt"
 	"io"
@@ -39,7 +41,7 @@ type EngineOptions struct {
 	ReadOnly bool
 
 	// Test knobs.
-	maxChunk      int  // bytes per SQE at most (default 1 GiB)
+	maxChunk      int  // bytes per iouring.SQE at most (default 1 GiB)
 	legacyBuffers bool // re-register the whole table instead of updating it
 	refuseDirect  bool // act as if open(O_DIRECT) said EINVAL
 	extraSlots    int  // fixed buffer slots for RegisterMemory (default 64)
@@ -130,20 +132,20 @@ const (
 	slotSync
 )
 
-// slot is one request in flight; its index is the SQE's user_data.
+// slot is one request in flight; its index is the iouring.SQE's user_data.
 type slot struct {
 	kind    slotKind
 	c       *call
 	i       int // index in c.ios
 	done    int // bytes transferred so far
-	n       int // bytes asked of the SQE in flight
+	n       int // bytes asked of the iouring.SQE in flight
 	retries int
 }
 
 // registration is memory added by RegisterMemory.
 type registration struct {
 	mem    []byte
-	pieces []FixedBuffer
+	pieces []iouring.FixedBuffer
 }
 
 // Engine is the io_uring store engine. See the package documentation for
@@ -172,7 +174,7 @@ type Engine struct {
 	}
 
 	// Owned by the ring goroutine.
-	ring          *Ring
+	ring          *iouring.Ring
 	pending       []*call
 	slots         []slot
 	free          []int
@@ -181,12 +183,12 @@ type Engine struct {
 	fixedFile     bool
 	canFsync      bool
 	maxChunk      int
-	sparse        bool          // buffer table updated in place
-	legacy        bool          // buffer table re-registered whole
-	noFixed       bool          // no fixed buffers at all
-	tableUsed     []bool        // sparse: which slots hold a buffer
-	poolPieces    []FixedBuffer // the pool's entries
-	fixed         []FixedBuffer // every entry, sorted by address
+	sparse        bool                  // buffer table updated in place
+	legacy        bool                  // buffer table re-registered whole
+	noFixed       bool                  // no fixed buffers at all
+	tableUsed     []bool                // sparse: which slots hold a buffer
+	poolPieces    []iouring.FixedBuffer // the pool's entries
+	fixed         []iouring.FixedBuffer // every entry, sorted by address
 	regs          map[int]*registration
 	nextReg       int
 	extraSlots    int
@@ -205,7 +207,7 @@ var (
 // OpenEngine opens path (a regular file or a block device) and starts the
 // engine's ring.
 func OpenEngine(path string, o EngineOptions) (*Engine, error) {
-	if err := Available(); err != nil {
+	if err := iouring.Available(); err != nil {
 		return nil, err
 	}
 	if o.QueueDepth <= 0 {
@@ -218,7 +220,7 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 		o.Logger = zap.NewNop()
 	}
 	if o.maxChunk <= 0 {
-		o.maxChunk = MaxFixedBuffer
+		o.maxChunk = iouring.MaxFixedBuffer
 	}
 	if o.extraSlots <= 0 {
 		o.extraSlots = defaultExtraSlots
@@ -552,7 +554,7 @@ func nextPow2(n int) uint32 {
 }
 
 func (e *Engine) setup() error {
-	r, err := New(Options{
+	r, err := iouring.New(iouring.Options{
 		Entries:      nextPow2(e.qd + 1), // QD requests + the eventfd read
 		SingleIssuer: true,
 		DeferTaskrun: true,
@@ -566,12 +568,12 @@ func (e *Engine) setup() error {
 	if err != nil {
 		return err
 	}
-	for _, op := range []Opcode{OpRead, OpWrite} {
+	for _, op := range []iouring.Opcode{iouring.OpRead, iouring.OpWrite} {
 		if !probe.Supported(op) {
 			return fmt.Errorf("uring: kernel lacks %v: %w", op, unix.EOPNOTSUPP)
 		}
 	}
-	e.canFsync = probe.Supported(OpFsync)
+	e.canFsync = probe.Supported(iouring.OpFsync)
 	e.slots = make([]slot, e.qd)
 	e.free = make([]int, e.qd)
 	for i := range e.free {
@@ -591,12 +593,12 @@ func (e *Engine) setup() error {
 	return nil
 }
 
-func (e *Engine) setupBuffers(probe *ProbeResult) {
-	if !probe.Supported(OpReadFixed) || !probe.Supported(OpWriteFixed) {
+func (e *Engine) setupBuffers(probe *iouring.ProbeResult) {
+	if !probe.Supported(iouring.OpReadFixed) || !probe.Supported(iouring.OpWriteFixed) {
 		e.noFixed, e.fixedDisabled = true, "kernel lacks READ_FIXED/WRITE_FIXED"
 		return
 	}
-	e.poolPieces = SplitBuffers([][]byte{e.pool.mem}, 0)
+	e.poolPieces = iouring.SplitBuffers([][]byte{e.pool.mem}, 0)
 	if !e.legacyOption {
 		n := len(e.poolPieces) + e.extraSlots
 		err := e.ring.RegisterBuffersSparse(n)
@@ -611,7 +613,7 @@ func (e *Engine) setupBuffers(probe *ProbeResult) {
 			for i := range e.poolPieces {
 				e.tableUsed[i] = true
 			}
-			e.fixed = append([]FixedBuffer(nil), e.poolPieces...)
+			e.fixed = append([]iouring.FixedBuffer(nil), e.poolPieces...)
 			e.sortFixed()
 			return
 		}
@@ -626,7 +628,7 @@ func (e *Engine) setupBuffers(probe *ProbeResult) {
 		e.noFixed, e.fixedDisabled = true, err.Error()
 		return
 	}
-	e.fixed = append([]FixedBuffer(nil), e.poolPieces...)
+	e.fixed = append([]iouring.FixedBuffer(nil), e.poolPieces...)
 	e.sortFixed()
 }
 
@@ -650,7 +652,7 @@ func (e *Engine) lookupFixed(b []byte) (uint16, bool) {
 }
 
 func (e *Engine) loop() {
-	cqes := make([]CQE, e.ring.CQEntries())
+	cqes := make([]iouring.CQE, e.ring.CQEntries())
 	for {
 		e.mu.Lock()
 		e.mu.sleeping = false
@@ -812,7 +814,7 @@ func (e *Engine) check(rq *store.IO) error {
 	return nil
 }
 
-func (e *Engine) getSQE() *SQE {
+func (e *Engine) getSQE() *iouring.SQE {
 	sqe := e.ring.GetSQE()
 	if sqe == nil {
 		// Cannot happen with SQ entries > QD, but stay correct: push the
@@ -850,7 +852,7 @@ func (e *Engine) prepIO(si int) {
 	}
 	if e.fixedFile {
 		sqe.Fd = 0
-		sqe.SetFlags(SQEFixedFile)
+		sqe.SetFlags(iouring.SQEFixedFile)
 	}
 	sqe.SetUserData(uint64(si))
 	s.n = len(b)
@@ -870,17 +872,17 @@ func (e *Engine) prepSync(si int) {
 		return
 	}
 	if e.fixedFile {
-		sqe.PrepFsync(0, FsyncDatasync)
-		sqe.SetFlags(SQEFixedFile)
+		sqe.PrepFsync(0, iouring.FsyncDatasync)
+		sqe.SetFlags(iouring.SQEFixedFile)
 	} else {
-		sqe.PrepFsync(int32(e.fd), FsyncDatasync)
+		sqe.PrepFsync(int32(e.fd), iouring.FsyncDatasync)
 	}
 	sqe.SetUserData(uint64(si))
 }
 
 func retryable(errno unix.Errno) bool { return errno == unix.EAGAIN || errno == unix.EINTR }
 
-func (e *Engine) complete(cqe CQE) {
+func (e *Engine) complete(cqe iouring.CQE) {
 	if cqe.UserData == wakeTag {
 		e.armed = false
 		if cqe.Res > 0 {
@@ -1018,7 +1020,7 @@ func (e *Engine) shutdown() {
 	if e.armed {
 		one := [8]byte{1}
 		_, _ = unix.Write(e.efd, one[:])
-		cqes := make([]CQE, e.ring.CQEntries())
+		cqes := make([]iouring.CQE, e.ring.CQEntries())
 		for e.armed {
 			if _, err := e.ring.SubmitAndWait(1); err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EBUSY) {
 				break
@@ -1039,7 +1041,7 @@ func (e *Engine) register(c *call) error {
 	if e.noFixed {
 		return fmt.Errorf("uring: fixed buffers unavailable (%s): %w", e.fixedDisabled, unix.EOPNOTSUPP)
 	}
-	pieces := SplitBuffers([][]byte{c.mem}, 0)
+	pieces := iouring.SplitBuffers([][]byte{c.mem}, 0)
 	id := e.nextReg
 	e.nextReg++
 	if e.sparse {
@@ -1080,9 +1082,9 @@ func (e *Engine) unregister(id int) error {
 	delete(e.regs, id)
 	var err error
 	if e.sparse {
-		clr := make([]FixedBuffer, len(r.pieces))
+		clr := make([]iouring.FixedBuffer, len(r.pieces))
 		for i, p := range r.pieces {
-			clr[i] = FixedBuffer{Index: p.Index}
+			clr[i] = iouring.FixedBuffer{Index: p.Index}
 		}
 		err = e.ring.UpdateBuffers(clr)
 		for _, p := range r.pieces {

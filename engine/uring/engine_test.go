@@ -1,6 +1,8 @@
 package uring
 
 import (
+	"github.com/kvfs/kvfs/engine/posix"
+
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -254,7 +256,7 @@ func TestEngineConformance(t *testing.T) {
 	// The suite itself is checked against the posix baseline.
 	t.Run("posix-direct", func(t *testing.T) {
 		testEngineConformance(t, diskDir(t), func(t *testing.T, path string) store.Engine {
-			e, err := store.OpenPosix(path, store.PosixOptions{})
+			e, err := posix.Open(path, posix.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

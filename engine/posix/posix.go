@@ -1,4 +1,4 @@
-package store
+package posix
 
 import (
 	"errors"
@@ -8,20 +8,22 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/store"
 )
 
-// PosixOptions control OpenPosix.
-type PosixOptions struct {
+// Options control Open.
+type Options struct {
 	ReadOnly bool
 	// Buffered disables O_DIRECT. Without it O_DIRECT is tried first and
 	// dropped only where the file system refuses it (tmpfs, for example).
 	Buffered bool
 }
 
-// Posix is the baseline engine: pread and pwrite, one request at a time
+// Engine is the baseline engine: pread and pwrite, one request at a time
 // (queue depth 1), O_DIRECT with aligned buffers where the file system
 // allows it, fdatasync for durability.
-type Posix struct {
+type Engine struct {
 	f      *os.File
 	size   int64
 	align  int
@@ -30,29 +32,29 @@ type Posix struct {
 	closed bool
 }
 
-var _ Engine = (*Posix)(nil)
+var _ store.Engine = (*Engine)(nil)
 
-// OpenPosix opens a regular file or a block device.
-func OpenPosix(path string, o PosixOptions) (*Posix, error) {
-	f, direct, err := OpenDirect(path, o.ReadOnly, !o.Buffered)
+// Open opens a regular file or a block device.
+func Open(path string, o Options) (*Engine, error) {
+	f, direct, err := openDirect(path, o.ReadOnly, !o.Buffered)
 	if err != nil {
 		return nil, err
 	}
-	size, err := DeviceSize(f)
+	size, err := deviceSize(f)
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
-	p := &Posix{f: f, size: size, align: 1, direct: direct}
+	p := &Engine{f: f, size: size, align: 1, direct: direct}
 	if direct {
-		p.align = DirectAlign(f)
+		p.align = directAlign(f)
 	}
 	return p, nil
 }
 
-// OpenDirect opens path read-write (or read-only), with O_DIRECT when
+// openDirect opens path read-write (or read-only), with O_DIRECT when
 // wantDirect and the file system accepts it. It reports whether O_DIRECT is on.
-func OpenDirect(path string, readOnly, wantDirect bool) (*os.File, bool, error) {
+func openDirect(path string, readOnly, wantDirect bool) (*os.File, bool, error) {
 	flags := os.O_RDWR
 	if readOnly {
 		flags = os.O_RDONLY
@@ -63,43 +65,43 @@ func OpenDirect(path string, readOnly, wantDirect bool) (*os.File, bool, error) 
 			return f, true, nil
 		}
 		if !errors.Is(err, unix.EINVAL) {
-			return nil, false, fmt.Errorf("store: open %s: %w", path, err)
+			return nil, false, fmt.Errorf("posix: open %s: %w", path, err)
 		}
 	}
 	f, err := os.OpenFile(path, flags|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, false, fmt.Errorf("store: open %s: %w", path, err)
+		return nil, false, fmt.Errorf("posix: open %s: %w", path, err)
 	}
 	return f, false, nil
 }
 
-// DeviceSize is the size of a regular file or block device.
-func DeviceSize(f *os.File) (int64, error) {
+// deviceSize is the size of a regular file or block device.
+func deviceSize(f *os.File) (int64, error) {
 	st, err := f.Stat()
 	if err != nil {
-		return 0, fmt.Errorf("store: stat %s: %w", f.Name(), err)
+		return 0, fmt.Errorf("posix: stat %s: %w", f.Name(), err)
 	}
 	if st.Mode()&os.ModeDevice != 0 {
-		var size uint64
-		if err := ioctlPtr(f.Fd(), unix.BLKGETSIZE64, &size); err != nil {
-			return 0, fmt.Errorf("store: size of %s: %w", f.Name(), err)
+		size, err := unix.IoctlGetUint64(int(f.Fd()), unix.BLKGETSIZE64)
+		if err != nil {
+			return 0, fmt.Errorf("posix: size of %s: %w", f.Name(), err)
 		}
 		return int64(size), nil
 	}
 	if !st.Mode().IsRegular() {
-		return 0, fmt.Errorf("store: %s is neither a regular file nor a block device", f.Name())
+		return 0, fmt.Errorf("posix: %s is neither a regular file nor a block device", f.Name())
 	}
 	return st.Size(), nil
 }
 
-// DirectAlign is the O_DIRECT alignment of f: the logical block size of a
+// directAlign is the O_DIRECT alignment of f: the logical block size of a
 // block device, statx's DIO alignment for a file, else 4096.
-func DirectAlign(f *os.File) int {
+func directAlign(f *os.File) int {
 	var stx unix.Statx_t
 	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &stx); err == nil &&
 		stx.Mask&unix.STATX_DIOALIGN != 0 && stx.Dio_offset_align > 0 {
 		a := int(max(stx.Dio_offset_align, stx.Dio_mem_align))
-		if a <= SuperblockSize {
+		if a <= store.SuperblockSize {
 			return a
 		}
 	}
@@ -109,24 +111,24 @@ func DirectAlign(f *os.File) int {
 	return 4096
 }
 
-// Name implements Engine.
-func (p *Posix) Name() string { return "posix" }
+// Name is "posix".
+func (p *Engine) Name() string { return "posix" }
 
-// Size implements Engine.
-func (p *Posix) Size() int64 { return p.size }
+// Size implements store.Engine.
+func (p *Engine) Size() int64 { return p.size }
 
-// Align implements Engine.
-func (p *Posix) Align() int { return p.align }
+// Align implements store.Engine.
+func (p *Engine) Align() int { return p.align }
 
 // Direct reports whether the file is open with O_DIRECT.
-func (p *Posix) Direct() bool { return p.direct }
+func (p *Engine) Direct() bool { return p.direct }
 
-// Do implements Engine: each request in turn.
-func (p *Posix) Do(ios []IO) error {
+// Do implements store.Engine: each request in turn.
+func (p *Engine) Do(ios []store.IO) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
-		return errEngineClosed
+		return store.ErrEngineClosed
 	}
 	for i := range ios {
 		ios[i].Err = p.one(&ios[i])
@@ -134,15 +136,15 @@ func (p *Posix) Do(ios []IO) error {
 	return nil
 }
 
-func (p *Posix) one(r *IO) error {
-	if !Aligned(r.Buf, p.align) || r.Off%int64(p.align) != 0 {
-		return fmt.Errorf("store: posix %s of %d bytes at %d: %w (alignment %d)", r.Op, len(r.Buf), r.Off, unix.EINVAL, p.align)
+func (p *Engine) one(r *store.IO) error {
+	if !store.Aligned(r.Buf, p.align) || r.Off%int64(p.align) != 0 {
+		return fmt.Errorf("posix: %s of %d bytes at %d: %w (alignment %d)", r.Op, len(r.Buf), r.Off, unix.EINVAL, p.align)
 	}
 	done := 0
 	for done < len(r.Buf) {
 		var n int
 		var err error
-		if r.Op == OpWrite {
+		if r.Op == store.OpWrite {
 			n, err = unix.Pwrite(int(p.f.Fd()), r.Buf[done:], r.Off+int64(done))
 		} else {
 			n, err = unix.Pread(int(p.f.Fd()), r.Buf[done:], r.Off+int64(done))
@@ -151,22 +153,22 @@ func (p *Posix) one(r *IO) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("store: posix %s at %d: %w", r.Op, r.Off+int64(done), err)
+			return fmt.Errorf("posix: %s at %d: %w", r.Op, r.Off+int64(done), err)
 		}
 		if n == 0 {
-			return fmt.Errorf("store: posix %s at %d: %w", r.Op, r.Off+int64(done), io.ErrUnexpectedEOF)
+			return fmt.Errorf("posix: %s at %d: %w", r.Op, r.Off+int64(done), io.ErrUnexpectedEOF)
 		}
 		done += n
 	}
 	return nil
 }
 
-// Sync implements Engine.
-func (p *Posix) Sync() error {
+// Sync implements store.Engine.
+func (p *Engine) Sync() error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
-		return errEngineClosed
+		return store.ErrEngineClosed
 	}
 	for {
 		err := unix.Fdatasync(int(p.f.Fd()))
@@ -174,14 +176,14 @@ func (p *Posix) Sync() error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("store: fdatasync: %w", err)
+			return fmt.Errorf("posix: fdatasync: %w", err)
 		}
 		return nil
 	}
 }
 
-// Close implements Engine.
-func (p *Posix) Close() error {
+// Close implements store.Engine.
+func (p *Engine) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
