@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -133,3 +134,5 @@ func openDirect(tb testing.TB, dir string, size int) int {
 }
 
 func runtimeGosched() { runtime.Gosched() }
+
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
