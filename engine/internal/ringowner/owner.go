@@ -96,10 +96,13 @@ const (
 // Stats are the owner's counters.
 type Stats struct {
 	IOs, Errors, Bytes, SQEs, FixedSQEs, Resubmits, Retries, Enters, Wakeups, Syncs uint64
+	// MaxInFlight is the most SQEs (of requests and flushes) that were in
+	// flight at once, over all callers.
+	MaxInFlight uint64
 }
 
 type counters struct {
-	ios, errors, bytes, sqes, fixed, resubmits, retries, enters, wakeups, syncs atomic.Uint64
+	ios, errors, bytes, sqes, fixed, resubmits, retries, enters, wakeups, syncs, maxInFlight atomic.Uint64
 }
 
 type callKind uint8
@@ -216,6 +219,7 @@ type Owner struct {
 	enters        uint64
 	cancelAny     bool // the kernel takes IORING_ASYNC_CANCEL_ANY
 	syncInline    bool // flush through Config.SyncFallback
+	maxInFlight   int
 }
 
 // registration is memory added by RegisterMemory.
@@ -291,6 +295,7 @@ func (o *Owner) Stats() Stats {
 		IOs: s.ios.Load(), Errors: s.errors.Load(), Bytes: s.bytes.Load(), SQEs: s.sqes.Load(),
 		FixedSQEs: s.fixed.Load(), Resubmits: s.resubmits.Load(), Retries: s.retries.Load(),
 		Enters: s.enters.Load(), Wakeups: s.wakeups.Load(), Syncs: s.syncs.Load(),
+		MaxInFlight: s.maxInFlight.Load(),
 	}
 }
 
@@ -612,6 +617,10 @@ func (o *Owner) inflight() int { return o.qd - len(o.free) }
 func (o *Owner) getSlot() int {
 	i := o.free[len(o.free)-1]
 	o.free = o.free[:len(o.free)-1]
+	if n := o.inflight(); n > o.maxInFlight {
+		o.maxInFlight = n
+		o.stats.maxInFlight.Store(uint64(n))
+	}
 	return i
 }
 

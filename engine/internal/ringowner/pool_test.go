@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"os"
 	"testing"
+
+	"github.com/kvfs/kvfs/store"
 )
 
 // TestPoolContiguous reports whether the pool got physically contiguous
@@ -42,5 +44,34 @@ func TestPoolContiguous(t *testing.T) {
 	t.Logf("4 MiB pool: %d physically contiguous runs; THP %s", runs, bytes.TrimSpace(thp))
 	if runs > 2 && !bytes.Contains(thp, []byte("[never]")) {
 		t.Errorf("pool is scattered over %d runs although THP is enabled", runs)
+	}
+}
+
+func TestPoolFirstFit(t *testing.T) {
+	mem, err := store.AllocAligned(64 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.FreeAligned(mem)
+	p := newPool(mem, 4096)
+	a, ok1 := p.alloc(5000) // 2 pages
+	b, ok2 := p.alloc(4096)
+	c, ok3 := p.alloc(40 << 10)
+	if !ok1 || !ok2 || !ok3 || len(a) != 5000 || cap(a) != 8192 {
+		t.Fatalf("allocs %v %v %v len %d cap %d", ok1, ok2, ok3, len(a), cap(a))
+	}
+	if _, ok := p.alloc(16 << 10); ok {
+		t.Fatal("allocated past the pool")
+	}
+	if !p.release(b) || p.release(make([]byte, 10)) {
+		t.Fatal("release")
+	}
+	p.release(a)
+	p.release(c)
+	if len(p.free) != 1 || p.free[0] != (extent{0, 64 << 10}) {
+		t.Fatalf("free list not coalesced: %v", p.free)
+	}
+	if _, ok := p.alloc(64 << 10); !ok {
+		t.Fatal("whole pool after release")
 	}
 }
