@@ -44,6 +44,15 @@ func (o *Owner) fail(cause error, cqes []uring.CQE) {
 	o.mu.queue = nil
 	o.mu.Unlock()
 	o.draining = true
+	// Calls that the drain completes still report the ring failure.
+	for i := range o.slots {
+		if c := o.slots[i].c; c != nil {
+			c.err = err
+		}
+	}
+	for _, c := range o.pending {
+		c.err = err
+	}
 	inflight := o.inflight()
 	reaped := o.drain(cqes)
 	if !reaped {
