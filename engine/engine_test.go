@@ -260,3 +260,38 @@ func TestOpenStoreFailureReleasesLock(t *testing.T) {
 	}
 	f.Close()
 }
+
+// TestClosedEngines: every real engine that opens here answers the one
+// error contract: a second Close returns nil, and Do and Sync after Close
+// wrap store.ErrEngineClosed with the engine's own prefix.
+func TestClosedEngines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	if err := store.PrepareFile(path, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{KindPosix, KindUring} {
+		t.Run(kind, func(t *testing.T) {
+			e, err := Open(path, Options{Kind: kind})
+			if errors.Is(err, ErrUnavailable) {
+				t.Skipf("skipping: %v", err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatalf("second Close: %v", err)
+			}
+			buf := make([]byte, 4096)
+			err = e.Do([]store.IO{{Op: store.OpRead, Buf: buf}})
+			if !errors.Is(err, store.ErrEngineClosed) || !strings.HasPrefix(err.Error(), kind+": ") {
+				t.Errorf("Do after Close: %v, want %q-prefixed store.ErrEngineClosed", err, kind)
+			}
+			if err := e.Sync(); !errors.Is(err, store.ErrEngineClosed) {
+				t.Errorf("Sync after Close: %v", err)
+			}
+		})
+	}
+}

@@ -20,6 +20,9 @@ type Options struct {
 	Buffered bool
 }
 
+// errClosed is returned after Close.
+var errClosed = fmt.Errorf("posix: %w", store.ErrEngineClosed)
+
 // Engine is the baseline engine: pread and pwrite, one request at a time
 // (queue depth 1), O_DIRECT with aligned buffers where the file system
 // allows it, fdatasync for durability.
@@ -128,7 +131,7 @@ func (p *Engine) Do(ios []store.IO) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
-		return store.ErrEngineClosed
+		return errClosed
 	}
 	for i := range ios {
 		ios[i].Err = p.one(&ios[i])
@@ -168,7 +171,7 @@ func (p *Engine) Sync() error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
-		return store.ErrEngineClosed
+		return errClosed
 	}
 	for {
 		err := unix.Fdatasync(int(p.f.Fd()))
