@@ -1,8 +1,6 @@
 package nvme
 
 import (
-	nvmedev "github.com/kvfs/kvfs/nvme"
-
 	"bytes"
 	"errors"
 	"fmt"
@@ -15,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	nvmedev "github.com/kvfs/kvfs/nvme"
 	"github.com/kvfs/kvfs/store"
 )
 

@@ -1,8 +1,6 @@
 package uring
 
 import (
-	"github.com/kvfs/kvfs/engine/posix"
-
 	"bytes"
 	"errors"
 	"fmt"
@@ -10,12 +8,15 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/engine/posix"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -789,5 +790,48 @@ func TestEngineBlockDevice(t *testing.T) {
 	}
 	if !errors.Is(r[1].Err, io.ErrUnexpectedEOF) {
 		t.Fatalf("read past the device end: %v", r[1].Err)
+	}
+}
+
+// TestEngineRingFailure: an io_uring_enter failure (injected) surfaces as
+// the engine's error, wrapped "uring: ring failed", on the batch in flight
+// and every later call; Close still releases everything and is idempotent.
+// (The memory-safety rule itself is tested in ringowner with requests that
+// stay in flight.)
+func TestEngineRingFailure(t *testing.T) {
+	p := newFile(t, t.TempDir(), 1<<20)
+	boom := errors.New("injected enter failure")
+	var fail atomic.Bool
+	e := openEngineT(t, p, EngineOptions{QueueDepth: 4, BufferPool: 2 << 20, enterHook: func(uint64) error {
+		if fail.Load() {
+			return boom
+		}
+		return nil
+	}})
+	buf, err := e.AllocBuffer(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ios := []store.IO{{Op: store.OpRead, Off: 0, Buf: buf}}
+	if err := e.Do(ios); err != nil || ios[0].Err != nil {
+		t.Fatal(err, ios[0].Err)
+	}
+	fail.Store(true)
+	err = e.Do(ios)
+	if !errors.Is(err, boom) || !strings.HasPrefix(err.Error(), "uring: ring failed") {
+		t.Fatalf("Do on a failing ring: %v", err)
+	}
+	if err := e.Sync(); !errors.Is(err, boom) {
+		t.Fatalf("Sync after the failure: %v", err)
+	}
+	if _, err := e.RegisterMemory(buf); !errors.Is(err, boom) {
+		t.Fatalf("RegisterMemory after the failure: %v", err)
+	}
+	e.FreeBuffer(buf)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
 	}
 }

@@ -1,8 +1,6 @@
 package uring
 
 import (
-	iouring "github.com/kvfs/kvfs/uring"
-
 	"encoding/binary"
 	"os"
 	"path/filepath"
@@ -11,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	iouring "github.com/kvfs/kvfs/uring"
 )
 
 func needURing(tb testing.TB) {
