@@ -305,7 +305,10 @@ func (e *Engine) RegisterMemory(b []byte) (func(), error) { return e.ring.Regist
 // returns nil.
 func (e *Engine) Close() error {
 	err := e.ring.Close()
-	e.closeOnce.Do(func() { _ = unix.Close(e.fd) })
+	e.closeOnce.Do(func() {
+		_ = unix.Close(e.fd)
+		e.fd = -1 // Size after Close fails instead of asking a reused fd
+	})
 	return err
 }
 
