@@ -38,7 +38,7 @@ const (
 )
 
 // AsyncEngine is implemented by engines that can start requests without
-// waiting for them (uring.Engine). done(i) runs when ios[i] completes; it
+// waiting for them (the uring and nvme engines). done(i) runs when ios[i] completes; it
 // may start more requests.
 type AsyncEngine interface {
 	DoAsync(ios []store.IO, done func(i int)) error

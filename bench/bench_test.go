@@ -13,6 +13,8 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/kvfs/kvfs/engine/posix"
+	uringengine "github.com/kvfs/kvfs/engine/uring"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/uring"
 )
@@ -146,7 +148,7 @@ func testFile(t *testing.T, size int) string {
 
 func TestValidate(t *testing.T) {
 	p := testFile(t, 1<<20)
-	e, err := store.OpenPosix(p, store.PosixOptions{})
+	e, err := posix.Open(p, posix.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,11 +177,11 @@ func TestRunShort(t *testing.T) {
 	const size = 16 << 20
 	p := testFile(t, size)
 	engines := map[string]func() (store.Engine, error){
-		"posix": func() (store.Engine, error) { return store.OpenPosix(p, store.PosixOptions{}) },
+		"posix": func() (store.Engine, error) { return posix.Open(p, posix.Options{}) },
 	}
 	if uring.Available() == nil {
 		engines["uring"] = func() (store.Engine, error) {
-			return uring.OpenEngine(p, uring.EngineOptions{Direct: true, QueueDepth: 8, BufferPool: 1 << 20, Logger: zaptest.NewLogger(t)})
+			return uringengine.OpenEngine(p, uringengine.EngineOptions{Direct: true, QueueDepth: 8, BufferPool: 1 << 20, Logger: zaptest.NewLogger(t)})
 		}
 	}
 	for name, open := range engines {
@@ -238,7 +240,7 @@ func TestRunShort(t *testing.T) {
 
 func TestRunCancel(t *testing.T) {
 	p := testFile(t, 1<<20)
-	e, err := store.OpenPosix(p, store.PosixOptions{})
+	e, err := posix.Open(p, posix.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

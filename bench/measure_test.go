@@ -14,6 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/engine/posix"
+	uringengine "github.com/kvfs/kvfs/engine/uring"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/uring"
 )
@@ -186,12 +188,12 @@ func TestMeasure(t *testing.T) {
 	}
 	t.Logf("file %s, %d MiB; %d rounds of %v runs, rotated", path, size>>20, rounds, dur)
 
-	ue, err := uring.OpenEngine(path, uring.EngineOptions{Direct: true, QueueDepth: max(64, qd), ReadOnly: true})
+	ue, err := uringengine.OpenEngine(path, uringengine.EngineOptions{Direct: true, QueueDepth: max(64, qd), ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ue.Close()
-	pe, err := store.OpenPosix(path, store.PosixOptions{ReadOnly: true})
+	pe, err := posix.Open(path, posix.Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,21 @@
 // (posix, uring or nvme) and opens a store on it for the command-line tools
 // and the mount.
 //
+// The engines live beside it, each implementing store.Engine (the seam the
+// store defines; the store knows no engine):
+//
+//   - engine/posix: pread/pwrite at queue depth 1, fdatasync.
+//   - engine/uring: io_uring READ/WRITE(_FIXED) and FSYNC on a file or
+//     block device.
+//   - engine/nvme: NVMe commands as io_uring URING_CMDs on a namespace's
+//     char device, FDP placement per stream, Flush.
+//   - engine/internal/ringowner: the one ring owner both ring engines run
+//     on (the ring goroutine, the callers' queue, completion, retries, the
+//     fixed-buffer table, the buffer pool, and failure handling).
+//
+// Every engine wraps store.ErrEngineClosed after Close (prefixed with its
+// name), and a second Close returns nil.
+//
 // Selection: an explicit kind is opened or fails with the reason. "auto"
 // tries, in order, nvme (the path is an NVMe namespace and passthrough
 // works), uring (io_uring is available and the engine opens) and posix,

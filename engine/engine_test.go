@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/kvfs/kvfs/engine/posix"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
@@ -201,7 +202,7 @@ func formatFile(t *testing.T) string {
 	if err := store.PrepareFile(path, store.SizeFor(testGeo, 4)); err != nil {
 		t.Fatal(err)
 	}
-	e, err := store.OpenPosix(path, store.PosixOptions{})
+	e, err := posix.Open(path, posix.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,4 +259,39 @@ func TestOpenStoreFailureReleasesLock(t *testing.T) {
 		t.Fatalf("lock left held: %v", err)
 	}
 	f.Close()
+}
+
+// TestClosedEngines: every real engine that opens here answers the one
+// error contract: a second Close returns nil, and Do and Sync after Close
+// wrap store.ErrEngineClosed with the engine's own prefix.
+func TestClosedEngines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	if err := store.PrepareFile(path, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{KindPosix, KindUring} {
+		t.Run(kind, func(t *testing.T) {
+			e, err := Open(path, Options{Kind: kind})
+			if errors.Is(err, ErrUnavailable) {
+				t.Skipf("skipping: %v", err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Close(); err != nil {
+				t.Fatalf("second Close: %v", err)
+			}
+			buf := make([]byte, 4096)
+			err = e.Do([]store.IO{{Op: store.OpRead, Buf: buf}})
+			if !errors.Is(err, store.ErrEngineClosed) || !strings.HasPrefix(err.Error(), kind+": ") {
+				t.Errorf("Do after Close: %v, want %q-prefixed store.ErrEngineClosed", err, kind)
+			}
+			if err := e.Sync(); !errors.Is(err, store.ErrEngineClosed) {
+				t.Errorf("Sync after Close: %v", err)
+			}
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 
+	nvmeengine "github.com/kvfs/kvfs/engine/nvme"
 	"github.com/kvfs/kvfs/nvme"
 	"github.com/kvfs/kvfs/store"
 )
@@ -25,7 +26,7 @@ func probeNVMe(path string) error {
 // openNVMe opens the passthrough engine. It has no read-only mode: a
 // read-only store simply issues no writes.
 func openNVMe(path string, o Options) (store.Engine, error) {
-	return nvme.OpenEngine(path, nvme.EngineOptions{
+	return nvmeengine.OpenEngine(path, nvmeengine.EngineOptions{
 		QueueDepth: o.QueueDepth,
 		FDP:        o.FDP,
 		Logger:     o.Logger,

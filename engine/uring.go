@@ -1,6 +1,7 @@
 package engine
 
 import (
+	uringengine "github.com/kvfs/kvfs/engine/uring"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/uring"
 )
@@ -9,7 +10,7 @@ import (
 func probeUring(string) error { return uring.Available() }
 
 func openUring(path string, o Options) (store.Engine, error) {
-	return uring.OpenEngine(path, uring.EngineOptions{
+	return uringengine.OpenEngine(path, uringengine.EngineOptions{
 		QueueDepth: o.QueueDepth,
 		Logger:     o.Logger,
 		Direct:     true, // dropped by the engine where the file system refuses it

@@ -73,10 +73,10 @@ func OpenDevice(path string) (*Device, error) {
 // Fd is the open char device.
 func (d *Device) Fd() int { return d.fd }
 
-// Close closes the char device.
+// Close closes the char device. A second Close returns nil.
 func (d *Device) Close() error {
 	if d.fd < 0 {
-		return ErrClosed
+		return nil
 	}
 	err := unix.Close(d.fd)
 	d.fd = -1
@@ -251,7 +251,7 @@ func (d *Device) IO(c Command, buf []byte) (uint32, error) {
 
 func (d *Device) passthru(req uintptr, c Command, buf []byte, admin bool) (uint32, error) {
 	if d.fd < 0 {
-		return 0, ErrClosed
+		return 0, fmt.Errorf("nvme: %s: %w", d.Path, store.ErrEngineClosed)
 	}
 	r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(d.fd), req, uintptr(unsafe.Pointer(&c)))
 	runtime.KeepAlive(buf)

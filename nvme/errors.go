@@ -27,8 +27,6 @@ var (
 	ErrUnsupported = errors.New("nvme: unsupported namespace")
 	// ErrNoFDP: the controller or namespace has no enabled FDP.
 	ErrNoFDP = errors.New("nvme: flexible data placement not enabled")
-	// ErrClosed is returned by an Engine or Device after Close.
-	ErrClosed = errors.New("nvme: closed")
 	// ErrRange: an IO lies outside the namespace.
 	ErrRange = errors.New("nvme: IO out of namespace range")
 	// ErrAlign: an IO's offset, length or buffer address is not aligned.

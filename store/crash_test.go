@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvfs/kvfs/engine/posix"
+	uringengine "github.com/kvfs/kvfs/engine/uring"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
@@ -345,7 +347,7 @@ func crashAtEveryWriteOn(t *testing.T, open func(path string) (store.Engine, err
 }
 
 func TestCrashAtEveryWritePosix(t *testing.T) {
-	open := func(path string) (store.Engine, error) { return store.OpenPosix(path, store.PosixOptions{}) }
+	open := func(path string) (store.Engine, error) { return posix.Open(path, posix.Options{}) }
 	crashAtEveryWriteOn(t, open, 12, 1)
 	crashAtEveryWriteOn(t, open, 4, 1)
 }
@@ -355,7 +357,7 @@ func TestCrashAtEveryWriteUring(t *testing.T) {
 		t.Skipf("io_uring unavailable here: %v", err)
 	}
 	open := func(path string) (store.Engine, error) {
-		return uring.OpenEngine(path, uring.EngineOptions{Direct: true, BufferPool: 1 << 20})
+		return uringengine.OpenEngine(path, uringengine.EngineOptions{Direct: true, BufferPool: 1 << 20})
 	}
 	crashAtEveryWriteOn(t, open, 12, 1)
 	crashAtEveryWriteOn(t, open, 4, 1)

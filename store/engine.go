@@ -117,5 +117,6 @@ func Aligned(b []byte, a int) bool {
 	return uintptr(unsafe.Pointer(&b[0]))%uintptr(a) == 0 && len(b)%a == 0
 }
 
-// errEngineClosed is returned by engines after Close.
-var errEngineClosed = errors.New("store: engine closed")
+// ErrEngineClosed is the one error every engine returns (wrapped) for a
+// call after Close. Check it with errors.Is.
+var ErrEngineClosed = errors.New("store: engine closed")

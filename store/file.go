@@ -3,18 +3,9 @@ package store
 import (
 	"fmt"
 	"os"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
-
-func ioctlPtr(fd uintptr, req uint, p *uint64) error {
-	_, _, e := unix.Syscall(unix.SYS_IOCTL, fd, uintptr(req), uintptr(unsafe.Pointer(p)))
-	if e != 0 {
-		return e
-	}
-	return nil
-}
 
 // PrepareFile creates path as a regular file of size bytes, or resizes an
 // existing regular file, allocating its blocks (fallocate) so later writes

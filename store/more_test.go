@@ -9,6 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/engine/posix"
+	uringengine "github.com/kvfs/kvfs/engine/uring"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
@@ -245,7 +247,7 @@ func TestFaultsUring(t *testing.T) {
 		if err := store.PrepareFile(path, store.SizeFor(testGeo, 6)); err != nil {
 			t.Fatal(err)
 		}
-		e, err := uring.OpenEngine(path, uring.EngineOptions{Direct: true, BufferPool: 1 << 20})
+		e, err := uringengine.OpenEngine(path, uringengine.EngineOptions{Direct: true, BufferPool: 1 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -470,7 +472,7 @@ func TestPosixEngine(t *testing.T) {
 	if err := store.PrepareFile(path, store.SizeFor(geo, 8)); err != nil {
 		t.Fatal(err)
 	}
-	e, err := store.OpenPosix(path, store.PosixOptions{})
+	e, err := posix.Open(path, posix.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

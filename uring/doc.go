@@ -1,5 +1,9 @@
 // Package uring is kvfs's own io_uring binding, written on
-// golang.org/x/sys/unix, and the "uring" store engine built on it.
+// golang.org/x/sys/unix: the ring (setup, SQ/CQ mapping, submit and
+// wait), SQEs and CQEs, buffer and file registration, and the opcode probe.
+// It imports nothing of kvfs; the engines built on it live in
+// engine/uring and engine/nvme, and the goroutine that owns a ring for
+// them in engine/internal/ringowner.
 //
 // # The ring (Ring)
 //
@@ -43,40 +47,8 @@
 // Available says whether io_uring can be used at all (ENOSYS, or EPERM from
 // kernel.io_uring_disabled, seccomp or an LSM).
 //
-// # The engine (Engine)
+// # Lock order
 //
-// OpenEngine implements store.Engine, store.BufferAllocator and
-// store.MemoryRegistrar on one ring per engine.
-//
-// Concurrency: one goroutine, locked to its OS thread, owns the ring (so the
-// ring can use SINGLE_ISSUER and DEFER_TASKRUN, and completion work always
-// runs on the thread that waits). Do, Sync, RegisterMemory and Close append
-// a call to a queue under Engine.mu and wait for it; concurrent callers'
-// batches share the ring's queue depth, started in FIFO order. The ring
-// goroutine fills up to QueueDepth SQEs, submits and waits for at least one
-// completion in a single io_uring_enter, refills as completions arrive, and
-// continues short transfers and EAGAIN/EINTR results. When it waits in the
-// kernel with room for more, a read of an eventfd is in flight; a caller
-// that enqueues work writes the eventfd to end the wait. The eventfd write
-// happens under Engine.mu so that it cannot race with Close.
-//
-// Lock order: Engine.mu is a leaf lock (held only around queue
-// manipulation and the eventfd write); pool.mu is separate and a leaf too.
-//
-// DoAsync is the same path without the wait: completion callbacks run on
-// the ring goroutine and may start more work, which is then submitted with
-// the next io_uring_enter (the benchmark keeps its queue full this way, as
-// fio does). Callbacks must not block or call anything that waits for the
-// ring goroutine (Do, Sync, RegisterMemory, Close).
-//
-// I/O whose buffer lies entirely inside a registered buffer — the engine's
-// pool (AllocBuffer) or memory added by RegisterMemory — uses
-// READ_FIXED/WRITE_FIXED; other I/O plain READ/WRITE. The pool is mapped
-// 2 MiB-aligned with MADV_HUGEPAGE, so its buffers are physically
-// contiguous where transparent huge pages are enabled: a 1 MiB request is
-// then one DMA segment rather than 256 pages, which on this project's
-// virtio disks is the difference between about 1.6 and 5 GB/s. The file is a fixed
-// file when the kernel allows. Per-request failures go to IO.Err as wrapped
-// errnos (op and offset in the message), io.ErrUnexpectedEOF for reads that
-// meet the end of the file; they never stop the batch or the ring.
+// The package has no locks: a Ring belongs to whoever created it (see
+// "One submitter" above).
 package uring

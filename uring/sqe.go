@@ -78,3 +78,21 @@ func (s *SQE) SetUserData(u uint64) { s.UserData = u }
 // registered files; SQEIOLink: the next SQE starts after this one
 // completes, and is cancelled if this one fails).
 func (s *SQE) SetFlags(f uint8) { s.Flags |= f }
+
+// Cancel flags of IORING_OP_ASYNC_CANCEL (the SQE's cancel_flags).
+const (
+	// AsyncCancelAll cancels every request that matches, not only the
+	// first (kernel 5.19).
+	AsyncCancelAll uint32 = 1 << 0
+	// AsyncCancelAny matches any request regardless of user_data (kernel
+	// 5.19; older kernels answer EINVAL).
+	AsyncCancelAny uint32 = 1 << 2
+)
+
+// PrepCancel prepares IORING_OP_ASYNC_CANCEL of the request whose user_data
+// is target (or, with AsyncCancelAny, of any request). The completion's Res
+// is 0 or the number cancelled, -ENOENT when none matched, -EALREADY when
+// the request is running and may still complete.
+func (s *SQE) PrepCancel(target uint64, flags uint32) {
+	*s = SQE{Opcode: OpAsyncCancel, Fd: -1, Addr: target, OpFlags: flags}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvfs/kvfs/bench"
 	"github.com/kvfs/kvfs/engine"
+	"github.com/kvfs/kvfs/engine/posix"
 	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/nvme"
 	"github.com/kvfs/kvfs/store"
@@ -225,7 +226,7 @@ func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchRe
 			return err
 		}
 		fc.Path, fc.Passthrough = ng, true
-	} else if e, err := store.OpenPosix(path, store.PosixOptions{ReadOnly: true}); err == nil {
+	} else if e, err := posix.Open(path, posix.Options{ReadOnly: true}); err == nil {
 		// fio runs buffered where the file system refuses O_DIRECT.
 		fc.Buffered = !e.Direct()
 		e.Close()

@@ -9,8 +9,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	nvmeengine "github.com/kvfs/kvfs/engine/nvme"
 	"github.com/kvfs/kvfs/layout"
-	"github.com/kvfs/kvfs/nvme"
 )
 
 // testDevicePath returns the NVMe namespace to test on, or skips.
@@ -26,10 +26,10 @@ func testDevicePath(t *testing.T) string {
 	return p
 }
 
-func openEngine(t *testing.T, fdp string) *nvme.Engine {
+func openEngine(t *testing.T, fdp string) *nvmeengine.Engine {
 	t.Helper()
 	path := testDevicePath(t)
-	e, err := nvme.OpenEngine(path, nvme.EngineOptions{QueueDepth: 32, FDP: fdp, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
+	e, err := nvmeengine.OpenEngine(path, nvmeengine.EngineOptions{QueueDepth: 32, FDP: fdp, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
 	if err != nil {
 		t.Fatalf("OpenEngine(%s): %v", path, err)
 	}

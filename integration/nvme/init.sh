@@ -42,6 +42,7 @@ if [ "${KVFS_MODE:-}" = crash-check ]; then
 	report $rc
 fi
 /bin/nvme.test -test.run "${KVFS_RUN:-.}" -test.v -test.timeout 200s || rc=$?
+/bin/nvmeengine.test -test.run "${KVFS_RUN:-.}" -test.v -test.timeout 200s || rc=$((rc | $?))
 /bin/nvmeint.test -test.run '^TestStore' -test.v -test.timeout 200s || rc=$((rc | $?))
 if [ "${KVFS_MODE:-}" = crash-write ]; then
 	# The rig reads the tests' verdict here, then cuts the power during

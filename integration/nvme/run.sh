@@ -21,11 +21,12 @@
 #            reads back, none reads corrupt.
 #
 # Environment: KVFS_NVME_CACHE (default integration/nvme/.cache),
-# KVFS_NVME_RUN (go test -run regexp for the nvme package tests),
+# KVFS_NVME_RUN (go test -run regexp for the nvme and engine/nvme package tests),
 # KVFS_NVME_TIMEOUT (seconds per boot, default 240), KVFS_NVME_CRASH_ACKS
 # (acknowledged batches before the power cut, default 60), KVFS_NVME_KEEP=1
-# keeps the work dir. Exit status: 0 when every boot's tests passed. The
-# last line is "N passed, N failed, N skipped" over all boots.
+# keeps the work dir. Exit status: 0 when every boot's tests passed and
+# every skip is one the boot declares (allowed_skips below). The last line
+# is "N passed, N failed, N skipped (N undeclared)" over all boots.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -156,10 +157,12 @@ stage_start build
 mkdir -p "$work/root/bin"
 # Stripped: the guest kernel unpacks every byte of the initramfs under TCG.
 (cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvme.test" ./nvme/)
+(cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvmeengine.test" ./engine/nvme/)
 (cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvmeint.test" ./integration/nvme/)
-# The CLI, for TestStoreCLI (which skips when it is missing).
+# The CLI, for TestStoreCLI. A CLI that does not build fails the rig (the
+# test would only skip, which the rig does not accept either).
 (cd "$repo" && CGO_ENABLED=0 go build -ldflags='-s -w' -o "$work/root/bin/kvfs" ./cmd/kvfs) ||
-	echo "rig: cmd/kvfs does not build; TestStoreCLI will skip"
+	die "cmd/kvfs does not build"
 stage_end build
 
 # ---------------------------------------------------------------- initrd
@@ -280,15 +283,49 @@ record() { # NAME RC
 	(($2 != 0)) && { s="FAIL ($2)"; overall=1; }
 	results+=("$(printf '%-12s %s' "$1" "$s")")
 }
-n_pass=0 n_fail=0 n_skip=0
+# The skips each boot declares: "TestName=text of its skip message". Any
+# other skip (a missing binary, a device that did not appear, a test that
+# lost its precondition) fails the rig: inside the rig every test has what
+# it needs, so a skip means something is broken.
+declare -A allowed_skips=(
+	[fdp]="TestEngineNoFDP=booted with FDP"
+	[nofdp]="TestEnginePlacement=booted without FDP"
+	[crash-check]=""
+)
+n_pass=0 n_fail=0 n_skip=0 n_bad_skip=0
+# skips LOG: one "TestName|message" line per top-level skip (go test -v
+# prints the skip message on the line before the verdict).
+skips() {
+	tr -d '\r' <"$1" | awk '
+		/^[ \t]+[^ \t]+_test\.go:[0-9]+: / { msg = $0; sub(/^[ \t]+[^ \t]+_test\.go:[0-9]+: /, "", msg); next }
+		/^--- SKIP: / { print $3 "|" msg; msg = ""; next }
+		/^(=== RUN|--- )/ { msg = "" }'
+}
 go_summary() { # NAME LOG: count the boot's top-level test verdicts, list failures and skips
-	local p f k
+	local p f k name msg ok a bad=0
 	p=$(grep -ac '^--- PASS' "$2" || true)
 	f=$(grep -ac '^--- FAIL' "$2" || true)
 	k=$(grep -ac '^--- SKIP' "$2" || true)
 	n_pass=$((n_pass + p)) n_fail=$((n_fail + f)) n_skip=$((n_skip + k))
 	results+=("$(printf '  %-12s tests: %d passed, %d failed, %d skipped' "$1" "$p" "$f" "$k")")
-	while IFS= read -r l; do results+=("      $l"); done < <(grep -aE '^--- (FAIL|SKIP)' "$2" || true)
+	while IFS= read -r l; do results+=("      $l"); done < <(grep -aE '^--- FAIL' "$2" || true)
+	while IFS='|' read -r name msg; do
+		[[ -n $name ]] || continue
+		ok=0
+		while IFS= read -r a; do
+			[[ -n $a && $name == "${a%%=*}" && $msg == *"${a#*=}"* ]] && ok=1
+		done <<<"${allowed_skips[$1]:-}"
+		if ((ok)); then
+			results+=("      --- SKIP: $name (declared: $msg)")
+		else
+			results+=("      --- SKIP: $name: $msg  <- NOT a declared skip of this boot: rig fails")
+			bad=$((bad + 1))
+		fi
+	done < <(skips "$2")
+	if ((bad > 0)); then
+		n_bad_skip=$((n_bad_skip + bad))
+		overall=1
+	fi
 }
 
 run_boot() { # NAME FDP VARS
@@ -341,5 +378,5 @@ printf '  %s\n' "${summary[@]}"
 printf '  %s\n' "${results[@]}"
 echo "  total    ${total}s"
 ((n_fail > 0)) && overall=1
-echo "$n_pass passed, $n_fail failed, $n_skip skipped"
+echo "$n_pass passed, $n_fail failed, $n_skip skipped ($n_bad_skip undeclared)"
 exit $overall

@@ -2,19 +2,21 @@ package uring
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/engine/posix"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -254,7 +256,7 @@ func TestEngineConformance(t *testing.T) {
 	// The suite itself is checked against the posix baseline.
 	t.Run("posix-direct", func(t *testing.T) {
 		testEngineConformance(t, diskDir(t), func(t *testing.T, path string) store.Engine {
-			e, err := store.OpenPosix(path, store.PosixOptions{})
+			e, err := posix.Open(path, posix.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -562,8 +564,8 @@ func TestEngineReadOnly(t *testing.T) {
 func TestEnginePool(t *testing.T) {
 	p := newFile(t, t.TempDir(), 4096)
 	e := openEngineT(t, p, EngineOptions{BufferPool: 1 << 20}) // rounded up to 2 MiB
-	if len(e.pool.mem) != 2<<20 || addrOf(e.pool.mem)%(2<<20) != 0 {
-		t.Fatalf("pool of %d bytes at %#x, want 2 MiB aligned to 2 MiB", len(e.pool.mem), addrOf(e.pool.mem))
+	if len(e.ring.PoolMem()) != 2<<20 || addrOf(e.ring.PoolMem())%(2<<20) != 0 {
+		t.Fatalf("pool of %d bytes at %#x, want 2 MiB aligned to 2 MiB", len(e.ring.PoolMem()), addrOf(e.ring.PoolMem()))
 	}
 	const chunk = 128 << 10
 	var bufs [][]byte
@@ -572,13 +574,13 @@ func TestEnginePool(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !e.pool.owns(b) || len(b) != chunk-100 || addrOf(b)%4096 != 0 {
+		if !e.ring.PoolOwns(b) || len(b) != chunk-100 || addrOf(b)%4096 != 0 {
 			t.Fatalf("buffer %d not from the pool", i)
 		}
 		bufs = append(bufs, b)
 	}
 	over, err := e.AllocBuffer(4096) // pool exhausted: falls back
-	if err != nil || e.pool.owns(over) || addrOf(over)%4096 != 0 {
+	if err != nil || e.ring.PoolOwns(over) || addrOf(over)%4096 != 0 {
 		t.Fatalf("fallback buffer: %v", err)
 	}
 	e.FreeBuffer(over)
@@ -586,52 +588,14 @@ func TestEnginePool(t *testing.T) {
 	for _, i := range []int{1, 3, 2, 0, 15, 14, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13} {
 		e.FreeBuffer(bufs[i])
 	}
-	if e.pool.inUse() != 0 || len(e.pool.free) != 1 {
-		t.Fatalf("pool not coalesced: used %d free %v", e.pool.inUse(), e.pool.free)
+	if e.ring.PoolInUse() != 0 || e.ring.PoolFreeExtents() != 1 {
+		t.Fatalf("pool not coalesced: used %d, %d free extents", e.ring.PoolInUse(), e.ring.PoolFreeExtents())
 	}
 	whole, err := e.AllocBuffer(2 << 20)
-	if err != nil || !e.pool.owns(whole) {
+	if err != nil || !e.ring.PoolOwns(whole) {
 		t.Fatalf("whole pool: %v", err)
 	}
 	e.FreeBuffer(whole)
-}
-
-// TestPoolContiguous reports whether the pool got physically contiguous
-// memory (transparent huge pages); it fails only where THP is enabled and
-// the pool still came out scattered.
-func TestPoolContiguous(t *testing.T) {
-	mem, err := mapPool(4 << 20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unmapPool(mem)
-	thp, _ := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
-	f, err := os.Open("/proc/self/pagemap")
-	if err != nil {
-		t.Skipf("skipping: %v", err)
-	}
-	defer f.Close()
-	pages := len(mem) / 4096
-	pm := make([]byte, 8*pages)
-	if _, err := f.ReadAt(pm, int64(addrOf(mem)/4096*8)); err != nil {
-		t.Skipf("skipping: pagemap: %v", err)
-	}
-	runs := 0
-	var prev uint64
-	for i := 0; i < pages; i++ {
-		pfn := binary.LittleEndian.Uint64(pm[i*8:]) & (1<<55 - 1)
-		if pfn == 0 {
-			t.Skip("skipping: page frame numbers hidden (needs CAP_SYS_ADMIN)")
-		}
-		if i == 0 || pfn != prev+1 {
-			runs++
-		}
-		prev = pfn
-	}
-	t.Logf("4 MiB pool: %d physically contiguous runs; THP %s", runs, bytes.TrimSpace(thp))
-	if runs > 2 && !bytes.Contains(thp, []byte("[never]")) {
-		t.Errorf("pool is scattered over %d runs although THP is enabled", runs)
-	}
 }
 
 func TestEngineCloseWhileBusy(t *testing.T) {
@@ -650,7 +614,7 @@ func TestEngineCloseWhileBusy(t *testing.T) {
 			for i := 0; ; i++ {
 				ios := []store.IO{{Op: store.OpRead, Off: int64(rand.IntN(256)) * 4096, Buf: buf}}
 				err := e.Do(ios)
-				if errors.Is(err, ErrClosed) {
+				if errors.Is(err, store.ErrEngineClosed) {
 					return
 				}
 				if err != nil || ios[0].Err != nil {
@@ -667,7 +631,7 @@ func TestEngineCloseWhileBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	if err := e.Sync(); !errors.Is(err, ErrClosed) {
+	if err := e.Sync(); !errors.Is(err, store.ErrEngineClosed) {
 		t.Fatalf("Sync after Close: %v", err)
 	}
 }
@@ -741,7 +705,7 @@ func TestEngineDoAsync(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.DoAsync(bad, func(int) {}); !errors.Is(err, ErrClosed) {
+	if err := e.DoAsync(bad, func(int) {}); !errors.Is(err, store.ErrEngineClosed) {
 		t.Fatalf("DoAsync after Close: %v", err)
 	}
 }
@@ -750,7 +714,7 @@ func TestEnginePoolAfterClose(t *testing.T) {
 	p := newFile(t, t.TempDir(), 4096)
 	e := openEngineT(t, p, EngineOptions{BufferPool: 2 << 20})
 	out, err := e.AllocBuffer(4096)
-	if err != nil || !e.pool.owns(out) {
+	if err != nil || !e.ring.PoolOwns(out) {
 		t.Fatal("pool buffer", err)
 	}
 	if err := e.Close(); err != nil {
@@ -758,12 +722,12 @@ func TestEnginePoolAfterClose(t *testing.T) {
 	}
 	out[0] = 1 // a chunk out at Close stays mapped
 	b, err := e.AllocBuffer(4096)
-	if err != nil || e.pool.owns(b) {
-		t.Fatalf("AllocBuffer after Close: %v (from the pool: %v)", err, e.pool.owns(b))
+	if err != nil || e.ring.PoolOwns(b) {
+		t.Fatalf("AllocBuffer after Close: %v (from the pool: %v)", err, e.ring.PoolOwns(b))
 	}
 	e.FreeBuffer(b)
 	e.FreeBuffer(out) // the last chunk: the pool is unmapped now
-	if e.pool.mem != nil {
+	if e.ring.PoolMem() != nil {
 		t.Fatal("pool still mapped after its last chunk came back")
 	}
 }
@@ -826,5 +790,48 @@ func TestEngineBlockDevice(t *testing.T) {
 	}
 	if !errors.Is(r[1].Err, io.ErrUnexpectedEOF) {
 		t.Fatalf("read past the device end: %v", r[1].Err)
+	}
+}
+
+// TestEngineRingFailure: an io_uring_enter failure (injected) surfaces as
+// the engine's error, wrapped "uring: ring failed", on the batch in flight
+// and every later call; Close still releases everything and is idempotent.
+// (The memory-safety rule itself is tested in ringowner with requests that
+// stay in flight.)
+func TestEngineRingFailure(t *testing.T) {
+	p := newFile(t, t.TempDir(), 1<<20)
+	boom := errors.New("injected enter failure")
+	var fail atomic.Bool
+	e := openEngineT(t, p, EngineOptions{QueueDepth: 4, BufferPool: 2 << 20, enterHook: func(uint64) error {
+		if fail.Load() {
+			return boom
+		}
+		return nil
+	}})
+	buf, err := e.AllocBuffer(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ios := []store.IO{{Op: store.OpRead, Off: 0, Buf: buf}}
+	if err := e.Do(ios); err != nil || ios[0].Err != nil {
+		t.Fatal(err, ios[0].Err)
+	}
+	fail.Store(true)
+	err = e.Do(ios)
+	if !errors.Is(err, boom) || !strings.HasPrefix(err.Error(), "uring: ring failed") {
+		t.Fatalf("Do on a failing ring: %v", err)
+	}
+	if err := e.Sync(); !errors.Is(err, boom) {
+		t.Fatalf("Sync after the failure: %v", err)
+	}
+	if _, err := e.RegisterMemory(buf); !errors.Is(err, boom) {
+		t.Fatalf("RegisterMemory after the failure: %v", err)
+	}
+	e.FreeBuffer(buf)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
 	}
 }

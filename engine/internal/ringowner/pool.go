@@ -1,4 +1,4 @@
-package uring
+package ringowner
 
 import (
 	"sort"
@@ -10,7 +10,13 @@ import (
 
 // pool carves aligned chunks out of one mmap'd region (the registered
 // buffer pool). First fit over a sorted, coalesced free list; the chunk
-// size is kept in the returned slice's capacity.
+// size is kept in the returned slice's capacity. It is the only buffer
+// pool of the ring-backed engines.
+//
+// Lifetime: retire (at Close) stops handing out memory and unmaps the
+// region when the last chunk comes back. leak (after a ring failure that
+// left requests that cannot be reaped) stops handing out memory and never
+// unmaps: the kernel may still write into it.
 type pool struct {
 	mu    sync.Mutex
 	mem   []byte
@@ -20,6 +26,9 @@ type pool struct {
 	// retired: the engine is closed; nothing more is handed out, and the
 	// memory is unmapped when the last chunk comes back.
 	retired bool
+	// leaked: requests that may name the pool were never reaped; the
+	// memory stays mapped for the life of the process.
+	leaked bool
 }
 
 type extent struct{ off, n int }
@@ -103,7 +112,7 @@ func (p *pool) release(b []byte) bool {
 		p.free[i] = extent{off, size}
 	}
 	p.used -= size
-	if p.retired && p.used == 0 {
+	if p.retired && !p.leaked && p.used == 0 {
 		unmapPool(p.mem)
 		p.mem, p.free = nil, nil
 	}
@@ -116,11 +125,20 @@ func (p *pool) retire() (inUse int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.retired = true
-	if p.used == 0 {
+	if p.used == 0 && !p.leaked {
 		unmapPool(p.mem)
 		p.mem, p.free = nil, nil
 	}
 	return p.used
+}
+
+// leak marks the pool as possibly still targeted by the kernel: it stops
+// handing out memory and is never unmapped. It returns the pool's size.
+func (p *pool) leak() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.leaked, p.retired = true, true
+	return len(p.mem)
 }
 
 func (p *pool) inUse() int {

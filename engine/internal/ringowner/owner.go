@@ -1,0 +1,893 @@
+package ringowner
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/uring"
+)
+
+// Driver is what an engine supplies: how to check, prepare and complete
+// its requests. Every method runs on the ring goroutine, one at a time.
+type Driver interface {
+	// Setup runs once on the ring goroutine after the ring is created
+	// (register files, check opcodes). An error fails Start; a non-empty
+	// noFixed says why the ring must not use fixed buffers.
+	Setup(r *uring.Ring, probe *uring.ProbeResult) (noFixed string, err error)
+	// Check validates a request before it starts; an error completes it
+	// with that error.
+	Check(rq *store.IO) error
+	// PrepIO fills sqe (zeroed) for the piece buf of rq at device offset
+	// off; fixed ≥ 0 is the index of the registered buffer that holds all
+	// of buf. The owner sets the user_data. An error completes the piece
+	// with it (the SQE becomes a NOP).
+	PrepIO(sqe *uring.SQE, rq *store.IO, buf []byte, off int64, fixed int) error
+	// CompleteIO interprets the result res of the SQE that asked n bytes
+	// of rq starting at byte at of rq.Buf (fixed: on a registered buffer).
+	// EAGAIN and EINTR never reach it (the owner retries them). It returns
+	// the bytes moved (fewer than n: the owner continues with the rest),
+	// or retry to issue the same SQE again, or the piece's error.
+	CompleteIO(rq *store.IO, at, n int, fixed bool, res int32) (moved int, retry bool, err error)
+	// PrepSync fills sqe for a flush of completed writes.
+	PrepSync(sqe *uring.SQE)
+	// CompleteSync interprets a flush's result (EAGAIN/EINTR retried).
+	CompleteSync(res int32) error
+}
+
+// Config configures Start.
+type Config struct {
+	// Name prefixes errors and logs ("uring", "nvme").
+	Name string
+	// QueueDepth is the most SQEs in flight, all callers together.
+	QueueDepth int
+	// Ring has the ring's feature options (SQE128, CQE32); Entries and the
+	// taskrun flags are set by the owner.
+	Ring uring.Options
+	// MaxPiece is the most bytes of one SQE: longer requests are split and
+	// their pieces are in flight together. 0 means uring.MaxFixedBuffer.
+	MaxPiece int
+	// MaxRetries bounds EAGAIN/EINTR resubmissions of one SQE.
+	MaxRetries int
+	// PoolBytes is the size of the registered first-fit buffer pool
+	// (rounded up to 2 MiB, huge pages where allowed); ≤ 0 means none.
+	PoolBytes int
+	// PoolGrain is the pool's allocation unit (at least the page size).
+	PoolGrain int
+	// NoFixed, when not empty, says why fixed buffers are not used.
+	NoFixed string
+	// ExtraSlots is the room for RegisterMemory in a sparse buffer table.
+	ExtraSlots int
+	// SyncOp is the opcode Driver.PrepSync uses; when the kernel lacks it,
+	// SyncFallback (if set) is called on the ring goroutine instead.
+	SyncOp       uring.Opcode
+	SyncFallback func() error
+	// Logger; nil means none.
+	Logger *zap.Logger
+
+	// Test knobs.
+	Legacy bool // re-register the whole buffer table instead of updating it
+	// EnterHook, when set, runs before each io_uring_enter of the ring
+	// goroutine with the count of earlier enters; an error is taken as the
+	// enter's failure (the enter is not made).
+	EnterHook func(n uint64) error
+	// DrainTimeout bounds the wait for cancelled requests after a ring
+	// failure; 0 means 5 s.
+	DrainTimeout time.Duration
+}
+
+// ErrNoFixed is wrapped by RegisterMemory when the ring has no fixed
+// buffers.
+var ErrNoFixed = errors.New("fixed buffers unavailable")
+
+const (
+	wakeTag   = 1 << 63
+	cancelTag = 1<<63 | 1
+	noSlot    = -1
+)
+
+// Stats are the owner's counters.
+type Stats struct {
+	IOs, Errors, Bytes, SQEs, FixedSQEs, Resubmits, Retries, Enters, Wakeups, Syncs uint64
+	// MaxInFlight is the most SQEs (of requests and flushes) that were in
+	// flight at once, over all callers.
+	MaxInFlight uint64
+}
+
+type counters struct {
+	ios, errors, bytes, sqes, fixed, resubmits, retries, enters, wakeups, syncs, maxInFlight atomic.Uint64
+}
+
+type callKind uint8
+
+const (
+	callIO callKind = iota
+	callSync
+	callRegister
+	callUnregister
+	callClose
+)
+
+// call is one request to the ring goroutine: a Do batch, a Sync, a buffer
+// (un)registration or Close.
+type call struct {
+	kind    callKind
+	ios     []store.IO
+	next    int     // next IO to start
+	nextOff int     // bytes of ios[next] already handed out as pieces
+	parts   []int32 // pieces not complete per IO (only for split IOs)
+	left    int     // IOs (or 1 for the other kinds) not complete
+	err     error
+	done    chan struct{} // closed when left reaches 0 (nil for DoAsync)
+	cb      func(i int)   // DoAsync: called as each IO completes
+
+	mem   []byte // callRegister
+	regID int    // callRegister result, callUnregister argument
+}
+
+func newCall(kind callKind, left int) *call {
+	return &call{kind: kind, left: left, done: make(chan struct{})}
+}
+
+func (c *call) finishOne() {
+	c.left--
+	if c.left == 0 && c.done != nil {
+		close(c.done)
+	}
+}
+
+func (c *call) ioDone(i int) {
+	if c.cb != nil {
+		c.cb(i)
+	}
+	c.finishOne()
+}
+
+type slotKind uint8
+
+const (
+	slotIO slotKind = iota
+	slotSync
+)
+
+// slot is one SQE in flight; its index is the SQE's user_data.
+type slot struct {
+	c       *call
+	i       int // index in c.ios
+	off     int // the piece's first byte in c.ios[i].Buf
+	n       int // the piece's length
+	done    int // bytes of the piece moved so far
+	asked   int // bytes asked of the SQE in flight
+	kind    slotKind
+	fixed   bool
+	retries int
+	perr    error // PrepIO failed: the SQE is a NOP that completes with this
+}
+
+// Owner owns one io_uring instance on one goroutine locked to its OS
+// thread. Callers hand it work through a queue and wait (Do, Sync,
+// RegisterMemory, Close) or get callbacks (DoAsync). See the package
+// documentation for its invariants.
+type Owner struct {
+	name   string
+	cfg    Config
+	d      Driver
+	log    *zap.Logger
+	qd     int
+	efd    int
+	pool   *pool
+	exited chan struct{}
+	stats  counters
+	closed error // the wrapped store.ErrEngineClosed
+
+	mu struct {
+		sync.Mutex
+		queue    []*call
+		sleeping bool  // the ring goroutine waits in the kernel: wake it
+		closed   bool  // Close was called
+		broken   error // the ring failed; every call fails with it
+		leaked   bool  // requests were never reaped: memory stays mapped
+	}
+
+	// Owned by the ring goroutine.
+	ring          *uring.Ring
+	pending       []*call
+	slots         []slot
+	free          []int
+	armed         bool // the eventfd read is in flight
+	wakeBuf       [8]byte
+	draining      bool // after a ring failure: no retries, no new SQEs
+	maxPiece      int
+	maxRetries    int
+	sparse        bool // buffer table updated in place
+	legacy        bool // buffer table re-registered whole
+	noFixed       bool
+	fixedDisabled string
+	tableUsed     []bool // sparse: which slots hold a buffer
+	poolPieces    []uring.FixedBuffer
+	fixed         []uring.FixedBuffer // every entry, sorted by address
+	regs          map[int]*registration
+	nextReg       int
+	closing       *call
+	enters        uint64
+	cancelAny     bool // the kernel takes IORING_ASYNC_CANCEL_ANY
+	syncInline    bool // flush through Config.SyncFallback
+	maxInFlight   int
+}
+
+// registration is memory added by RegisterMemory.
+type registration struct {
+	mem    []byte
+	pieces []uring.FixedBuffer
+}
+
+// Start creates the ring and its goroutine.
+func Start(cfg Config, d Driver) (*Owner, error) {
+	if cfg.QueueDepth <= 0 {
+		return nil, fmt.Errorf("%s: queue depth %d: %w", cfg.Name, cfg.QueueDepth, unix.EINVAL)
+	}
+	if cfg.MaxPiece <= 0 {
+		cfg.MaxPiece = uring.MaxFixedBuffer
+	}
+	if cfg.MaxRetries <= 0 {
+		cfg.MaxRetries = 16
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	o := &Owner{
+		name: cfg.Name, cfg: cfg, d: d, log: cfg.Logger, qd: cfg.QueueDepth, efd: -1,
+		exited: make(chan struct{}), maxPiece: cfg.MaxPiece, maxRetries: cfg.MaxRetries,
+		regs:   map[int]*registration{},
+		closed: fmt.Errorf("%s: %w", cfg.Name, store.ErrEngineClosed),
+	}
+	var poolMem []byte
+	if cfg.PoolBytes > 0 {
+		var err error
+		if poolMem, err = mapPool(cfg.PoolBytes); err != nil {
+			return nil, fmt.Errorf("%s: mmap buffer pool of %d bytes: %w", o.name, cfg.PoolBytes, err)
+		}
+	}
+	o.pool = newPool(poolMem, max(unix.Getpagesize(), cfg.PoolGrain))
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		o.pool.retire()
+		return nil, fmt.Errorf("%s: eventfd: %w", o.name, err)
+	}
+	o.efd = efd
+	ready := make(chan error, 1)
+	go o.run(ready)
+	if err := <-ready; err != nil {
+		<-o.exited
+		o.release()
+		return nil, err
+	}
+	return o, nil
+}
+
+// release frees what Start acquired, after the ring goroutine ended.
+func (o *Owner) release() {
+	if o.efd >= 0 {
+		_ = unix.Close(o.efd)
+		o.efd = -1
+	}
+	if used := o.pool.retire(); used > 0 {
+		// Chunks still out may still be in use: the pool stays mapped
+		// until the last one is freed.
+		o.log.Warn("buffer pool chunks still out at close; unmapping the pool when they are freed", zap.Int("bytes", used))
+	}
+}
+
+// Stats returns the counters.
+func (o *Owner) Stats() Stats {
+	s := &o.stats
+	return Stats{
+		IOs: s.ios.Load(), Errors: s.errors.Load(), Bytes: s.bytes.Load(), SQEs: s.sqes.Load(),
+		FixedSQEs: s.fixed.Load(), Resubmits: s.resubmits.Load(), Retries: s.retries.Load(),
+		Enters: s.enters.Load(), Wakeups: s.wakeups.Load(), Syncs: s.syncs.Load(),
+		MaxInFlight: s.maxInFlight.Load(),
+	}
+}
+
+// PoolMem is the registered pool (for tests and logs).
+func (o *Owner) PoolMem() []byte {
+	o.pool.mu.Lock()
+	defer o.pool.mu.Unlock()
+	return o.pool.mem
+}
+
+// PoolOwns reports whether b was carved out of the pool.
+func (o *Owner) PoolOwns(b []byte) bool { return o.pool.owns(b) }
+
+// PoolInUse is the bytes of the pool handed out.
+func (o *Owner) PoolInUse() int { return o.pool.inUse() }
+
+// PoolFreeExtents is the number of free extents of the pool (1 when
+// fully coalesced).
+func (o *Owner) PoolFreeExtents() int {
+	o.pool.mu.Lock()
+	defer o.pool.mu.Unlock()
+	return len(o.pool.free)
+}
+
+// Leaked reports whether a ring failure left requests that could not be
+// reaped (their memory is never unmapped).
+func (o *Owner) Leaked() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.mu.leaked
+}
+
+// enqueue hands c to the ring goroutine, waking it if it sleeps in the
+// kernel. The eventfd write happens under the lock, so it cannot race with
+// Close closing the eventfd.
+func (o *Owner) enqueue(c *call) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.mu.broken != nil {
+		return o.mu.broken
+	}
+	if o.mu.closed {
+		return o.closed
+	}
+	o.mu.queue = append(o.mu.queue, c)
+	o.wakeLocked()
+	return nil
+}
+
+func (o *Owner) wakeLocked() {
+	if !o.mu.sleeping {
+		return
+	}
+	o.mu.sleeping = false
+	one := [8]byte{1}
+	for {
+		_, err := unix.Write(o.efd, one[:])
+		if err != unix.EINTR {
+			break
+		}
+	}
+}
+
+// Do performs the batch and waits for it; see store.Engine. Batches of
+// concurrent callers share the queue depth.
+func (o *Owner) Do(ios []store.IO) error {
+	if len(ios) == 0 {
+		return nil
+	}
+	c := newCall(callIO, len(ios))
+	c.ios = ios
+	if err := o.enqueue(c); err != nil {
+		return err
+	}
+	<-c.done
+	return c.err
+}
+
+// DoAsync starts the batch; done(i) runs on the ring goroutine as ios[i]
+// completes. See the engines' DoAsync.
+func (o *Owner) DoAsync(ios []store.IO, done func(i int)) error {
+	if len(ios) == 0 {
+		return nil
+	}
+	return o.enqueue(&call{kind: callIO, ios: ios, left: len(ios), cb: done})
+}
+
+// Sync flushes completed writes through the ring.
+func (o *Owner) Sync() error {
+	c := newCall(callSync, 1)
+	if err := o.enqueue(c); err != nil {
+		return err
+	}
+	<-c.done
+	return c.err
+}
+
+// AllocBuffer returns n bytes from the registered pool when it has room,
+// else from store.AllocAligned.
+func (o *Owner) AllocBuffer(n int) ([]byte, error) {
+	if b, ok := o.pool.alloc(n); ok {
+		return b, nil
+	}
+	return store.AllocAligned(n)
+}
+
+// FreeBuffer releases a buffer from AllocBuffer. After a ring failure that
+// left requests unreaped, buffers outside the pool are leaked, not
+// unmapped: the kernel may still write into them.
+func (o *Owner) FreeBuffer(b []byte) {
+	if o.pool.release(b) {
+		return
+	}
+	if o.Leaked() {
+		keepLeaked(b)
+		return
+	}
+	store.FreeAligned(b)
+}
+
+// RegisterMemory adds b to the fixed buffer table; see the engines'.
+// Without fixed buffers the error wraps ErrNoFixed.
+func (o *Owner) RegisterMemory(b []byte) (func(), error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%s: register empty memory: %w", o.name, unix.EINVAL)
+	}
+	c := newCall(callRegister, 1)
+	c.mem = b
+	if err := o.enqueue(c); err != nil {
+		return nil, err
+	}
+	<-c.done
+	if c.err != nil {
+		return nil, c.err
+	}
+	id := c.regID
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			u := newCall(callUnregister, 1)
+			u.regID = id
+			if err := o.enqueue(u); err != nil {
+				return // closed or failed: the table went with the ring
+			}
+			<-u.done
+			if u.err != nil {
+				o.log.Warn("unregister memory", zap.Error(u.err))
+			}
+		})
+	}, nil
+}
+
+// Close waits for the requests in flight, stops the ring and releases the
+// eventfd and the pool (which stays mapped while chunks are out, or for
+// good after a leak). A second Close returns nil.
+func (o *Owner) Close() error {
+	o.mu.Lock()
+	if o.mu.closed {
+		o.mu.Unlock()
+		return nil
+	}
+	o.mu.closed = true
+	c := newCall(callClose, 1)
+	enqueued := o.mu.broken == nil
+	if enqueued {
+		o.mu.queue = append(o.mu.queue, c)
+		o.wakeLocked()
+	}
+	o.mu.Unlock()
+	<-o.exited
+	o.release()
+	if enqueued {
+		<-c.done
+		if o.brokenErr() == nil {
+			return c.err
+		}
+	}
+	return nil // a failed ring was reported when it failed
+}
+
+// ---- the ring goroutine ----
+
+func nextPow2(n int) uint32 {
+	p := uint32(1)
+	for int(p) < n {
+		p <<= 1
+	}
+	return p
+}
+
+func (o *Owner) run(ready chan<- error) {
+	defer close(o.exited)
+	// The ring is created with SINGLE_ISSUER/DEFER_TASKRUN when the kernel
+	// has them: every io_uring call must come from this OS thread. The
+	// thread is never unlocked, so it exits with the goroutine.
+	runtime.LockOSThread()
+	if err := o.setup(); err != nil {
+		if o.ring != nil {
+			_ = o.ring.Close()
+		}
+		ready <- err
+		return
+	}
+	ready <- nil
+	o.loop()
+}
+
+func (o *Owner) setup() error {
+	ro := o.cfg.Ring
+	ro.Entries = nextPow2(o.qd + 2) // QD requests + the eventfd read + a cancel
+	ro.SingleIssuer, ro.DeferTaskrun, ro.CoopTaskrun = true, true, true
+	r, err := uring.New(ro)
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.name, err)
+	}
+	o.ring = r
+	probe, err := r.Probe()
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.name, err)
+	}
+	o.cancelAny = probe.Supported(uring.OpAsyncCancel)
+	o.syncInline = o.cfg.SyncFallback != nil && !probe.Supported(o.cfg.SyncOp)
+	o.slots = make([]slot, o.qd)
+	o.free = make([]int, o.qd)
+	for i := range o.free {
+		o.free[i] = o.qd - 1 - i
+	}
+	noFixed, err := o.d.Setup(r, probe)
+	if err != nil {
+		return err
+	}
+	if noFixed == "" {
+		noFixed = o.cfg.NoFixed
+	}
+	o.setupBuffers(noFixed)
+	o.log.Info("ring ready",
+		zap.Int("queue_depth", o.qd), zap.String("ring_flags", fmt.Sprintf("%#x", r.Flags())),
+		zap.Int("sq_entries", r.SQEntries()), zap.Bool("fixed_buffers", !o.noFixed),
+		zap.Bool("buffer_update", o.sparse), zap.Int("pool_bytes", len(o.pool.mem)))
+	return nil
+}
+
+func (o *Owner) loop() {
+	cqes := make([]uring.CQE, o.ring.CQEntries())
+	for {
+		o.mu.Lock()
+		o.mu.sleeping = false
+		o.pending = append(o.pending, o.mu.queue...)
+		clear(o.mu.queue)
+		o.mu.queue = o.mu.queue[:0]
+		o.mu.Unlock()
+
+		o.fill()
+		if o.closing != nil && o.inflight() == 0 {
+			o.shutdown(cqes)
+			return
+		}
+		if !o.armed {
+			o.arm()
+		}
+		o.mu.Lock()
+		wait := len(o.mu.queue) == 0
+		o.mu.sleeping = wait
+		o.mu.Unlock()
+		n := 0
+		if wait {
+			n = 1
+		}
+		err := o.enter(n)
+		if wait {
+			// Awake again: callers (and completion callbacks, which run
+			// here) need not write the eventfd.
+			o.mu.Lock()
+			o.mu.sleeping = false
+			o.mu.Unlock()
+		}
+		if err != nil {
+			if !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EBUSY) {
+				o.fail(err, cqes)
+				return
+			}
+			// Out of kernel resources or CQ overflow: reap, then go on.
+			time.Sleep(50 * time.Microsecond)
+		}
+		o.reap(cqes)
+	}
+}
+
+// enter submits the SQ and waits for n completions.
+func (o *Owner) enter(n int) error {
+	o.enters++
+	o.stats.enters.Add(1)
+	if h := o.cfg.EnterHook; h != nil {
+		if err := h(o.enters - 1); err != nil {
+			return err
+		}
+	}
+	_, err := o.ring.SubmitAndWait(n)
+	return err
+}
+
+// reap completes every CQE ready; it returns how many.
+func (o *Owner) reap(cqes []uring.CQE) int {
+	total := 0
+	for {
+		k := o.ring.ReapCQEs(cqes)
+		for _, c := range cqes[:k] {
+			o.complete(c)
+		}
+		total += k
+		if k < len(cqes) {
+			return total
+		}
+	}
+}
+
+func (o *Owner) inflight() int { return o.qd - len(o.free) }
+
+func (o *Owner) getSlot() int {
+	i := o.free[len(o.free)-1]
+	o.free = o.free[:len(o.free)-1]
+	if n := o.inflight(); n > o.maxInFlight {
+		o.maxInFlight = n
+		o.stats.maxInFlight.Store(uint64(n))
+	}
+	return i
+}
+
+func (o *Owner) putSlot(i int) {
+	o.slots[i] = slot{}
+	o.free = append(o.free, i)
+}
+
+// arm keeps a read of the eventfd in flight, so that a caller's write
+// ends the ring goroutine's wait in io_uring_enter.
+func (o *Owner) arm() {
+	sqe := o.ring.GetSQE()
+	if sqe == nil {
+		return // SQ full: the wait ends with a completion anyway
+	}
+	sqe.PrepRead(int32(o.efd), o.wakeBuf[:], 0)
+	sqe.SetUserData(wakeTag)
+	o.armed = true
+}
+
+// fill starts pending work while slots are free, in FIFO order.
+func (o *Owner) fill() {
+	for len(o.pending) > 0 {
+		c := o.pending[0]
+		switch c.kind {
+		case callIO:
+			for c.next < len(c.ios) && len(o.free) > 0 {
+				i := c.next
+				rq := &c.ios[i]
+				if c.nextOff == 0 {
+					rq.Err = nil
+					if err := o.d.Check(rq); err != nil {
+						c.next++
+						rq.Err = err
+						o.stats.errors.Add(1)
+						c.ioDone(i)
+						continue
+					}
+					if len(rq.Buf) == 0 {
+						c.next++
+						o.stats.ios.Add(1)
+						c.ioDone(i)
+						continue
+					}
+					if len(rq.Buf) > o.maxPiece {
+						if c.parts == nil {
+							c.parts = make([]int32, len(c.ios))
+						}
+						c.parts[i] = int32((len(rq.Buf) + o.maxPiece - 1) / o.maxPiece)
+					}
+				}
+				n := min(o.maxPiece, len(rq.Buf)-c.nextOff)
+				si := o.getSlot()
+				o.slots[si] = slot{kind: slotIO, c: c, i: i, off: c.nextOff, n: n}
+				if c.nextOff += n; c.nextOff >= len(rq.Buf) {
+					c.next++
+					c.nextOff = 0
+				}
+				o.prepIO(si)
+			}
+			if c.next < len(c.ios) {
+				return // out of slots
+			}
+		case callSync:
+			if o.syncInline {
+				c.err = o.cfg.SyncFallback()
+				o.stats.syncs.Add(1)
+				c.finishOne()
+				break
+			}
+			if len(o.free) == 0 {
+				return
+			}
+			si := o.getSlot()
+			o.slots[si] = slot{kind: slotSync, c: c}
+			o.prepSync(si)
+		case callRegister, callUnregister:
+			if o.legacy && o.inflight() > 0 {
+				return // replacing the whole table wants a quiet ring
+			}
+			if c.kind == callRegister {
+				c.err = o.register(c)
+			} else {
+				c.err = o.unregister(c.regID)
+			}
+			c.finishOne()
+		case callClose:
+			if o.inflight() > 0 {
+				return
+			}
+			o.closing = c
+		}
+		o.pending[0] = nil
+		o.pending = o.pending[1:]
+	}
+}
+
+func (o *Owner) getSQE() *uring.SQE {
+	sqe := o.ring.GetSQE()
+	if sqe == nil {
+		// Cannot happen with SQ entries > QD, but stay correct: push the
+		// SQ to the kernel and try again.
+		_, _ = o.ring.Submit()
+		sqe = o.ring.GetSQE()
+	}
+	return sqe
+}
+
+func (o *Owner) prepIO(si int) {
+	s := &o.slots[si]
+	rq := &s.c.ios[s.i]
+	at := s.off + s.done
+	b := rq.Buf[at : s.off+s.n]
+	sqe := o.getSQE()
+	if sqe == nil {
+		o.finishPiece(si, fmt.Errorf("%s: %v at offset %d: submission queue full: %w", o.name, rq.Op, rq.Off, unix.EBUSY))
+		return
+	}
+	fixed := -1
+	if idx, ok := o.lookupFixed(b); ok {
+		fixed = int(idx)
+	}
+	if err := o.d.PrepIO(sqe, rq, b, rq.Off+int64(at), fixed); err != nil {
+		sqe.PrepNop()
+		s.perr = err
+	} else {
+		o.stats.sqes.Add(1)
+		if fixed >= 0 {
+			o.stats.fixed.Add(1)
+		}
+	}
+	sqe.SetUserData(uint64(si))
+	s.asked = len(b)
+	s.fixed = fixed >= 0
+}
+
+func (o *Owner) prepSync(si int) {
+	sqe := o.getSQE()
+	if sqe == nil {
+		s := &o.slots[si]
+		s.c.err = fmt.Errorf("%s: flush: submission queue full: %w", o.name, unix.EBUSY)
+		s.c.finishOne()
+		o.putSlot(si)
+		return
+	}
+	o.d.PrepSync(sqe)
+	sqe.SetUserData(uint64(si))
+}
+
+func retryable(errno unix.Errno) bool { return errno == unix.EAGAIN || errno == unix.EINTR }
+
+func (o *Owner) complete(cqe uring.CQE) {
+	switch cqe.UserData {
+	case wakeTag:
+		o.armed = false
+		if cqe.Res > 0 {
+			o.stats.wakeups.Add(1)
+		}
+		return
+	case cancelTag:
+		if cqe.Res == -int32(unix.EINVAL) {
+			o.cancelAny = false // no IORING_ASYNC_CANCEL_ANY: cancel one by one
+		}
+		return
+	}
+	si := int(cqe.UserData)
+	s := &o.slots[si]
+	if s.kind == slotSync {
+		if cqe.Res < 0 && retryable(unix.Errno(-cqe.Res)) && s.retries < o.maxRetries && !o.draining {
+			s.retries++
+			o.stats.retries.Add(1)
+			o.prepSync(si)
+			return
+		}
+		s.c.err = o.d.CompleteSync(cqe.Res)
+		o.stats.syncs.Add(1)
+		s.c.finishOne()
+		o.putSlot(si)
+		return
+	}
+	if s.perr != nil {
+		o.finishPiece(si, s.perr)
+		return
+	}
+	if cqe.Res < 0 && retryable(unix.Errno(-cqe.Res)) && s.retries < o.maxRetries && !o.draining {
+		s.retries++
+		o.stats.retries.Add(1)
+		o.prepIO(si)
+		return
+	}
+	rq := &s.c.ios[s.i]
+	moved, retry, err := o.d.CompleteIO(rq, s.off+s.done, s.asked, s.fixed, cqe.Res)
+	switch {
+	case err != nil:
+		o.finishPiece(si, err)
+	case o.draining && (retry || s.done+moved < s.n):
+		o.finishPiece(si, o.brokenErr())
+	case retry:
+		s.retries++
+		o.stats.retries.Add(1)
+		o.prepIO(si)
+	default:
+		s.done += moved
+		if s.done >= s.n {
+			o.finishPiece(si, nil)
+			return
+		}
+		if moved < s.asked {
+			o.stats.resubmits.Add(1)
+		}
+		o.prepIO(si)
+	}
+}
+
+// finishPiece ends one piece; the IO completes with its last piece.
+func (o *Owner) finishPiece(si int, err error) {
+	s := &o.slots[si]
+	c, i, n := s.c, s.i, s.n
+	rq := &c.ios[i]
+	o.putSlot(si) // first: the callback may start more work
+	if err != nil {
+		if rq.Err == nil {
+			rq.Err = err
+		}
+	} else {
+		o.stats.bytes.Add(uint64(n))
+	}
+	if c.parts != nil && c.parts[i] > 1 {
+		c.parts[i]--
+		return
+	}
+	if rq.Err != nil {
+		o.stats.errors.Add(1)
+	} else {
+		o.stats.ios.Add(1)
+	}
+	c.ioDone(i)
+}
+
+func (o *Owner) brokenErr() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.mu.broken
+}
+
+// shutdown retires the eventfd read and closes the ring; nothing else is
+// in flight.
+func (o *Owner) shutdown(cqes []uring.CQE) {
+	if o.armed {
+		one := [8]byte{1}
+		_, _ = unix.Write(o.efd, one[:])
+		deadline := time.Now().Add(o.cfg.DrainTimeout)
+		for o.armed && time.Now().Before(deadline) {
+			if err := o.enter(1); err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EBUSY) {
+				break
+			}
+			o.reap(cqes)
+		}
+		if o.armed {
+			// The eventfd read names only wakeBuf, in the Owner, which
+			// keepLeaked keeps alive.
+			o.log.Error("ring: the wake-up read did not complete at close; keeping its buffer")
+			keepLeaked(o)
+		}
+	}
+	if err := o.ring.Close(); err != nil {
+		o.closing.err = fmt.Errorf("%s: %w", o.name, err)
+	}
+	o.closing.finishOne()
+}

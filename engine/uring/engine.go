@@ -1,0 +1,411 @@
+package uring
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/engine/internal/ringowner"
+	"github.com/kvfs/kvfs/store"
+	iouring "github.com/kvfs/kvfs/uring"
+)
+
+// EngineOptions configure OpenEngine.
+type EngineOptions struct {
+	// QueueDepth is the most requests the engine keeps in flight (all
+	// callers together). 0 means 64.
+	QueueDepth int
+	// BufferPool is the size in bytes of the buffer pool registered once
+	// with the ring (AllocBuffer carves from it, and I/O on it uses
+	// READ_FIXED / WRITE_FIXED). It is rounded up to 2 MiB and backed by
+	// transparent huge pages where the kernel allows (physically contiguous
+	// buffers: fewer DMA segments). 0 means 64 MiB; negative means none.
+	BufferPool int
+	// Logger receives the engine's logs; nil means zap.NewNop().
+	Logger *zap.Logger
+	// Direct opens the file O_DIRECT. A filesystem that refuses O_DIRECT
+	// (EINVAL at open, e.g. ramfs) gets a buffered open instead, and
+	// Align() is then 1.
+	Direct bool
+	// ReadOnly opens the file read-only: writes fail per request with
+	// EBADF, Sync is a no-op.
+	ReadOnly bool
+
+	// Test knobs.
+	maxChunk      int                  // bytes per SQE at most (default 1 GiB)
+	legacyBuffers bool                 // re-register the whole table instead of updating it
+	refuseDirect  bool                 // act as if open(O_DIRECT) said EINVAL
+	extraSlots    int                  // fixed buffer slots for RegisterMemory (default 64)
+	enterHook     func(n uint64) error // see ringowner.Config.EnterHook
+}
+
+const (
+	defaultQueueDepth = 64
+	defaultBufferPool = 64 << 20
+	defaultExtraSlots = 64
+	maxRetries        = 16
+)
+
+// EngineStats are counters of an Engine since it was opened.
+type EngineStats struct {
+	IOs       uint64 // requests completed without error
+	Errors    uint64 // requests completed with an error
+	Bytes     uint64 // bytes moved by successful requests
+	SQEs      uint64 // read/write SQEs submitted (more than IOs when resubmitted or split)
+	FixedSQEs uint64 // of which READ_FIXED / WRITE_FIXED
+	Resubmits uint64 // short transfers continued
+	Retries   uint64 // EAGAIN / EINTR retried
+	Enters    uint64 // io_uring_enter calls of the ring goroutine
+	Wakeups   uint64 // times a caller woke the ring goroutine through the eventfd
+	Syncs     uint64
+}
+
+func (s EngineStats) String() string {
+	return fmt.Sprintf("ios=%d errors=%d bytes=%d sqes=%d fixed=%d resubmits=%d retries=%d enters=%d wakeups=%d syncs=%d",
+		s.IOs, s.Errors, s.Bytes, s.SQEs, s.FixedSQEs, s.Resubmits, s.Retries, s.Enters, s.Wakeups, s.Syncs)
+}
+
+// Engine is the io_uring store engine: plain READ/WRITE (READ_FIXED /
+// WRITE_FIXED on registered memory) and FSYNC on a file or block device.
+// The ring, its goroutine, the queue of callers, the fixed-buffer table and
+// the buffer pool belong to a ringowner.Owner; the Engine supplies how its
+// requests are checked, prepared and completed (driver).
+type Engine struct {
+	path     string
+	fd       int
+	log      *zap.Logger
+	direct   bool
+	readOnly bool
+	align    int
+	isBlock  bool
+	ring     *ringowner.Owner
+	drv      driver
+
+	closeOnce sync.Once
+}
+
+// driver prepares and completes the Engine's SQEs on the ring goroutine.
+type driver struct {
+	fd        int32
+	align     int
+	readOnly  bool
+	fixedFile bool
+	log       *zap.Logger
+}
+
+var (
+	_ store.Engine          = (*Engine)(nil)
+	_ store.BufferAllocator = (*Engine)(nil)
+	_ store.MemoryRegistrar = (*Engine)(nil)
+)
+
+// OpenEngine opens path (a regular file or a block device) and starts the
+// engine's ring.
+func OpenEngine(path string, o EngineOptions) (*Engine, error) {
+	if err := iouring.Available(); err != nil {
+		return nil, err
+	}
+	if o.QueueDepth <= 0 {
+		o.QueueDepth = defaultQueueDepth
+	}
+	if o.BufferPool == 0 {
+		o.BufferPool = defaultBufferPool
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.maxChunk <= 0 {
+		o.maxChunk = iouring.MaxFixedBuffer
+	}
+	if o.extraSlots <= 0 {
+		o.extraSlots = defaultExtraSlots
+	}
+	log := o.Logger.With(zap.String("engine", "uring"), zap.String("path", path))
+
+	flags := unix.O_RDWR | unix.O_CLOEXEC
+	if o.ReadOnly {
+		flags = unix.O_RDONLY | unix.O_CLOEXEC
+	}
+	fd, direct := -1, false
+	if o.Direct {
+		var err error
+		if o.refuseDirect {
+			err = unix.EINVAL
+		} else {
+			fd, err = unix.Open(path, flags|unix.O_DIRECT, 0)
+		}
+		switch {
+		case err == nil:
+			direct = true
+		case errors.Is(err, unix.EINVAL):
+			log.Info("filesystem refuses O_DIRECT; using buffered I/O")
+		default:
+			return nil, fmt.Errorf("uring: open %s: %w", path, err)
+		}
+	}
+	if fd < 0 {
+		var err error
+		if fd, err = unix.Open(path, flags, 0); err != nil {
+			return nil, fmt.Errorf("uring: open %s: %w", path, err)
+		}
+	}
+	e := &Engine{path: path, fd: fd, log: log, direct: direct, readOnly: o.ReadOnly, align: 1}
+	fail := func(err error) (*Engine, error) {
+		_ = unix.Close(fd)
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fail(fmt.Errorf("uring: stat %s: %w", path, err))
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFBLK:
+		e.isBlock = true
+	default:
+		return fail(fmt.Errorf("uring: %s is neither a regular file nor a block device: %w", path, unix.EINVAL))
+	}
+	if direct {
+		e.align = dioAlign(fd, e.isBlock)
+	}
+	e.drv = driver{fd: int32(fd), align: e.align, readOnly: o.ReadOnly, log: log}
+	cfg := ringowner.Config{
+		Name:       "uring",
+		QueueDepth: o.QueueDepth,
+		MaxPiece:   o.maxChunk,
+		MaxRetries: maxRetries,
+		PoolBytes:  o.BufferPool,
+		PoolGrain:  e.align,
+		ExtraSlots: o.extraSlots,
+		Logger:     log,
+		Legacy:     o.legacyBuffers,
+		SyncOp:     iouring.OpFsync,
+		SyncFallback: func() error {
+			if err := unix.Fdatasync(fd); err != nil {
+				return fmt.Errorf("uring: fdatasync: %w", err)
+			}
+			return nil
+		},
+		EnterHook: o.enterHook,
+	}
+	r, err := ringowner.Start(cfg, &e.drv)
+	if err != nil {
+		return fail(err)
+	}
+	e.ring = r
+	log.Info("uring engine ready", zap.Bool("direct", e.direct), zap.Int("align", e.align), zap.Bool("fixed_file", e.drv.fixedFile))
+	return e, nil
+}
+
+// dioAlign is the O_DIRECT alignment of fd: the logical block size of a
+// block device, statx's DIO alignment for a file, 1 on tmpfs (where
+// O_DIRECT is page-cache I/O), 4096 when unknown.
+func dioAlign(fd int, isBlock bool) int {
+	if isBlock {
+		if n, err := unix.IoctlGetInt(fd, unix.BLKSSZGET); err == nil && n > 0 {
+			return n
+		}
+		return 4096
+	}
+	var sx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &sx); err == nil &&
+		sx.Mask&unix.STATX_DIOALIGN != 0 && sx.Dio_offset_align > 0 {
+		return int(max(sx.Dio_offset_align, sx.Dio_mem_align))
+	}
+	var sf unix.Statfs_t
+	if err := unix.Fstatfs(fd, &sf); err == nil && sf.Type == unix.TMPFS_MAGIC {
+		return 1
+	}
+	return 4096
+}
+
+// Name is "uring".
+func (e *Engine) Name() string { return "uring" }
+
+// Align is the alignment O_DIRECT needs (1 when buffered).
+func (e *Engine) Align() int { return e.align }
+
+// Direct reports whether the file is open O_DIRECT.
+func (e *Engine) Direct() bool { return e.direct }
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() EngineStats {
+	s := e.ring.Stats()
+	return EngineStats{
+		IOs: s.IOs, Errors: s.Errors, Bytes: s.Bytes, SQEs: s.SQEs, FixedSQEs: s.FixedSQEs,
+		Resubmits: s.Resubmits, Retries: s.Retries, Enters: s.Enters, Wakeups: s.Wakeups, Syncs: s.Syncs,
+	}
+}
+
+// Size is the file's current size, or the block device's size. It is 0
+// when the size cannot be read (logged).
+func (e *Engine) Size() int64 {
+	if e.isBlock {
+		n, err := unix.IoctlGetUint64(e.fd, unix.BLKGETSIZE64)
+		if err != nil {
+			e.log.Error("BLKGETSIZE64", zap.Error(err))
+			return 0
+		}
+		return int64(n)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(e.fd, &st); err != nil {
+		e.log.Error("fstat", zap.Error(err))
+		return 0
+	}
+	return st.Size
+}
+
+// Do performs the batch; see store.Engine. It is safe for concurrent use:
+// batches of concurrent callers share the ring's queue depth.
+func (e *Engine) Do(ios []store.IO) error { return e.ring.Do(ios) }
+
+// DoAsync starts the batch and returns without waiting for it. done(i) is
+// called on the engine's ring goroutine as ios[i] completes (ios[i].Err
+// set, as with Do); it must be quick and must not block — in particular it
+// must not call Do, Sync, RegisterMemory or Close, which wait for the ring
+// goroutine — but it may call DoAsync again, for example to keep a queue
+// full: new work is submitted together with the other completions' in one
+// io_uring_enter. The caller must not touch ios until done was called for
+// each request. A returned error (store.ErrEngineClosed, ring failed)
+// means done will not be called.
+func (e *Engine) DoAsync(ios []store.IO, done func(i int)) error {
+	return e.ring.DoAsync(ios, done)
+}
+
+// Sync makes completed writes durable (fdatasync through the ring).
+func (e *Engine) Sync() error {
+	if e.readOnly {
+		return nil
+	}
+	return e.ring.Sync()
+}
+
+// AllocBuffer returns n bytes of aligned memory, from the registered pool
+// when it has room (so I/O on it uses fixed buffers), else from
+// store.AllocAligned. Give it back with FreeBuffer, unchanged (a pool
+// chunk still out at Close keeps the pool mapped until it is freed).
+func (e *Engine) AllocBuffer(n int) ([]byte, error) { return e.ring.AllocBuffer(n) }
+
+// FreeBuffer releases a buffer from AllocBuffer.
+func (e *Engine) FreeBuffer(b []byte) { e.ring.FreeBuffer(b) }
+
+// RegisterMemory adds b to the fixed buffer table (split in ≤ 1 GiB
+// pieces), so I/O whose buffer lies inside b uses READ_FIXED/WRITE_FIXED.
+// b must stay mapped until the returned function has been called (or the
+// engine closed). The function is idempotent.
+func (e *Engine) RegisterMemory(b []byte) (func(), error) { return e.ring.RegisterMemory(b) }
+
+// Close waits for the requests in flight, stops the ring and closes the
+// file. Later calls fail with store.ErrEngineClosed; a second Close
+// returns nil.
+func (e *Engine) Close() error {
+	err := e.ring.Close()
+	e.closeOnce.Do(func() {
+		_ = unix.Close(e.fd)
+		e.fd = -1 // Size after Close fails instead of asking a reused fd
+	})
+	return err
+}
+
+// ---- the driver: runs on the ring goroutine ----
+
+func (d *driver) Setup(r *iouring.Ring, probe *iouring.ProbeResult) (string, error) {
+	for _, op := range []iouring.Opcode{iouring.OpRead, iouring.OpWrite} {
+		if !probe.Supported(op) {
+			return "", fmt.Errorf("uring: kernel lacks %v: %w", op, unix.EOPNOTSUPP)
+		}
+	}
+	if err := r.RegisterFiles([]int{int(d.fd)}); err == nil {
+		d.fixedFile = true
+	} else {
+		d.log.Info("fixed file unavailable", zap.Error(err))
+	}
+	if !probe.Supported(iouring.OpReadFixed) || !probe.Supported(iouring.OpWriteFixed) {
+		return "kernel lacks READ_FIXED/WRITE_FIXED", nil
+	}
+	return "", nil
+}
+
+// Check validates one request before it is started.
+func (d *driver) Check(rq *store.IO) error {
+	if rq.Op != store.OpRead && rq.Op != store.OpWrite {
+		return fmt.Errorf("uring: unknown op %d at offset %d: %w", rq.Op, rq.Off, unix.EINVAL)
+	}
+	if rq.Op == store.OpWrite && d.readOnly {
+		return fmt.Errorf("uring: write at offset %d: engine is read-only: %w", rq.Off, unix.EBADF)
+	}
+	if rq.Off < 0 {
+		return fmt.Errorf("uring: %v at offset %d: %w", rq.Op, rq.Off, unix.EINVAL)
+	}
+	if d.align > 1 && (rq.Off%int64(d.align) != 0 || !store.Aligned(rq.Buf, d.align)) {
+		return fmt.Errorf("uring: %v of %d bytes at offset %d: not aligned to %d for O_DIRECT: %w",
+			rq.Op, len(rq.Buf), rq.Off, d.align, unix.EINVAL)
+	}
+	return nil
+}
+
+func (d *driver) PrepIO(sqe *iouring.SQE, rq *store.IO, b []byte, off int64, fixed int) error {
+	fd := d.fd
+	switch {
+	case rq.Op == store.OpWrite && fixed >= 0:
+		sqe.PrepWriteFixed(fd, b, uint64(off), uint16(fixed))
+	case rq.Op == store.OpWrite:
+		sqe.PrepWrite(fd, b, uint64(off))
+	case fixed >= 0:
+		sqe.PrepReadFixed(fd, b, uint64(off), uint16(fixed))
+	default:
+		sqe.PrepRead(fd, b, uint64(off))
+	}
+	if d.fixedFile {
+		sqe.Fd = 0
+		sqe.SetFlags(iouring.SQEFixedFile)
+	}
+	return nil
+}
+
+func (d *driver) CompleteIO(rq *store.IO, at, n int, _ bool, res int32) (int, bool, error) {
+	switch {
+	case res < 0:
+		return 0, false, fmt.Errorf("uring: %v of %d bytes at offset %d: %w", rq.Op, n, rq.Off+int64(at), unix.Errno(-res))
+	case res == 0:
+		return 0, false, shortErr(rq, at)
+	case int(res) < n && d.align > 1 && !alignedAt(rq, at+int(res), d.align):
+		// A short transfer whose continuation would be off the O_DIRECT
+		// alignment (a partial block at the end of the file) is the end
+		// of the file.
+		return 0, false, shortErr(rq, at+int(res))
+	}
+	return int(res), false, nil
+}
+
+func (d *driver) PrepSync(sqe *iouring.SQE) {
+	if d.fixedFile {
+		sqe.PrepFsync(0, iouring.FsyncDatasync)
+		sqe.SetFlags(iouring.SQEFixedFile)
+		return
+	}
+	sqe.PrepFsync(d.fd, iouring.FsyncDatasync)
+}
+
+func (d *driver) CompleteSync(res int32) error {
+	if res < 0 {
+		return fmt.Errorf("uring: fdatasync: %w", unix.Errno(-res))
+	}
+	return nil
+}
+
+func alignedAt(rq *store.IO, done, align int) bool {
+	return (rq.Off+int64(done))%int64(align) == 0 && store.Aligned(rq.Buf[done:], align)
+}
+
+func shortErr(rq *store.IO, done int) error {
+	if rq.Op == store.OpRead {
+		return fmt.Errorf("uring: read of %d bytes at offset %d: end of file after %d: %w", len(rq.Buf), rq.Off, done, io.ErrUnexpectedEOF)
+	}
+	return fmt.Errorf("uring: write of %d bytes at offset %d: wrote %d: %w", len(rq.Buf), rq.Off, done, io.ErrShortWrite)
+}
