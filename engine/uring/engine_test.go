@@ -242,17 +242,19 @@ func openUringT(o EngineOptions) engineOpener {
 
 func TestEngineConformance(t *testing.T) {
 	needURing(t)
-	t.Run("uring-direct", func(t *testing.T) {
-		testEngineConformance(t, diskDir(t), openUringT(EngineOptions{Direct: true, QueueDepth: 16, BufferPool: 1 << 20}))
-	})
-	t.Run("uring-buffered-shm", func(t *testing.T) {
-		dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
-		if err != nil {
-			t.Skipf("skipping: no /dev/shm: %v", err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		testEngineConformance(t, dir, openUringT(EngineOptions{Direct: true, QueueDepth: 4}))
-	})
+	for _, rings := range []int{1, testRings} {
+		t.Run(fmt.Sprintf("uring-direct-rings=%d", rings), func(t *testing.T) {
+			testEngineConformance(t, diskDir(t), openUringT(EngineOptions{Direct: true, QueueDepth: 16, BufferPool: 1 << 20, Rings: rings}))
+		})
+		t.Run(fmt.Sprintf("uring-buffered-shm-rings=%d", rings), func(t *testing.T) {
+			dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
+			if err != nil {
+				t.Skipf("skipping: no /dev/shm: %v", err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			testEngineConformance(t, dir, openUringT(EngineOptions{Direct: true, QueueDepth: 4, Rings: rings}))
+		})
+	}
 	// The suite itself is checked against the posix baseline.
 	t.Run("posix-direct", func(t *testing.T) {
 		testEngineConformance(t, diskDir(t), func(t *testing.T, path string) store.Engine {
@@ -268,9 +270,17 @@ func TestEngineConformance(t *testing.T) {
 
 // ---- uring engine specifics ----
 
+// testRings is the ring count of the tests that do not choose one: more
+// than one, so every test also exercises the spreading over rings (a
+// 2-core machine's AutoRings is 1).
+const testRings = 3
+
 func openEngineT(t *testing.T, path string, o EngineOptions) *Engine {
 	t.Helper()
 	needURing(t)
+	if o.Rings == 0 {
+		o.Rings = testRings
+	}
 	o.Logger = zaptest.NewLogger(t)
 	e, err := OpenEngine(path, o)
 	if err != nil {
@@ -563,7 +573,7 @@ func TestEngineReadOnly(t *testing.T) {
 
 func TestEnginePool(t *testing.T) {
 	p := newFile(t, t.TempDir(), 4096)
-	e := openEngineT(t, p, EngineOptions{BufferPool: 1 << 20}) // rounded up to 2 MiB
+	e := openEngineT(t, p, EngineOptions{BufferPool: 1 << 20, BufferPoolMax: -1}) // rounded up to 2 MiB; no growth
 	if len(e.ring.PoolMem()) != 2<<20 || addrOf(e.ring.PoolMem())%(2<<20) != 0 {
 		t.Fatalf("pool of %d bytes at %#x, want 2 MiB aligned to 2 MiB", len(e.ring.PoolMem()), addrOf(e.ring.PoolMem()))
 	}
@@ -601,7 +611,7 @@ func TestEnginePool(t *testing.T) {
 func TestEngineCloseWhileBusy(t *testing.T) {
 	p := newFile(t, t.TempDir(), 1<<20)
 	needURing(t)
-	e, err := OpenEngine(p, EngineOptions{QueueDepth: 4, BufferPool: -1})
+	e, err := OpenEngine(p, EngineOptions{QueueDepth: 4, BufferPool: -1, Rings: testRings})
 	if err != nil {
 		t.Fatal(err)
 	}
