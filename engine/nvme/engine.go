@@ -235,6 +235,9 @@ func (e *Engine) init(o EngineOptions) error {
 	return nil
 }
 
+// Rings is the number of io_uring instances.
+func (e *Engine) Rings() int { return e.ring.N() }
+
 // Name is "nvme".
 func (e *Engine) Name() string { return "nvme" }
 
