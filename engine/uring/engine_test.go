@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
@@ -843,5 +844,61 @@ func TestEngineRingFailure(t *testing.T) {
 	}
 	if err := e.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestEnginePoolGrowsRegisteredOnEveryRing: buffers beyond the first pool
+// segment come from grown segments, registered on every ring, so reads into
+// them through any ring are READ_FIXED and land the file's bytes.
+func TestEnginePoolGrowsRegisteredOnEveryRing(t *testing.T) {
+	const size = 8 << 20
+	p := newFile(t, t.TempDir(), size)
+	want := pattern(size, 7)
+	if err := os.WriteFile(p, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := openEngineT(t, p, EngineOptions{Rings: 3, QueueDepth: 8, BufferPool: 2 << 20, BufferPoolMax: 8 << 20})
+	var bufs [][]byte
+	for i := 0; i < 4; i++ {
+		b, err := e.AllocBuffer(2 << 20)
+		if err != nil || !e.ring.PoolOwns(b) {
+			t.Fatalf("buffer %d: %v, from the pool %v", i, err, e.ring.PoolOwns(b))
+		}
+		bufs = append(bufs, b)
+	}
+	if e.Stats().PoolBytes != 8<<20 {
+		t.Fatalf("pool of %d bytes, want 8 MiB", e.Stats().PoolBytes)
+	}
+	// Registration is asynchronous: three segments on three rings.
+	for deadline := time.Now().Add(10 * time.Second); e.ring.Stats().PoolSegments < 9; {
+		if time.Now().After(deadline) {
+			t.Fatalf("grown segments registered %d times, want 9", e.ring.Stats().PoolSegments)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	before := e.Stats()
+	for round := 0; round < 3; round++ { // round robin: every buffer through every ring
+		for i, b := range bufs {
+			off := int64((i + round) % 4 * (2 << 20))
+			ios := []store.IO{{Op: store.OpRead, Off: off, Buf: b}}
+			if err := e.Do(ios); err != nil || ios[0].Err != nil {
+				t.Fatal(err, ios[0].Err)
+			}
+			if !bytes.Equal(b, want[off:off+2<<20]) {
+				t.Fatalf("buffer %d: wrong bytes", i)
+			}
+		}
+	}
+	after := e.Stats()
+	if sqes, fixed := after.SQEs-before.SQEs, after.FixedSQEs-before.FixedSQEs; sqes != 12 || fixed != 12 {
+		t.Fatalf("%d SQEs, %d of them fixed; want 12 and 12", sqes, fixed)
+	}
+	for i := 0; i < e.ring.N(); i++ {
+		if e.ring.Ring(i).Stats().FixedSQEs == 0 {
+			t.Errorf("ring %d read nothing fixed", i)
+		}
+	}
+	for _, b := range bufs {
+		e.FreeBuffer(b)
 	}
 }
