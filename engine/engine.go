@@ -43,6 +43,9 @@ type Options struct {
 	// engines (callers are spread over them); 0 means one per 4 usable
 	// cores (ringowner.AutoRings).
 	Rings int
+	// AsyncReads is the uring engine's IOSQE_ASYNC choice for reads:
+	// "auto" (""), "on" or "off" (see uring.EngineOptions.AsyncReads).
+	AsyncReads string
 	// PoolMax caps the engine's growing registered buffer pool (bytes);
 	// 0 means the engine's default (1 GiB or an eighth of the RAM), a
 	// negative value means the pool never grows.

@@ -15,6 +15,7 @@ func openUring(path string, o Options) (store.Engine, error) {
 		QueueDepth:    o.QueueDepth,
 		Rings:         o.Rings,
 		BufferPoolMax: o.PoolMax,
+		AsyncReads:    o.AsyncReads,
 		Logger:        o.Logger,
 		Direct:        true, // dropped by the engine where the file system refuses it
 		ReadOnly:      o.ReadOnly,

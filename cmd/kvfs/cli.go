@@ -126,12 +126,14 @@ func addEngineFlag(c *cobra.Command, kind *string) {
 // ringFlags are --rings and --pool-max of the commands that run an engine
 // hard (bench, mount).
 type ringFlags struct {
-	rings   int
-	poolMax string
+	rings      int
+	poolMax    string
+	asyncReads string
 }
 
 func addRingFlags(c *cobra.Command, f *ringFlags) {
 	c.Flags().IntVar(&f.rings, "rings", 0, fmt.Sprintf("io_uring instances of the uring/nvme engine, callers spread over them (0: one per 4 usable cores, at most %d)", engine.MaxRings))
+	c.Flags().StringVar(&f.asyncReads, "async-reads", "auto", "uring engine: submit reads with IOSQE_ASYNC so io-wq copies page-cache/tmpfs reads on many cores (auto: for page-cache I/O), on, off")
 	c.Flags().StringVar(&f.poolMax, "pool-max", "", "cap of the engine's registered buffer pool, which grows by segments when callers need more (default 1GiB or RAM/8; 0: never grows)")
 }
 
@@ -141,6 +143,12 @@ func (f ringFlags) apply(o *engine.Options) error {
 		return usageErrorf("--rings %d: want 0 (auto) to %d", f.rings, engine.MaxRings)
 	}
 	o.Rings = f.rings
+	switch f.asyncReads {
+	case "", "auto", "on", "off":
+		o.AsyncReads = f.asyncReads
+	default:
+		return usageErrorf("--async-reads %q: want auto, on or off", f.asyncReads)
+	}
 	if f.poolMax != "" {
 		n, err := bytesize.Parse(f.poolMax)
 		if err != nil || n < 0 {

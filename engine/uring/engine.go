@@ -44,6 +44,17 @@ type EngineOptions struct {
 	// ReadOnly opens the file read-only: writes fail per request with
 	// EBADF, Sync is a no-op.
 	ReadOnly bool
+	// AsyncReads is "auto" (also ""), "on" or "off": whether reads are
+	// submitted with IOSQE_ASYNC. A read the kernel cannot do without
+	// blocking-capable context (a buffered read of tmpfs or the page cache)
+	// is handed to the ring's io-wq workers; without IOSQE_ASYNC io-wq
+	// starts another worker only when the running one sleeps, so copies
+	// that never sleep run one at a time per ring (one core). With it each
+	// read may get its own worker, and the copies spread over cores. auto:
+	// on for page-cache I/O (buffered, or O_DIRECT on tmpfs, which is
+	// buffered), off for real O_DIRECT, where the block layer completes
+	// reads asynchronously without io-wq.
+	AsyncReads string
 
 	// Test knobs.
 	maxChunk      int                  // bytes per SQE at most (default 1 GiB)
@@ -109,6 +120,7 @@ type driver struct {
 	align     int
 	readOnly  bool
 	fixedFile bool
+	async     bool // reads with IOSQE_ASYNC
 	log       *zap.Logger
 }
 
@@ -123,6 +135,11 @@ var (
 func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	if err := iouring.Available(); err != nil {
 		return nil, err
+	}
+	switch o.AsyncReads {
+	case "", "auto", "on", "off":
+	default:
+		return nil, fmt.Errorf("uring: AsyncReads %q: want auto, on or off: %w", o.AsyncReads, unix.EINVAL)
 	}
 	if o.QueueDepth <= 0 {
 		o.QueueDepth = defaultQueueDepth
@@ -190,6 +207,9 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	if direct {
 		e.align = dioAlign(fd, e.isBlock)
 	}
+	var sf unix.Statfs_t
+	pageCache := !direct || (!e.isBlock && unix.Fstatfs(fd, &sf) == nil && sf.Type == unix.TMPFS_MAGIC)
+	async := o.AsyncReads == "on" || (o.AsyncReads != "off" && pageCache)
 	cfg := ringowner.Config{
 		Name:         "uring",
 		QueueDepth:   o.QueueDepth,
@@ -211,7 +231,7 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 		EnterHook: o.enterHook,
 	}
 	r, err := ringowner.StartRings(cfg, o.Rings, func(int) ringowner.Driver {
-		d := &driver{fd: int32(fd), align: e.align, readOnly: o.ReadOnly, log: log}
+		d := &driver{fd: int32(fd), align: e.align, readOnly: o.ReadOnly, async: async, log: log}
 		e.drvs = append(e.drvs, d)
 		return d
 	})
@@ -220,7 +240,8 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	}
 	e.ring = r
 	log.Info("uring engine ready", zap.Bool("direct", e.direct), zap.Int("align", e.align),
-		zap.Bool("fixed_file", e.drvs[0].fixedFile), zap.Int("rings", r.N()), zap.Int("queue_depth_per_ring", o.QueueDepth))
+		zap.Bool("fixed_file", e.drvs[0].fixedFile), zap.Int("rings", r.N()), zap.Int("queue_depth_per_ring", o.QueueDepth),
+		zap.Bool("async_reads", async))
 	return e, nil
 }
 
@@ -392,6 +413,9 @@ func (d *driver) PrepIO(sqe *iouring.SQE, rq *store.IO, b []byte, off int64, fix
 	if d.fixedFile {
 		sqe.Fd = 0
 		sqe.SetFlags(iouring.SQEFixedFile)
+	}
+	if d.async && rq.Op == store.OpRead {
+		sqe.SetFlags(iouring.SQEAsync)
 	}
 	return nil
 }

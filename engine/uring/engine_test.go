@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvfs/kvfs/engine/posix"
 	"github.com/kvfs/kvfs/store"
+	iouring "github.com/kvfs/kvfs/uring"
 )
 
 // ---- a generic store.Engine conformance suite ----
@@ -900,5 +901,57 @@ func TestEnginePoolGrowsRegisteredOnEveryRing(t *testing.T) {
 	}
 	for _, b := range bufs {
 		e.FreeBuffer(b)
+	}
+}
+
+// TestEngineAsyncReads: reads of page-cache I/O (tmpfs, buffered) carry
+// IOSQE_ASYNC by default, so io-wq may copy them on many cores; real
+// O_DIRECT reads do not (the block layer completes them without io-wq);
+// "on"/"off" override; anything else is refused. (The conformance suite
+// checks the bytes of async reads on /dev/shm.)
+func TestEngineAsyncReads(t *testing.T) {
+	needURing(t)
+	shm, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
+	if err != nil {
+		t.Skipf("skipping: no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(shm) })
+	disk := diskDir(t)
+	for _, tc := range []struct {
+		name, dir, opt string
+		direct, want   bool
+	}{
+		{"tmpfs-auto", shm, "", true, true},
+		{"tmpfs-off", shm, "off", true, false},
+		{"buffered-auto", disk, "auto", false, true},
+		{"direct-auto", disk, "", true, !directOK(disk)},
+		{"direct-on", disk, "on", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := openEngineT(t, newFile(t, tc.dir, 1<<20), EngineOptions{Direct: tc.direct, AsyncReads: tc.opt, Rings: 2})
+			for i, d := range e.drvs {
+				if d.async != tc.want {
+					t.Fatalf("ring %d: async reads %v, want %v", i, d.async, tc.want)
+				}
+				var sqe iouring.SQE
+				buf := make([]byte, 4096)
+				if err := d.PrepIO(&sqe, &store.IO{Op: store.OpRead, Buf: buf}, buf, 0, -1); err != nil {
+					t.Fatal(err)
+				}
+				if got := sqe.Flags&iouring.SQEAsync != 0; got != tc.want {
+					t.Fatalf("read SQE async %v, want %v", got, tc.want)
+				}
+				sqe = iouring.SQE{}
+				if err := d.PrepIO(&sqe, &store.IO{Op: store.OpWrite, Buf: buf}, buf, 0, -1); err != nil {
+					t.Fatal(err)
+				}
+				if sqe.Flags&iouring.SQEAsync != 0 {
+					t.Fatal("write SQE carries IOSQE_ASYNC")
+				}
+			}
+		})
+	}
+	if _, err := OpenEngine(newFile(t, shm, 4096), EngineOptions{AsyncReads: "always"}); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("AsyncReads \"always\": %v, want EINVAL", err)
 	}
 }
