@@ -243,7 +243,7 @@ func TestMeasure(t *testing.T) {
 		t.Logf("random read bs=%d qd=%d, GB/s per round:", bs, qd)
 		for _, s := range ss {
 			m := medianResult(s.res)
-			t.Logf("  %-12s [%s]  median %.3f (p50 %.0f µs, p99 %.0f µs)", s.name, gbpsList(s.res), m.GBps, m.P50us, m.P99us)
+			t.Logf("  %-12s [%s]  median %.3f (p50 %.0f µs, p99 %.0f µs, cpu %.3f s/GB)", s.name, gbpsList(s.res), m.GBps, m.P50us, m.P99us, m.CPUsPerGB)
 		}
 		compare(async, plain)
 		compare(sync, plain)
@@ -272,7 +272,7 @@ func TestMeasure(t *testing.T) {
 	t.Logf("random read bs=1MiB, GB/s per round:")
 	for _, s := range []*series{posix, u1, u32} {
 		m := medianResult(s.res)
-		t.Logf("  %-12s [%s]  median %.3f (p50 %.0f µs, p99 %.0f µs)", s.name, gbpsList(s.res), m.GBps, m.P50us, m.P99us)
+		t.Logf("  %-12s [%s]  median %.3f (p50 %.0f µs, p99 %.0f µs, cpu %.3f s/GB)", s.name, gbpsList(s.res), m.GBps, m.P50us, m.P99us, m.CPUsPerGB)
 	}
 	compare(u32, posix)
 	compare(u1, posix)

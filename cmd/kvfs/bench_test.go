@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +21,8 @@ func benchJSON(t *testing.T, args ...string) (benchReport, map[string]any) {
 	return rep, m
 }
 
-var benchKeys = []string{"engine", "op", "pattern", "io_size", "qd", "gbps", "iops", "p50_us", "p99_us", "fio_gbps", "ratio_vs_fio"}
+var benchKeys = []string{"engine", "op", "pattern", "io_size", "qd", "gbps", "iops", "p50_us", "p99_us", "fio_gbps", "ratio_vs_fio",
+	"cpu_s", "cpu_s_per_gb", "fio_cpu_s", "fio_cpu_s_per_gb", "rings", "engine_qd"}
 
 func TestBenchEngine(t *testing.T) {
 	path := newStore(t)
@@ -42,6 +44,10 @@ func TestBenchEngine(t *testing.T) {
 		}
 		if c.engine == "posix" && rep.Engine != "posix" {
 			t.Errorf("engine %q", rep.Engine)
+		}
+		// The process did work to move the bytes: CPU is measured.
+		if rep.CPUs <= 0 || rep.CPUsPerGB <= 0 || !near(rep.CPUsPerGB, rep.CPUs/(float64(rep.Bytes)/1e9)) {
+			t.Errorf("cpu %v s, %v s/GB for %d bytes", rep.CPUs, rep.CPUsPerGB, rep.Bytes)
 		}
 	}
 	unchanged(t, path, before) // reads leave the store alone
@@ -85,6 +91,20 @@ func TestBenchBlocks(t *testing.T) {
 	before := snapshot(t, path)
 	benchJSON(t, path, "--blocks", "3")
 	unchanged(t, path, before)
+	// The engine's queue depth follows the benchmark's, the rings the flag.
+	rep, _ = benchJSON(t, path, "--blocks", "3", "--qd", "40", "--engine", "uring", "--rings", "2")
+	if rep.EngineQD != 2*40*3 || rep.Rings != 2 || rep.CPUs <= 0 || rep.CPUsPerGB <= 0 {
+		t.Errorf("--qd 40 --blocks 3 --rings 2: engine qd %d, %d rings, cpu %v (%v s/GB)", rep.EngineQD, rep.Rings, rep.CPUs, rep.CPUsPerGB)
+	}
+	rep, _ = benchJSON(t, path, "--blocks", "1", "--qd", "2", "--engine", "uring")
+	if rep.EngineQD != 64 || rep.Rings < 1 {
+		t.Errorf("--qd 2 --blocks 1: engine qd %d, %d rings", rep.EngineQD, rep.Rings)
+	}
+	prof := filepath.Join(t.TempDir(), "cpu.prof")
+	benchJSON(t, path, "--blocks", "1", "--cpuprofile", prof)
+	if st, err := os.Stat(prof); err != nil || st.Size() == 0 {
+		t.Errorf("--cpuprofile wrote nothing: %v", err)
+	}
 	kvfs(t, nil, "bench", path, "--blocks", "4", "--seconds", "0.1").want(t, 2, "holds only 3 blocks")
 }
 
@@ -104,6 +124,11 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--fill", "2"}, "--fill is for blocks mode"},
 		{[]string{"--blocks", "1", "--op", "write"}, "--blocks measures reads"},
 		{[]string{"--io-size", "2MiB"}, "smaller than one"}, // bench.ErrConfig: the store is 1 MiB
+		{[]string{"--rings", "17"}, "--rings 17"},
+		{[]string{"--rings", "-1"}, "--rings -1"},
+		{[]string{"--pool-max", "lots"}, `--pool-max "lots"`},
+		{[]string{"--async-reads", "maybe"}, `--async-reads "maybe"`},
+		{[]string{"--fio-jobs", "0"}, "--fio-jobs 0"},
 	} {
 		kvfs(t, nil, append([]string{"bench", path, "--seconds", "0.1"}, c.args...)...).want(t, 2, c.msg)
 	}
@@ -116,7 +141,10 @@ func TestBenchVsFio(t *testing.T) {
 	}
 	path := newStore(t)
 	rep, _ := benchJSON(t, path, "--vs-fio", "--io-size", "64KiB", "--engine", "posix")
-	if rep.FioGBps == nil || *rep.FioGBps <= 0 || rep.RatioVsFio == nil || *rep.RatioVsFio <= 0 {
+	if rep.FioGBps == nil || *rep.FioGBps <= 0 || rep.RatioVsFio == nil || *rep.RatioVsFio <= 0 ||
+		rep.FioCPUs == nil || *rep.FioCPUs <= 0 || rep.FioCPUsPerGB == nil || *rep.FioCPUsPerGB <= 0 {
 		t.Errorf("%+v", rep)
 	}
 }
+
+func near(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }

@@ -140,9 +140,17 @@ func TestBenchLoad(t *testing.T) {
 		rep.NotOK != 0 || rep.GBps <= 0 || rep.UsPerGroup <= 0 || rep.P99us < rep.P50us || rep.Engine != "mem" {
 		t.Fatalf("report %+v", rep)
 	}
+	// The daemon reports its CPU time in .kvfs/stats; bench-load's cpu_s is
+	// its difference over the run.
+	if cpu, ok := bench.DaemonCPUSeconds(mnt); !ok || cpu <= 0 {
+		t.Fatalf("daemon_cpu_seconds in .kvfs/stats: %v %v", cpu, ok)
+	}
+	if !bytes.Contains(r.stdout, []byte(`"cpu_s":`)) || !bytes.Contains(r.stdout, []byte(`"cpu_s_per_gb":`)) || rep.CPUs < 0 {
+		t.Fatalf("bench-load --json lacks the daemon's cpu: %s", r.stdout)
+	}
 	r = kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "8", "--calls", "5")
 	r.want(t, 0)
-	if !strings.Contains(string(r.stdout), "µs/group") {
+	if !strings.Contains(string(r.stdout), "µs/group") || !strings.Contains(string(r.stdout), "daemon cpu") {
 		t.Fatalf("text output: %s", r.stdout)
 	}
 	kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "512").want(t, 2, "1..511")
