@@ -68,7 +68,7 @@ func cgroupQuota() float64 {
 		var q float64
 		switch {
 		case parts[0] == "0" && parts[1] == "": // cgroup v2
-			q = quotaV2(filepath.Join("/sys/fs/cgroup", parts[2]))
+			q = quotaV2("/sys/fs/cgroup", parts[2])
 		case strings.Contains(","+parts[1]+",", ",cpu,"): // cgroup v1
 			q = quotaV1(filepath.Join("/sys/fs/cgroup/cpu", parts[2]))
 		}
@@ -79,11 +79,11 @@ func cgroupQuota() float64 {
 	return best
 }
 
-// quotaV2 reads cpu.max of dir and its ancestors up to the root of the
-// hierarchy; the tightest quota wins.
-func quotaV2(dir string) float64 {
+// quotaV2 reads cpu.max of the cgroup rel under root and of its ancestors
+// up to root; the tightest quota wins.
+func quotaV2(root, rel string) float64 {
 	best := 0.0
-	for d := dir; strings.HasPrefix(d, "/sys/fs/cgroup"); d = filepath.Dir(d) {
+	for d := filepath.Join(root, rel); strings.HasPrefix(d, root); d = filepath.Dir(d) {
 		if data, err := os.ReadFile(filepath.Join(d, "cpu.max")); err == nil {
 			f := strings.Fields(string(data))
 			if len(f) == 2 && f[0] != "max" {
@@ -96,7 +96,7 @@ func quotaV2(dir string) float64 {
 				}
 			}
 		}
-		if d == "/sys/fs/cgroup" {
+		if d == root {
 			break
 		}
 	}

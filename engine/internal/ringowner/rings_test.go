@@ -2,6 +2,9 @@ package ringowner
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -310,5 +313,64 @@ func TestRingsPoolGrowsUnderLoad(t *testing.T) {
 	}
 	if rs.PoolSize() != 0 {
 		t.Fatalf("pool still mapped after Close: %d bytes", rs.PoolSize())
+	}
+}
+
+func TestQuotaV2(t *testing.T) {
+	root := t.TempDir()
+	leaf := filepath.Join(root, "a", "b")
+	if err := os.MkdirAll(leaf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(dir, v string) {
+		if err := os.WriteFile(filepath.Join(dir, "cpu.max"), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if q := quotaV2(root, "a/b"); q != 0 {
+		t.Fatalf("no cpu.max: quota %v", q)
+	}
+	write(leaf, "max 100000\n")
+	if q := quotaV2(root, "a/b"); q != 0 {
+		t.Fatalf("unlimited: quota %v", q)
+	}
+	write(filepath.Join(root, "a"), "600000 100000\n")
+	if q := quotaV2(root, "a/b"); q != 6 {
+		t.Fatalf("parent's 6 cores: quota %v", q)
+	}
+	write(leaf, "250000 100000\n")
+	if q := quotaV2(root, "a/b"); q != 2.5 {
+		t.Fatalf("tightest of 2.5 and 6 cores: quota %v", q)
+	}
+	write(root, "garbage")
+	if q := quotaV2(root, "a/b"); q != 2.5 {
+		t.Fatalf("garbage at the root: quota %v", q)
+	}
+}
+
+// TestAutoRingsFollowsAffinity: a thread allowed one CPU gets one ring.
+func TestAutoRingsFollowsAffinity(t *testing.T) {
+	n := AutoRings()
+	if n < 1 || n > MaxRings || n > UsableCPUs() {
+		t.Fatalf("AutoRings %d with %d usable CPUs", n, UsableCPUs())
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var old, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	for c := 0; c < 1024; c++ {
+		if old.IsSet(c) {
+			one.Set(c)
+			break
+		}
+	}
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	defer unix.SchedSetaffinity(0, &old)
+	if UsableCPUs() != 1 || AutoRings() != 1 {
+		t.Fatalf("one CPU allowed: %d usable, %d rings", UsableCPUs(), AutoRings())
 	}
 }
