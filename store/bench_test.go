@@ -41,3 +41,31 @@ func BenchmarkReadWholeBlock(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n)/1000, "µs/group")
 }
+
+// BenchmarkReadMissBatch measures a batch of 256 groups of which none is
+// present (the normal case of a cache lookup that finds nothing): the
+// store's control cost per miss.
+func BenchmarkReadMissBatch(b *testing.B) {
+	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
+	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	s := openStore(b, m, store.Options{})
+	const n = 256
+	buf := make([]byte, n*geo.GroupBytes())
+	reqs := make([]store.ReadReq, n)
+	b.ResetTimer()
+	for range b.N {
+		for i := range reqs {
+			reqs[i] = store.ReadReq{Key: geo.KeyAt(7, i), Buf: buf[i*geo.GroupBytes() : (i+1)*geo.GroupBytes()]}
+		}
+		if err := s.Read(reqs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if reqs[0].Err == nil {
+		b.Fatal("a miss was found")
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n)/1000, "µs/group")
+}
