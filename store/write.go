@@ -416,13 +416,14 @@ func (s *Store) carryGroups(plans []*plan) {
 // readFromSlots reads groups from the plans' old slots (pinned by the
 // writer), verifying checksums against the plans' base headers.
 func (s *Store) readFromSlots(reqs []ReadReq, owners []*plan) error {
-	runs := make([]*run, 0, len(reqs))
+	sc := s.getScratch()
+	defer s.putScratch(sc)
 	for i := range reqs {
 		p := owners[i]
 		idx := s.geo.Index(reqs[i].Key)
-		runs = append(runs, &run{slot: p.old, first: idx, n: 1, reqs: []*ReadReq{&reqs[i]}, rel: []int{0}, crcs: []uint32{p.base.CRC[idx]}})
+		sc.wants = append(sc.wants, want{r: &reqs[i], slot: p.old, idx: idx, crc: p.base.CRC[idx]})
 	}
-	return s.readRuns(runs)
+	return s.readWants(sc, sc.wants)
 }
 
 // writePayloads writes the new and carried groups of every live plan, then
