@@ -24,9 +24,9 @@ type Options struct {
 	// MaxRegisteredBytes bounds the bytes registered per session
 	// (default 1 TiB; registrations are mappings, not copies).
 	MaxRegisteredBytes int64
-	// MaxStagingBytes bounds the daemon memory one LOAD or STORE uses to
-	// bounce pitched tiles and to copy tiles being stored (default 64 MiB);
-	// a larger batch is processed in several store calls.
+	// MaxStagingBytes bounds the daemon memory one STORE uses to copy the
+	// tiles being stored (default 64 MiB); a larger batch is processed in
+	// several store calls. LOAD needs none: tiles are read into in place.
 	MaxStagingBytes int
 	// ShmDir is the only directory whose files may be registered (default
 	// /dev/shm). It must be on tmpfs or hugetlbfs and not be a symlink.

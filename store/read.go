@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"math"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -175,8 +176,11 @@ func (s *Store) Read(reqs []ReadReq) error {
 	if misses > 0 {
 		s.m.misses.Add(uint64(misses))
 	}
+	// Deferred: a fault on caller memory (a client's mapping cut short)
+	// may panic through Read when the caller asked for that
+	// (debug.SetPanicOnFault); the pins must still drop.
+	defer s.unpin(pins, reader)
 	err := s.readWants(sc, kept)
-	s.unpin(pins, reader)
 	if err == nil && s.opts.Observe != nil {
 		s.opts.Observe(OpRead, len(kept), time.Since(start))
 	}
@@ -242,6 +246,7 @@ func (s *Store) readWants(sc *readScratch, wants []want) error {
 	for i := range runs {
 		s.landing(sc, &runs[i], wants)
 	}
+	defer s.putBounces(sc) // when a fault panics through verify
 	// Issue the runs in windows whose bounce memory stays bounded; runs
 	// that land in the callers' memory need none.
 	const window = 64 << 20
@@ -259,17 +264,21 @@ func (s *Store) readWants(sc *readScratch, wants []want) error {
 			hi++
 		}
 		err := s.readRuns(sc, runs[lo:hi], wants)
-		for _, b := range sc.bounces {
-			s.putBounce(b)
-		}
-		clear(sc.bounces)
-		sc.bounces = sc.bounces[:0]
+		s.putBounces(sc)
 		if err != nil {
 			return err
 		}
 		lo = hi
 	}
 	return nil
+}
+
+func (s *Store) putBounces(sc *readScratch) {
+	for _, b := range sc.bounces {
+		s.putBounce(b)
+	}
+	clear(sc.bounces)
+	sc.bounces = sc.bounces[:0]
 }
 
 func cmpWant(a, b want) int {
@@ -407,9 +416,26 @@ func (s *Store) verify(runs []run, ws []want, all []want) {
 		s.verifyRange(runs, all, base, ws)
 		return
 	}
+	// The helpers touch caller memory as the calling goroutine would: with
+	// its panic-on-fault setting. A panic in any of them (a fault on a
+	// client's mapping cut short) is raised again in the caller once every
+	// helper has stopped, so nothing touches the memory after Read returns.
+	onFault := debug.SetPanicOnFault(true)
+	debug.SetPanicOnFault(onFault)
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var caught any
 	work := func() {
+		defer func() {
+			if r := recover(); r != nil {
+				mu.Lock()
+				if caught == nil {
+					caught = r
+				}
+				mu.Unlock()
+			}
+		}()
 		for {
 			p := int(next.Add(1) - 1)
 			if p >= pieces {
@@ -421,10 +447,17 @@ func (s *Store) verify(runs []run, ws []want, all []want) {
 	}
 	wg.Add(workers - 1)
 	for range workers - 1 {
-		go func() { defer wg.Done(); work() }()
+		go func() {
+			defer wg.Done()
+			debug.SetPanicOnFault(onFault)
+			work()
+		}()
 	}
 	work()
 	wg.Wait()
+	if caught != nil {
+		panic(caught)
+	}
 }
 
 // verifyRange verifies ws, a part of the window of runs; all is every want
