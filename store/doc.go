@@ -88,11 +88,18 @@
 //
 // # Concurrency and lock order
 //
+// Write computes its checksums in the caller's goroutine, outside every
+// lock, then queues its call on Store.wq and takes wmu; the first caller to
+// get wmu commits every queued call as one batch (group commit: concurrent
+// writers share the payload and header syncs, the order payload sync →
+// header sync → acknowledgement unchanged), and the others find their calls
+// done.
+//
 // Store.wmu (serialises writers: Write, Delete, DeleteBlock, Fsck, Close,
 // CheckInvariants) is taken before Store.mu (index, slot states, LRU, free
 // list, counters of pins and readers), which is never held across I/O.
 // Readers take only mu, to pin the slots they read: a pinned slot is not
 // evicted, reused or overwritten in place. Store.bounce (the idle I/O
-// buffers) and Store.scratch (Read's idle working memory) are leaves, taken
-// alone.
+// buffers), Store.scratch (Read's idle working memory) and Store.wq (the
+// queued Write calls) are leaves, taken alone.
 package store

@@ -87,6 +87,12 @@ type Store struct {
 		free []*readScratch
 	}
 
+	// wq queues Write calls for the next committer (a leaf lock).
+	wq struct {
+		sync.Mutex
+		pending []*writeCall
+	}
+
 	wmu sync.Mutex
 	mu  struct {
 		sync.Mutex
@@ -105,7 +111,7 @@ type Store struct {
 }
 
 type metrics struct {
-	reads, writes, bytesRead, bytesWritten, hits, misses, evictions, corrupt, ioErrors, bounced atomic.Uint64
+	reads, writes, bytesRead, bytesWritten, hits, misses, evictions, corrupt, ioErrors, bounced, commits atomic.Uint64
 }
 
 // Metrics is a snapshot of the store's counters.
@@ -122,6 +128,9 @@ type Metrics struct {
 	// Bounced counts group bytes read into store memory and copied to
 	// the caller (the rest landed straight in the caller's memory).
 	Bounced uint64
+	// Commits counts write commits: one Write call, or several concurrent
+	// ones committed together (group commit), each with its own syncs.
+	Commits uint64
 }
 
 // Info describes an open store.
@@ -520,7 +529,7 @@ func (s *Store) Metrics() Metrics {
 		Reads: s.m.reads.Load(), Writes: s.m.writes.Load(),
 		BytesRead: s.m.bytesRead.Load(), BytesWritten: s.m.bytesWritten.Load(),
 		Hits: s.m.hits.Load(), Misses: s.m.misses.Load(), Evictions: s.m.evictions.Load(),
-		Corrupt: s.m.corrupt.Load(), IOErrors: s.m.ioErrors.Load(), Bounced: s.m.bounced.Load(),
+		Corrupt: s.m.corrupt.Load(), IOErrors: s.m.ioErrors.Load(), Bounced: s.m.bounced.Load(), Commits: s.m.commits.Load(),
 	}
 }
 

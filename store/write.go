@@ -25,6 +25,7 @@ type plan struct {
 	block  uint64
 	reqs   []*WriteReq
 	groups map[int][]byte // group index → data (the last request wins)
+	crcs   map[int]uint32 // group index → CRC32C of its data
 	base   *Header        // header the new one starts from (nil: new block)
 	old    int64          // slot being replaced (copy-on-write), -1 when none
 	target int64          // slot receiving the payloads and the new header
@@ -41,6 +42,16 @@ func (p *plan) fail(err error) {
 	}
 }
 
+// writeCall is one Write call waiting for a committer (group commit).
+// done and err are written by the committer with wmu held and read by the
+// caller after it takes wmu.
+type writeCall struct {
+	reqs []WriteReq
+	crcs []uint32 // per request; valid where the request's Err is nil
+	done bool
+	err  error
+}
+
 // Write stores a batch of groups durably. Crash safety, per block:
 //
 //   - A block's new groups go into positions its current header marks
@@ -55,50 +66,100 @@ func (p *plan) fail(err error) {
 // After a crash at any point every group reads as its old value, its new
 // value, or absent. The returned error is for the batch as a whole; each
 // request's Err says whether that group is durable.
+//
+// Group commit: checksums are computed by the caller's goroutine before it
+// queues its call; the first caller to take wmu commits every call queued
+// by then as one batch (one payload sync, one header sync for all), and
+// the callers it served find their calls done when they get wmu. Calls
+// naming the same group in one commit: the one queued last wins.
 func (s *Store) Write(reqs []WriteReq) error {
 	start := time.Now()
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	gb := s.geo.GroupBytes()
-	byBlock := map[uint64]*plan{}
-	var plans []*plan
+	crcs := make([]uint32, len(reqs))
+	valid := 0
 	for i := range reqs {
 		r := &reqs[i]
 		if r.Err = s.checkRequest(r.Key, len(r.Data)); r.Err != nil {
 			continue
 		}
-		p := byBlock[r.Key.Block]
-		if p == nil {
-			p = &plan{block: r.Key.Block, groups: map[int][]byte{}, old: -1, target: -1}
-			byBlock[r.Key.Block] = p
-			plans = append(plans, p)
-		}
-		p.reqs = append(p.reqs, r)
-		p.groups[s.geo.Index(r.Key)] = r.Data
+		crcs[i] = CRC32C(r.Data)
+		valid++
 	}
-	if len(plans) == 0 {
+	if valid == 0 {
 		return nil
 	}
+	c := &writeCall{reqs: reqs, crcs: crcs}
+	s.wq.Lock()
+	s.wq.pending = append(s.wq.pending, c)
+	s.wq.Unlock()
 	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if err := s.checkOpen(); err != nil {
-		return err
+	if !c.done {
+		s.wq.Lock()
+		calls := s.wq.pending
+		s.wq.pending = nil
+		s.wq.Unlock()
+		s.commit(calls)
 	}
-	err := s.writePlans(plans)
+	s.wmu.Unlock()
+	if s.opts.Observe != nil {
+		s.opts.Observe(OpWrite, len(reqs), time.Since(start))
+	}
+	return c.err
+}
+
+// commitHook, when set (by the store's tests), runs as a commit starts,
+// with wmu held, and is told how many calls it commits.
+var commitHook func(s *Store, calls int)
+
+// commit writes the queued calls as one batch. Called with wmu held.
+func (s *Store) commit(calls []*writeCall) {
+	if commitHook != nil {
+		commitHook(s, len(calls))
+	}
+	var err error
+	defer func() {
+		for _, c := range calls {
+			c.err, c.done = err, true
+		}
+	}()
+	if err = s.checkOpen(); err != nil {
+		return
+	}
+	gb := s.geo.GroupBytes()
+	byBlock := map[uint64]*plan{}
+	var plans []*plan
+	for _, c := range calls {
+		for i := range c.reqs {
+			r := &c.reqs[i]
+			if r.Err != nil {
+				continue
+			}
+			p := byBlock[r.Key.Block]
+			if p == nil {
+				p = &plan{block: r.Key.Block, groups: map[int][]byte{}, crcs: map[int]uint32{}, old: -1, target: -1}
+				byBlock[r.Key.Block] = p
+				plans = append(plans, p)
+			}
+			idx := s.geo.Index(r.Key)
+			p.reqs = append(p.reqs, r)
+			p.groups[idx], p.crcs[idx] = r.Data, c.crcs[i]
+		}
+	}
+	err = s.writePlans(plans)
+	var n uint64
 	for _, p := range plans {
 		for _, r := range p.reqs {
 			r.Err = p.err
 			if p.err == nil {
-				s.m.writes.Add(1)
-				s.m.bytesWritten.Add(uint64(gb))
+				n++
 			}
 		}
 	}
-	if s.opts.Observe != nil {
-		s.opts.Observe(OpWrite, len(reqs), time.Since(start))
-	}
-	return err
+	s.m.writes.Add(n)
+	s.m.bytesWritten.Add(n * uint64(gb))
+	s.m.commits.Add(1)
 }
 
 // writePlans runs the write protocol. Called with wmu held.
@@ -260,8 +321,8 @@ func (s *Store) writePlans(plans []*plan) error {
 					h.set(idx, p.base.CRC[idx], p.base.MTime[idx])
 				}
 			}
-			for idx, d := range p.groups {
-				h.set(idx, CRC32C(d), now)
+			for idx := range p.groups {
+				h.set(idx, p.crcs[idx], now) // computed before wmu
 			}
 			s.mu.gen++
 			h.Slot, h.Block, h.Gen, h.Live = p.target, p.block, s.mu.gen, true
