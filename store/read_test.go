@@ -326,3 +326,84 @@ func TestReadAllocs(t *testing.T) {
 		}
 	}
 }
+
+// allocCounter is a Mem engine that hands out the store's buffers
+// (BufferAllocator) and tracks how many bytes are out at once.
+type allocCounter struct {
+	*storetest.Mem
+	mu        sync.Mutex
+	out, peak int
+}
+
+func (a *allocCounter) AllocBuffer(n int) ([]byte, error) {
+	a.mu.Lock()
+	a.out += n
+	a.peak = max(a.peak, a.out)
+	a.mu.Unlock()
+	return store.AllocAligned(n)
+}
+
+func (a *allocCounter) FreeBuffer(b []byte) {
+	a.mu.Lock()
+	a.out -= len(b)
+	a.mu.Unlock()
+	store.FreeAligned(b)
+}
+
+// TestBounceSizedToData: a read of 511 groups of 2 KiB, none adjacent to
+// the next (so every one is its own run, and every run bounces), uses
+// bounce memory of about the data's size (1 MiB), not a MaxIO buffer per
+// run (that was 511 MiB).
+func TestBounceSizedToData(t *testing.T) {
+	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 64, BlockTokens: 16, DType: layout.BF16, Align: 512}
+	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := &allocCounter{Mem: m}
+	s := openStore(t, a, store.Options{})
+	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
+	var w []store.WriteReq
+	for blk := uint64(1); blk <= 2; blk++ {
+		for i := 0; i < per; i += 2 {
+			k := geo.KeyAt(blk, i)
+			w = append(w, store.WriteReq{Key: k, Data: groupData(geo, k, 1)})
+		}
+	}
+	if err := s.Write(w); err != nil {
+		t.Fatal(err)
+	}
+	// Reopen: no idle bounce buffers left from the write.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, a, store.Options{})
+	const n = 511
+	reqs := make([]store.ReadReq, n)
+	dst := make([]byte, n*gb+1)
+	for i := range reqs {
+		// Every other group (no run of two), destinations unaligned
+		// (every run bounces).
+		reqs[i] = store.ReadReq{Key: w[i].Key, Buf: dst[1+i*gb : 1+(i+1)*gb]}
+	}
+	a.mu.Lock()
+	a.peak = a.out
+	base := a.out
+	a.mu.Unlock()
+	if err := s.Read(reqs); err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		if reqs[i].Err != nil || !bytes.Equal(reqs[i].Buf, w[i].Data) {
+			t.Fatalf("%v: %v", reqs[i].Key, reqs[i].Err)
+		}
+	}
+	a.mu.Lock()
+	used := a.peak - base
+	a.mu.Unlock()
+	data := n * gb
+	t.Logf("%d bytes of bounce memory for %d bytes of data", used, data)
+	if limit := data + 2<<20; used > limit {
+		t.Fatalf("%d bytes of bounce memory for %d bytes of data (limit %d)", used, data, limit)
+	}
+}
