@@ -3,9 +3,13 @@ package store_test
 import (
 	"bytes"
 	"errors"
+	"os"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
@@ -405,5 +409,140 @@ func TestBounceSizedToData(t *testing.T) {
 	t.Logf("%d bytes of bounce memory for %d bytes of data", used, data)
 	if limit := data + 2<<20; used > limit {
 		t.Fatalf("%d bytes of bounce memory for %d bytes of data (limit %d)", used, data, limit)
+	}
+}
+
+// TestReadFaultPanicsInCaller: a read large enough to be verified on
+// several goroutines, into a caller's mapping whose file was truncated (as
+// a client may do to a daemon), with panic-on-fault set by the caller:
+// the fault surfaces as a panic in the calling goroutine (so a caller like
+// ctl turns it into EFAULT), and the store is left consistent (no pin
+// left behind: the invariants check runs at Close).
+func TestReadFaultPanicsInCaller(t *testing.T) {
+	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
+	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, m, store.Options{})
+	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
+	const blocks = 3 // 6 MiB: more than one verification piece
+	var reqs []store.ReadReq
+	for blk := uint64(1); blk <= blocks; blk++ {
+		w := make([]store.WriteReq, per)
+		for i := range w {
+			w[i] = store.WriteReq{Key: geo.KeyAt(blk, i), Data: make([]byte, gb)}
+		}
+		if err := s.Write(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.CreateTemp(t.TempDir(), "dst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	size := blocks*per*gb + 4096
+	if err := f.Truncate(int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for blk := uint64(1); blk <= blocks; blk++ {
+		for i := range per {
+			o := 1 + ((int(blk)-1)*per+i)*gb // unaligned: every run bounces
+			reqs = append(reqs, store.ReadReq{Key: geo.KeyAt(blk, i), Buf: mem[o : o+gb]})
+		}
+	}
+	if err := f.Truncate(0); err != nil {
+		t.Fatal(err)
+	}
+	var caught any
+	func() {
+		old := debug.SetPanicOnFault(true)
+		defer func() {
+			debug.SetPanicOnFault(old)
+			caught = recover()
+		}()
+		_ = s.Read(reqs)
+	}()
+	a, ok := caught.(interface{ Addr() uintptr })
+	if !ok {
+		t.Fatalf("Read into a truncated mapping: recovered %v, want a fault", caught)
+	}
+	lo := uintptr(unsafe.Pointer(&mem[0]))
+	if p := a.Addr(); p < lo || p >= lo+uintptr(size) {
+		t.Fatalf("fault at %#x, outside the mapping", p)
+	}
+	// The store still serves reads.
+	buf := make([]byte, gb)
+	r := []store.ReadReq{{Key: geo.KeyAt(1, 0), Buf: buf}}
+	if err := s.Read(r); err != nil || r[0].Err != nil {
+		t.Fatalf("read after the fault: %v %v", err, r[0].Err)
+	}
+}
+
+// TestReadLargeCorrupt: in a read verified on several goroutines (three
+// whole blocks, 6 MiB, landing directly), a group corrupt on the device in
+// the last piece is reported and zeroed, and every other group is served.
+func TestReadLargeCorrupt(t *testing.T) {
+	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
+	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, m, store.Options{})
+	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
+	const blocks = 3
+	for blk := uint64(1); blk <= blocks; blk++ {
+		w := make([]store.WriteReq, per)
+		for i := range w {
+			k := geo.KeyAt(blk, i)
+			w[i] = store.WriteReq{Key: k, Data: groupData(geo, k, 1)}
+		}
+		if err := s.Write(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := geo.KeyAt(3, 300)
+	gi, err := s.Stat(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := s.Superblock()
+	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + geo.Offset(300)
+	m.Poke(off+9, []byte{^m.Image()[off+9]})
+	buf, err := store.AllocAligned(blocks * per * gb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.FreeAligned(buf)
+	reqs := make([]store.ReadReq, 0, blocks*per)
+	for blk := uint64(1); blk <= blocks; blk++ {
+		for i := range per {
+			o := ((int(blk)-1)*per + i) * gb
+			reqs = append(reqs, store.ReadReq{Key: geo.KeyAt(blk, i), Buf: buf[o : o+gb]})
+		}
+	}
+	if err := s.Read(reqs); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, gb)
+	for _, r := range reqs {
+		if r.Key == bad {
+			if !errors.Is(r.Err, store.ErrCorrupt) || !bytes.Equal(r.Buf, zero) {
+				t.Fatalf("corrupt group: %v, zeroed %v", r.Err, bytes.Equal(r.Buf, zero))
+			}
+			continue
+		}
+		if r.Err != nil || !bytes.Equal(r.Buf, groupData(geo, r.Key, 1)) {
+			t.Fatalf("%v: %v", r.Key, r.Err)
+		}
+	}
+	if m := s.Metrics(); m.Corrupt != 1 {
+		t.Fatalf("%d corrupt groups counted", m.Corrupt)
 	}
 }
