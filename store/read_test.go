@@ -357,7 +357,7 @@ func (a *allocCounter) FreeBuffer(b []byte) {
 // TestBounceSizedToData: a read of 511 groups of 2 KiB, none adjacent to
 // the next (so every one is its own run, and every run bounces), uses
 // bounce memory of about the data's size (1 MiB), not a MaxIO buffer per
-// run (that was 511 MiB).
+// run (that was 511 MiB); so does the write of 512 such groups.
 func TestBounceSizedToData(t *testing.T) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 64, BlockTokens: 16, DType: layout.BF16, Align: 512}
 	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
@@ -374,8 +374,20 @@ func TestBounceSizedToData(t *testing.T) {
 			w = append(w, store.WriteReq{Key: k, Data: groupData(geo, k, 1)})
 		}
 	}
+	a.mu.Lock()
+	a.peak = a.out
+	wbase := a.out
+	a.mu.Unlock()
 	if err := s.Write(w); err != nil {
 		t.Fatal(err)
+	}
+	a.mu.Lock()
+	wused := a.peak - wbase
+	a.mu.Unlock()
+	// The write's payloads too: 512 groups, each its own run.
+	t.Logf("write: %d bytes of bounce and header memory for %d bytes of data", wused, len(w)*gb)
+	if limit := len(w)*gb + 2<<20; wused > limit {
+		t.Fatalf("write: %d bytes of bounce memory for %d bytes of data (limit %d)", wused, len(w)*gb, limit)
 	}
 	// Reopen: no idle bounce buffers left from the write.
 	if err := s.Close(); err != nil {

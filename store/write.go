@@ -500,6 +500,7 @@ func (s *Store) writePayloads(plans []*plan) error {
 			s.putBounce(b)
 		}
 	}()
+	var cur []byte // the unused rest of the last bounce buffer
 	for _, p := range livePlans(plans) {
 		all := map[int][]byte{}
 		for idx, d := range p.carry {
@@ -521,12 +522,19 @@ func (s *Store) writePayloads(plans []*plan) error {
 			for hi < len(idxs) && idxs[hi] == idxs[hi-1]+1 && hi-lo < maxGroups {
 				hi++
 			}
-			buf, err := s.getBounce()
-			if err != nil {
-				return err
+			// Bounce memory sized to the data: runs are carved one
+			// after another out of MaxIO-sized buffers.
+			need := (hi - lo) * stride
+			if len(cur) < need {
+				b, err := s.getBounce()
+				if err != nil {
+					return err
+				}
+				bufs = append(bufs, b)
+				cur = b
 			}
-			bufs = append(bufs, buf)
-			buf = buf[:(hi-lo)*stride]
+			var buf []byte
+			buf, cur = cur[:need:need], cur[need:]
 			clear(buf)
 			for k := lo; k < hi; k++ {
 				copy(buf[(k-lo)*stride:], all[idxs[k]])
