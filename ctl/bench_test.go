@@ -23,13 +23,19 @@ var benchGeo = layout.Geometry{Layers: 4, KVHeads: 8, HeadDim: 128, BlockTokens:
 // 8 × 256 bytes apart).
 func BenchmarkLoadBlock(b *testing.B) {
 	for _, layout := range []string{"packed", "nhd"} {
-		b.Run(layout, func(b *testing.B) { benchLoadBlock(b, layout == "nhd") })
+		b.Run(layout, func(b *testing.B) { benchLoadBlock(b, benchGeo, layout == "nhd", 0) })
 	}
+	// 512-byte rows (head_dim 256): bounced once (ScatterMin at its
+	// default, 4 KiB) or scattered with preadv straight into the cache
+	// (ScatterMin 512).
+	geo := benchGeo
+	geo.HeadDim = 256
+	b.Run("nhd512-bounce", func(b *testing.B) { benchLoadBlock(b, geo, true, 0) })
+	b.Run("nhd512-scatter", func(b *testing.B) { benchLoadBlock(b, geo, true, 512) })
 }
 
-func benchLoadBlock(b *testing.B, nhd bool) {
+func benchLoadBlock(b *testing.B, geo layout.Geometry, nhd bool, scatterMin int) {
 	path := filepath.Join(b.TempDir(), "store")
-	geo := benchGeo
 	size := store.SizeFor(geo, 8)
 	if err := createFile(path, size); err != nil {
 		b.Fatal(err)
@@ -45,7 +51,7 @@ func benchLoadBlock(b *testing.B, nhd bool) {
 	if _, err := store.Format(e, geo, store.FormatOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	st, err := store.Open(e, store.Options{})
+	st, err := store.Open(e, store.Options{ScatterMin: scatterMin})
 	if err != nil {
 		b.Fatal(err)
 	}
