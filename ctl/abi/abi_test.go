@@ -175,7 +175,7 @@ func TestCHeader(t *testing.T) {
 		"KVFS_TARGET_MAX_REGIONS": TargetMaxRegions, "KVFS_TARGET_MAX_LAYERS": TargetMaxLayers,
 		"KVFS_BLOCKS_MAX": BlocksMax, "KVFS_BLOCKS_INLINE_MAX": BlocksInlineMax,
 		"sizeof(struct kvfs_blocks_inline)": BlocksInlineSize,
-		"KVFS_KINDS_K": KindsK, "KVFS_KINDS_V": KindsV, "KVFS_KINDS_BOTH": KindsBoth,
+		"KVFS_KINDS_K":                      KindsK, "KVFS_KINDS_V": KindsV, "KVFS_KINDS_BOTH": KindsBoth,
 	}
 	for name := range cmds {
 		fmt.Fprintf(&src, "\tprintf(\"%s %%llu\\n\", (unsigned long long)(%s));\n", name, name)
