@@ -31,7 +31,8 @@ func blocksErrno(err error) syscall.Errno {
 	case errors.Is(err, ErrNoTarget), errors.Is(err, ErrEntryBuffer), errors.Is(err, abi.ErrNoTarget),
 		errors.Is(err, abi.ErrBuffer):
 		return syscall.ENOENT
-	case errors.Is(err, abi.ErrTarget), errors.Is(err, abi.ErrTargetOverlap), errors.Is(err, abi.ErrEntriesInCache):
+	case errors.Is(err, abi.ErrTarget), errors.Is(err, abi.ErrTargetOverlap), errors.Is(err, abi.ErrEntriesInCache),
+		errors.Is(err, abi.ErrEntriesAt):
 		return syscall.EINVAL
 	case errors.Is(err, abi.ErrEntries), errors.Is(err, abi.ErrRange):
 		return syscall.ERANGE

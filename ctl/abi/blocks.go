@@ -97,6 +97,7 @@ var (
 	// inside its registered buffer (ERANGE), or is inside the target's
 	// cache memory (EINVAL, reported as ErrEntriesInCache).
 	ErrEntries        = errors.New("kvfs/abi: block entry array outside its buffer")
+	ErrEntriesAt      = errors.New("kvfs/abi: block entry array needs a buffer id and an 8-aligned offset") // EINVAL
 	ErrEntriesInCache = errors.New("kvfs/abi: block entry array inside the target's cache memory")
 )
 
@@ -384,7 +385,7 @@ func decodeBlocks(c Command, in []byte, r *BlocksRequest) error {
 			}
 			r.Entries = in[BlocksSize : BlocksSize+int(h.Count)*BlockEntrySize]
 		} else if h.Count > 0 && (h.Buffer == 0 || h.Offset%8 != 0) {
-			return fmt.Errorf("%w: entry array at buffer %d offset %d (nonzero buffer, 8-aligned offset)", ErrEntries, h.Buffer, h.Offset)
+			return fmt.Errorf("%w: buffer %d offset %d", ErrEntriesAt, h.Buffer, h.Offset)
 		}
 	}
 	return nil
