@@ -347,41 +347,72 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 				return err
 			}
 		}
-		reqs, owner := sc.rreqs[:0], sc.owner[:0]
+		reqs := sc.rreqs[:0]
+		if cap(reqs) < groups {
+			reqs = make([]store.ReadReq, 0, groups)
+		}
+		reqs = reqs[:groups]
+		k := 0
 		for i := lo; i < hi; i++ {
 			e := &ents[i]
 			if !e.valid {
 				continue
 			}
-			groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
-				var buf []byte
-				if stage != nil {
-					o := len(reqs) * gb
-					buf = stage[o : o+gb : o+gb]
-				} else {
-					buf = r.b.mem[off : off+uint64(gb)]
+			be := &e.e
+			hs, hn := t.lay.HeadStride, int(be.HeadCount)
+			tileOff := t.lay.TileOffset(be.CacheBlock, uint32(be.HeadFirst))
+			for layer := uint32(be.LayerFirst); layer < uint32(be.LayerFirst)+uint32(be.LayerCount); layer++ {
+				for kind := range 2 {
+					if be.Kinds&(1<<kind) == 0 {
+						continue
+					}
+					r := t.region(layer, kind)
+					off := r.off + tileOff
+					key := layout.Key{Block: be.Block, Layer: int(layer), Head: int(be.HeadFirst), Kind: layout.Kind(kind)}
+					for range hn {
+						q := &reqs[k]
+						q.Key = key
+						if stage != nil {
+							o := k * gb
+							q.Buf = stage[o : o+gb : o+gb]
+						} else {
+							q.Buf = r.b.mem[off : off+uint64(gb)]
+						}
+						k++
+						key.Head++
+						off += hs
+					}
 				}
-				reqs = append(reqs, store.ReadReq{Key: k, Buf: buf})
-				owner = append(owner, int32(i))
-			})
+			}
 		}
 		err := ss.guardBufs(t, nil, func() error {
 			if err := ss.readGroups(reqs); err != nil {
 				return err
 			}
-			for k := range reqs {
-				e := &ents[owner[k]]
-				st, det := loadStatus(reqs[k].Err)
-				e.tally(st, det)
-				if st == abi.Corrupt {
-					s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(reqs[k].Err))
+			k := 0
+			for i := lo; i < hi; i++ {
+				e := &ents[i]
+				if !e.valid {
+					continue
 				}
+				for _, q := range reqs[k : k+int(e.groups)] {
+					if q.Err == nil {
+						e.ok++
+						continue
+					}
+					st, det := loadStatus(q.Err)
+					e.tally(st, det)
+					if st == abi.Corrupt {
+						s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(q.Err))
+					}
+				}
+				k += int(e.groups)
 			}
 			if stage == nil {
 				return nil
 			}
 			// Scatter; a corrupt group's staging was zeroed by the store.
-			k := 0
+			k = 0
 			rows, rowBytes, pitch := int(s.tile.Rows), int(s.tile.RowBytes), int(t.lay.RowPitch)
 			for i := lo; i < hi; i++ {
 				e := &ents[i]
@@ -404,7 +435,7 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 			return nil
 		})
 		clear(reqs) // no references to client memory outlive the call
-		sc.rreqs, sc.owner = reqs[:0], owner[:0]
+		sc.rreqs = reqs[:0]
 		s.stage.put(stage)
 		if err != nil {
 			return err
