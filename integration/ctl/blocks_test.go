@@ -644,3 +644,62 @@ func TestBlocksKilledClient(t *testing.T) {
 	}
 	cc.check(t, "after kills")
 }
+
+// TestBlocksCClient: a C program using only include/kvfs.h registers an
+// HND target and loads two blocks written with cp, inline and through an
+// entry array; the cache memory it prints is byte for byte what the layout
+// says.
+func TestBlocksCClient(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("skipping: no C compiler")
+	}
+	e := mountEnv(t, envOptions{slots: 16})
+	geo := e.geo
+	blocks := []uint64{0x7a, 0x7b}
+	for i, b := range blocks {
+		for _, k := range blockKeys(geo, b) {
+			cpGroup(t, e, k, groupData(e.gb, k, uint64(i)+11))
+		}
+	}
+	inc, err := filepath.Abs("../../include")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "blocks_client")
+	if out, err := exec.Command(cc, "-std=c11", "-Wall", "-Werror", "-I", inc, "-o", bin, filepath.Join("testdata", "blocks_client.c")).CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, e.dir, "7a", "7b")
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("C client: %v\n%s", err, stderr.String())
+	}
+	gpb := geo.GroupsPerBlock()
+	wantLog := fmt.Sprintf("inline 0 %d\ninline 0 %d\ninline n_ok 2 2 groups %d\narray 0 %d\narray 0 %d\narray n_ok 2 2 groups %d\n",
+		gpb, gpb, 2*gpb, gpb, gpb, 2*gpb)
+	if stderr.String() != wantLog {
+		t.Fatalf("C client said:\n%s\nwant:\n%s", stderr.String(), wantLog)
+	}
+	const nb = 4
+	rb, T, H := geo.RowBytes(), geo.BlockTokens, geo.KVHeads
+	tensor := nb * H * T * rb
+	want := make([]byte, 2*geo.Layers*tensor)
+	off := offsetFn("hnd", geo, nb, H)
+	for i, b := range blocks {
+		for _, k := range blockKeys(geo, b) {
+			data := groupData(e.gb, layout.Key{Block: b, Layer: k.Layer, Head: k.Head, Kind: k.Kind}, uint64(i)+11)
+			for _, cb := range []int{i, nb - 1 - i} {
+				for row := range T {
+					o := (2*k.Layer+int(k.Kind))*tensor + off(cb, row, k.Head)
+					copy(want[o:o+rb], data[row*rb:])
+				}
+			}
+		}
+	}
+	if !bytes.Equal(out, want) {
+		t.Fatalf("C client's cache memory (%d bytes) differs from the layout's (%d)", len(out), len(want))
+	}
+}
