@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/layout"
 )
 
@@ -39,6 +40,15 @@ type LoadConfig struct {
 	Fill int
 	// Seed seeds the choice of blocks.
 	Seed uint64
+	// BlocksPerCall, when above 0, measures LOAD_BLOCKS (ABI minor 2)
+	// instead: each call loads that many random whole blocks into the
+	// job's own target of Layout ("nhd", the default, "hnd" or "hf");
+	// GroupsPerCall is then ignored.
+	BlocksPerCall int
+	Layout        string
+	// DaemonPID, when not 0, is the daemon's pid: its CPU time during the
+	// measurement (/proc/PID/stat) is reported per GB moved.
+	DaemonPID int
 }
 
 // LoadResult is the outcome of RunLoad; its JSON is what kvfs bench-load
@@ -60,6 +70,15 @@ type LoadResult struct {
 	P99us         float64 `json:"p99_us"`
 	UsPerGroup    float64 `json:"us_per_group"`
 	NotOK         int     `json:"not_ok"`
+	// LOAD_BLOCKS runs (BlocksPerCall > 0).
+	BlocksPerCall int     `json:"blocks_per_call,omitempty"`
+	Layout        string  `json:"layout,omitempty"`
+	UsPerBlock    float64 `json:"us_per_block,omitempty"`
+	NotOKBlocks   int     `json:"not_ok_blocks,omitempty"`
+	// The daemon's CPU time while measuring (DaemonPID given).
+	DaemonPID          int     `json:"daemon_pid,omitempty"`
+	DaemonCPUSeconds   float64 `json:"daemon_cpu_seconds,omitempty"`
+	DaemonCoreSecPerGB float64 `json:"daemon_core_seconds_per_gb,omitempty"`
 }
 
 // RunLoad measures LOAD calls as c describes. Entries that are not ok
@@ -80,7 +99,11 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 	}
 	info := c.Client.Info()
 	switch {
-	case c.GroupsPerCall < 1 || info.MaxEntries > 0 && c.GroupsPerCall > info.MaxEntries:
+	case c.BlocksPerCall < 0 || c.BlocksPerCall > abi.BlocksMax:
+		return LoadResult{}, fmt.Errorf("%w: %d blocks per call (one LOAD_BLOCKS takes 1 to %d)", ErrConfig, c.BlocksPerCall, abi.BlocksMax)
+	case c.BlocksPerCall > 0 && !info.Has(abi.CapBlocks):
+		return LoadResult{}, fmt.Errorf("%w: the daemon has no LOAD_BLOCKS (ABI minor %d)", ErrConfig, info.ABIMinor)
+	case c.BlocksPerCall == 0 && (c.GroupsPerCall < 1 || info.MaxEntries > 0 && c.GroupsPerCall > info.MaxEntries):
 		return LoadResult{}, fmt.Errorf("%w: %d groups per call (one LOAD ioctl takes 1 to %d)", ErrConfig, c.GroupsPerCall, info.MaxEntries)
 	case c.Calls < 1 || c.Jobs < 1 || c.Warmup < 0 || c.Fill < 0:
 		return LoadResult{}, fmt.Errorf("%w: %d calls, %d jobs, %d warmup calls, fill %d", ErrConfig, c.Calls, c.Jobs, c.Warmup, c.Fill)
@@ -96,6 +119,12 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		}
 	}
 	perBlock := g.GroupsPerBlock()
+	if c.BlocksPerCall > 0 {
+		if len(blocks) == 0 {
+			return LoadResult{}, fmt.Errorf("%w: %s holds no blocks", ErrFewBlocks, c.Mountpoint)
+		}
+		return runLoadBlocks(c, blocks)
+	}
 	need := (c.GroupsPerCall + perBlock - 1) / perBlock
 	if len(blocks) < need {
 		return LoadResult{}, fmt.Errorf("%w: %s holds %d blocks, a call of %d groups needs %d", ErrFewBlocks, c.Mountpoint, len(blocks), c.GroupsPerCall, need)
@@ -154,10 +183,18 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		}()
 	}
 	ready.Wait()
+	cpu0, err := daemonCPU(c.DaemonPID)
+	if err != nil {
+		return LoadResult{}, err
+	}
 	start := time.Now()
 	close(gate)
 	wg.Wait()
 	wall := time.Since(start)
+	cpu1, err := daemonCPU(c.DaemonPID)
+	if err != nil {
+		return LoadResult{}, err
+	}
 	if err := errors.Join(errs...); err != nil {
 		return LoadResult{}, err
 	}
@@ -177,16 +214,30 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 	res.UsPerCall = Micros(sum) / float64(len(all))
 	res.P50us, res.P99us = Micros(Percentile(all, 50)), Micros(Percentile(all, 99))
 	res.UsPerGroup = res.UsPerCall / float64(c.GroupsPerCall)
+	res.setCPU(c.DaemonPID, cpu1-cpu0)
 	return res, nil
 }
 
 func (r LoadResult) String() string {
 	s := fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d calls × %d groups of %d bytes from %d blocks\n",
 		r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.GroupsPerCall, r.GroupBytes, r.Blocks)
+	if r.BlocksPerCall > 0 {
+		s = fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d LOAD_BLOCKS × %d whole blocks (%d groups of %d bytes) into %s targets, from %d blocks\n",
+			r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.BlocksPerCall, r.GroupsPerCall, r.GroupBytes, r.Layout, r.Blocks)
+	}
 	s += fmt.Sprintf("  %.2f GB/s   %.1f µs/ioctl (p50 %.1f, p99 %.1f)   %.3f µs/group   %d bytes in %.3f s",
 		r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, r.Bytes, r.Seconds)
+	if r.BlocksPerCall > 0 {
+		s += fmt.Sprintf("   %.2f µs/block", r.UsPerBlock)
+	}
+	if r.DaemonPID != 0 {
+		s += fmt.Sprintf("\n  daemon (pid %d): %.3f core-seconds, %.3f core-seconds per GB", r.DaemonPID, r.DaemonCPUSeconds, r.DaemonCoreSecPerGB)
+	}
 	if r.NotOK > 0 {
 		s += fmt.Sprintf("\n  %d groups not ok (absent, corrupt or evicted while measuring)", r.NotOK)
+	}
+	if r.NotOKBlocks > 0 {
+		s += fmt.Sprintf("\n  %d blocks not ok (absent, corrupt or evicted while measuring)", r.NotOKBlocks)
 	}
 	return s
 }
