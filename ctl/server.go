@@ -173,7 +173,7 @@ func (s *Server) Close() error {
 func (s *Server) info() abi.Info {
 	in := s.st.Info()
 	g := s.geo
-	caps := abi.CapHost | abi.CapPitch | abi.CapRegisterFD | abi.CapLimits
+	caps := abi.CapHost | abi.CapPitch | abi.CapRegisterFD | abi.CapLimits | abi.CapBlocks
 	if !s.opts.ReadOnly {
 		caps |= abi.CapStore
 	}
@@ -190,7 +190,7 @@ func (s *Server) info() abi.Info {
 		MaxBuffers: uint32(s.opts.MaxBuffers), MaxRegisteredBytes: uint64(s.opts.MaxRegisteredBytes),
 		Slots: uint64(in.Slots), UsedSlots: uint64(in.UsedSlots),
 		UUID:     s.st.Superblock().UUID,
-		ABIMinor: abi.Minor,
+		ABIMinor: abi.Minor, MaxBlockEntries: abi.BlocksMax,
 	}
 	if s.reg != nil {
 		i.MaxPinnedBytes, i.MaxPinnedPerUID = uint64(s.opts.MaxPinnedBytes), uint64(s.opts.MaxPinnedPerUID)

@@ -59,6 +59,9 @@ func (o Op) String() string {
 	case OpRegisterFD:
 		return "register-fd"
 	}
+	if b := o.blocksString(); b != "" {
+		return b
+	}
 	return "op(" + itoa(int(o)) + ")"
 }
 
@@ -68,7 +71,9 @@ type Command struct {
 	Size int // _IOC_SIZE
 	In   bool
 	Out  bool
-	Max  int // batch capacity (OpLoad, OpStore)
+	Max  int // batch capacity (OpLoad, OpStore, OpLoadBlocks, OpStoreBlocks)
+	// Inline: LOAD_BLOCKS/STORE_BLOCKS with the entries in the argument.
+	Inline bool
 }
 
 // Lookup returns the command cmd stands for.
@@ -92,7 +97,10 @@ func Lookup(cmd uint32) (Command, error) {
 	case CmdStoreSmall:
 		c = Command{Op: OpStore, Max: BatchSmallMax}
 	default:
-		return Command{}, fmt.Errorf("%w: %#08x", ErrCommand, cmd)
+		var ok bool
+		if c, ok = lookupBlocks(cmd); !ok {
+			return Command{}, fmt.Errorf("%w: %#08x", ErrCommand, cmd)
+		}
 	}
 	c.Size = IoctlSize(cmd)
 	c.In = IoctlDir(cmd)&dirWrite != 0
@@ -111,6 +119,9 @@ type Request struct {
 	RegisterFD RegisterFD   // OpRegisterFD
 	Header     BatchHeader  // OpLoad, OpStore
 	Entries    []byte       // OpLoad, OpStore
+
+	// Blocks is the input of the minor-2 commands (blocks.go).
+	Blocks BlocksRequest
 }
 
 // Decode checks an ioctl's command and argument sizes and decodes its input.
@@ -190,6 +201,10 @@ func Decode(cmd uint32, in []byte, outLen int) (Request, error) {
 			return r, fmt.Errorf("%w: %d entries, at most %d", ErrCount, r.Header.Count, c.Max)
 		}
 		r.Entries = in[BatchHeaderSize : BatchHeaderSize+int(r.Header.Count)*EntrySize]
+	default:
+		if err := decodeBlocks(c, in, &r.Blocks); err != nil {
+			return r, err
+		}
 	}
 	return r, nil
 }
