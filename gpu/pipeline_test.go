@@ -38,7 +38,9 @@ func newFakeStore(dev *gputest.Device) *fakeStore {
 	return &fakeStore{dev: dev, groups: map[layout.Key][]byte{}, corrupt: map[layout.Key]bool{}}
 }
 
-func key(i int) layout.Key { return layout.Key{Block: uint64(i / 8), Layer: i % 8, Head: 0, Kind: layout.K} }
+func key(i int) layout.Key {
+	return layout.Key{Block: uint64(i / 8), Layer: i % 8, Head: 0, Kind: layout.K}
+}
 
 func content(i int) []byte {
 	b := make([]byte, gb)
@@ -431,11 +433,15 @@ func TestConcurrentBatchesSharePool(t *testing.T) {
 	r := newRig(t, 3, 2, 4)
 	var wg sync.WaitGroup
 	errs := make(chan error, 6)
+	for k := 0; k < 6000; k++ {
+		if k%1000 < 30 {
+			r.st.groups[key(k)] = content(k)
+		}
+	}
 	for b := 0; b < 6; b++ {
 		its := make([]gpu.Item, 30)
 		for i := range its {
 			k := b*1000 + i
-			r.st.groups[key(k)] = content(k)
 			its[i] = gpu.Item{Key: key(k), Dst: gputest.Base + uint64(k)*gb}
 		}
 		wg.Add(1)

@@ -35,16 +35,16 @@ func (c *PoolConfig) ensureDefaults() {
 
 // Pool is a device's staging buffers, shared by concurrent batches.
 type Pool struct {
-	dev  Device
-	cfg  PoolConfig
-	mu   sync.Mutex
-	cond sync.Cond
-	free []*Staging
-	all  []*Staging
+	dev           Device
+	cfg           PoolConfig
+	mu            sync.Mutex
+	cond          sync.Cond
+	free          []*Staging
+	all           []*Staging
 	frees, unregs []func() error
-	closed bool
-	leaked int
-	fixed  int // buffers the engine registered
+	closed        bool
+	leaked        int
+	fixed         int // buffers the engine registered
 }
 
 // NewPool allocates cfg.Count pinned buffers of cfg.Size bytes on dev.
