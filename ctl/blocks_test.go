@@ -14,10 +14,10 @@ import (
 	"github.com/kvfs/kvfs/store/storetest"
 )
 
-// benchGeo is the geometry of the v1 measurements in docs/abi.md: 8 layers
+// blocksGeo is the geometry of the v1 measurements in docs/abi.md: 8 layers
 // × 4 kv heads × 128 × 16 tokens bf16 — 4 KiB groups, 64 groups (256 KiB)
 // per block.
-var benchGeo = layout.Geometry{Layers: 8, KVHeads: 4, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
+var blocksGeo = layout.Geometry{Layers: 8, KVHeads: 4, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
 
 // blocksFixture is a server on an in-memory store of geo with `stored`
 // blocks (ids 0..stored-1), a session, and a target of nb cache blocks in
@@ -123,7 +123,7 @@ func (f *blocksFixture) loadBlocks(tb testing.TB, geo layout.Geometry, ids []uin
 // array gets each outcome, and a shrunk cache file faults the call (EFAULT)
 // while the server goes on.
 func TestBlocksInProcess(t *testing.T) {
-	geo := benchGeo
+	geo := blocksGeo
 	for _, nhd := range []bool{false, true} {
 		f := newBlocksFixture(t, geo, 4, 8, nhd)
 		ids := []uint64{3, 1, 99, 0}
@@ -181,7 +181,7 @@ func TestBlocksInProcess(t *testing.T) {
 // statuses; for NHD also the row scatter out of staging). store-ns/block
 // is store.Read's own (copy and CRC32C of 64 groups).
 func BenchmarkLoadBlocks(b *testing.B) {
-	geo := benchGeo
+	geo := blocksGeo
 	const perCall, stored = 1024, 64
 	for _, c := range []struct {
 		name string

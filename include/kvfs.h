@@ -43,7 +43,7 @@
 #define KVFS_CAP_STORE         (1ull << 1) /* STORE (clear: read-only store) */
 #define KVFS_CAP_PITCH         (1ull << 2) /* entries with a row pitch */
 #define KVFS_CAP_FIXED_BUFFERS (1ull << 3) /* engine registers host buffers (zero copy) */
-#define KVFS_CAP_CUDA          (1ull << 4) /* REGISTER_CUDA (not in this version) */
+#define KVFS_CAP_CUDA          (1ull << 4) /* REGISTER_CUDA works: the daemon has a CUDA driver and device */
 #define KVFS_CAP_REGISTER_FD   (1ull << 5) /* REGISTER_FD */
 #define KVFS_CAP_LIMITS        (1ull << 6) /* kvfs_info.abi_minor and max_pinned_* are filled in */
 #define KVFS_CAP_BLOCKS        (1ull << 7) /* REGISTER_TARGET, LOAD_BLOCKS, STORE_BLOCKS (minor 2) */
@@ -134,6 +134,24 @@ struct kvfs_register_fd {
 	__u64 reserved[4];           /*  32 */
 };                               /*  64 */
 
+/* REGISTER_CUDA: register bytes [offset, offset+length) of a CUDA
+ * allocation of the caller, named by the raw CUipcMemHandle of the
+ * allocation's base (cuIpcGetMemHandle; cuMemGetAddressRange gives the base
+ * of a pointer). The daemon opens it with cuIpcOpenMemHandle on device
+ * ordinal `device` and closes it at UNREGISTER or when this file closes.
+ * INFO reports KVFS_CAP_CUDA only where the daemon's driver works. What the
+ * daemon can and cannot check about the handle: docs/abi.md. 128 bytes. */
+struct kvfs_register_cuda {
+	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
+	__u32 flags;                 /*   4 in: 0 */
+	__u8  handle[64];            /*   8 in: CUipcMemHandle of the allocation's base */
+	__u64 offset;                /*  72 in: first byte, from the allocation's base */
+	__u64 length;                /*  80 in: bytes (> 0); out: bytes registered */
+	__u32 device;                /*  88 in: device ordinal */
+	__u32 buffer;                /*  92 out: buffer id (never 0); 0 on input */
+	__u64 reserved[4];           /*  96 */
+};                               /* 128 */
+
 /* UNREGISTER: drop a registration of this open file. 8 bytes, in only. */
 struct kvfs_unregister {
 	__u32 abi;                   /*   0 KVFS_ABI_VERSION */
@@ -179,7 +197,7 @@ struct kvfs_batch_small {
 #define KVFS_IOC_INFO          _IOR(KVFS_IOC_MAGIC,  0x01, struct kvfs_info)          /* 0x80c0b701 */
 #define KVFS_IOC_REGISTER_HOST _IOWR(KVFS_IOC_MAGIC, 0x02, struct kvfs_register_host) /* 0xd000b702 */
 #define KVFS_IOC_UNREGISTER    _IOW(KVFS_IOC_MAGIC,  0x03, struct kvfs_unregister)    /* 0x4008b703 */
-/* 0x04 is reserved for REGISTER_CUDA. */
+#define KVFS_IOC_REGISTER_CUDA _IOWR(KVFS_IOC_MAGIC, 0x04, struct kvfs_register_cuda) /* 0xc080b704 */
 #define KVFS_IOC_REGISTER_FD   _IOWR(KVFS_IOC_MAGIC, 0x05, struct kvfs_register_fd)   /* 0xc040b705 */
 #define KVFS_IOC_LOAD          _IOWR(KVFS_IOC_MAGIC, 0x10, struct kvfs_batch)         /* 0xfff0b710 */
 #define KVFS_IOC_STORE         _IOWR(KVFS_IOC_MAGIC, 0x11, struct kvfs_batch)         /* 0xfff0b711 */
@@ -300,6 +318,7 @@ _Static_assert(sizeof(struct kvfs_info) == 192, "kvfs_info");
 _Static_assert(sizeof(struct kvfs_register_host) == 4096, "kvfs_register_host");
 _Static_assert(sizeof(struct kvfs_unregister) == 8, "kvfs_unregister");
 _Static_assert(sizeof(struct kvfs_register_fd) == 64, "kvfs_register_fd");
+_Static_assert(sizeof(struct kvfs_register_cuda) == 128, "kvfs_register_cuda");
 _Static_assert(sizeof(struct kvfs_batch_hdr) == 16, "kvfs_batch_hdr");
 _Static_assert(sizeof(struct kvfs_entry) == 32, "kvfs_entry");
 _Static_assert(sizeof(struct kvfs_batch) == 16368, "kvfs_batch");

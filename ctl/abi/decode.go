@@ -58,6 +58,8 @@ func (o Op) String() string {
 		return "store"
 	case OpRegisterFD:
 		return "register-fd"
+	case OpRegisterCUDA:
+		return "register-cuda"
 	}
 	if b := o.blocksString(); b != "" {
 		return b
@@ -88,6 +90,8 @@ func Lookup(cmd uint32) (Command, error) {
 		c = Command{Op: OpUnregister}
 	case CmdRegisterFD:
 		c = Command{Op: OpRegisterFD}
+	case CmdRegisterCUDA:
+		c = Command{Op: OpRegisterCUDA}
 	case CmdLoad:
 		c = Command{Op: OpLoad, Max: BatchMax}
 	case CmdStore:
@@ -113,12 +117,13 @@ func Lookup(cmd uint32) (Command, error) {
 // with Entry.Unmarshal, so a batch costs no allocation.
 type Request struct {
 	Command
-	Register   RegisterHost // OpRegisterHost
-	Path       string       // OpRegisterHost: Register.Path up to its NUL
-	Unregister Unregister   // OpUnregister
-	RegisterFD RegisterFD   // OpRegisterFD
-	Header     BatchHeader  // OpLoad, OpStore
-	Entries    []byte       // OpLoad, OpStore
+	Register     RegisterHost // OpRegisterHost
+	Path         string       // OpRegisterHost: Register.Path up to its NUL
+	Unregister   Unregister   // OpUnregister
+	RegisterFD   RegisterFD   // OpRegisterFD
+	RegisterCUDA RegisterCUDA // OpRegisterCUDA
+	Header       BatchHeader  // OpLoad, OpStore
+	Entries      []byte       // OpLoad, OpStore
 
 	// Blocks is the input of the minor-2 commands (blocks.go).
 	Blocks BlocksRequest
@@ -183,6 +188,10 @@ func Decode(cmd uint32, in []byte, outLen int) (Request, error) {
 		}
 		if q.FD < 0 {
 			return r, fmt.Errorf("%w: %d", ErrFD, q.FD)
+		}
+	case OpRegisterCUDA:
+		if err := r.RegisterCUDA.decode(in); err != nil {
+			return r, err
 		}
 	case OpUnregister:
 		r.Unregister.Unmarshal(in)
