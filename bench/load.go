@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,6 +62,13 @@ type LoadResult struct {
 	P99us         float64 `json:"p99_us"`
 	UsPerGroup    float64 `json:"us_per_group"`
 	NotOK         int     `json:"not_ok"`
+	// CPUs is the daemon's CPU time over the run (user + system seconds,
+	// from daemon_cpu_seconds of .kvfs/stats; 0 when the daemon does not
+	// report it), CPUsPerGB that per 10^9 bytes loaded; ClientCPUs is the
+	// callers' (this process's).
+	CPUs       float64 `json:"cpu_s"`
+	CPUsPerGB  float64 `json:"cpu_s_per_gb"`
+	ClientCPUs float64 `json:"client_cpu_s"`
 }
 
 // RunLoad measures LOAD calls as c describes. Entries that are not ok
@@ -154,10 +163,14 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		}()
 	}
 	ready.Wait()
+	d0, dok0 := DaemonCPUSeconds(c.Mountpoint)
+	cpu0 := CPUSeconds()
 	start := time.Now()
 	close(gate)
 	wg.Wait()
 	wall := time.Since(start)
+	clientCPU := CPUSeconds() - cpu0
+	d1, dok1 := DaemonCPUSeconds(c.Mountpoint)
 	if err := errors.Join(errs...); err != nil {
 		return LoadResult{}, err
 	}
@@ -177,18 +190,40 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 	res.UsPerCall = Micros(sum) / float64(len(all))
 	res.P50us, res.P99us = Micros(Percentile(all, 50)), Micros(Percentile(all, 99))
 	res.UsPerGroup = res.UsPerCall / float64(c.GroupsPerCall)
+	res.ClientCPUs = clientCPU
+	if dok0 && dok1 {
+		res.CPUs = d1 - d0
+		res.CPUsPerGB = PerGB(res.CPUs, res.Bytes)
+	}
 	return res, nil
 }
 
 func (r LoadResult) String() string {
 	s := fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d calls × %d groups of %d bytes from %d blocks\n",
 		r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.GroupsPerCall, r.GroupBytes, r.Blocks)
-	s += fmt.Sprintf("  %.2f GB/s   %.1f µs/ioctl (p50 %.1f, p99 %.1f)   %.3f µs/group   %d bytes in %.3f s",
+	s += fmt.Sprintf("  %.2f GB/s   %.1f µs/ioctl (p50 %.1f, p99 %.1f)   %.3f µs/group   %d bytes in %.3f s\n",
 		r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, r.Bytes, r.Seconds)
+	s += fmt.Sprintf("  daemon cpu %.2f s (%.3f s/GB), callers' cpu %.2f s", r.CPUs, r.CPUsPerGB, r.ClientCPUs)
 	if r.NotOK > 0 {
 		s += fmt.Sprintf("\n  %d groups not ok (absent, corrupt or evicted while measuring)", r.NotOK)
 	}
 	return s
+}
+
+// DaemonCPUSeconds reads the daemon's CPU time from the mount's
+// .kvfs/stats (daemon_cpu_seconds); false when it is not there.
+func DaemonCPUSeconds(mountpoint string) (float64, bool) {
+	data, err := os.ReadFile(filepath.Join(mountpoint, ".kvfs", "stats"))
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "daemon_cpu_seconds "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
 }
 
 // ListBlocks returns the blocks present under mountpoint (the union over
