@@ -240,7 +240,10 @@ func (ss *Session) store(ents []ent, stageBytes int, sc *scratch) error {
 			if !e.valid {
 				continue
 			}
-			dst := stage[off : off+s.gb : off+s.gb]
+			// Capacity to the end of staging: tiles of a block in slot
+			// order are adjacent there, and the store writes such a run
+			// straight from staging (store.WriteReq).
+			dst := stage[off : off+s.gb]
 			off += s.gb
 			if e.pitched {
 				pitch := int(e.e.Pitch)

@@ -67,10 +67,10 @@
 //     (so they are one range of one allocation, which the caller states by
 //     slicing them from one buffer without capping the capacity), aligned
 //     for the engine: one plain read into that range.
-//   - Vector: the engine implements VectorReader, every destination segment
-//     (a contiguous destination, or one row of a pitched one) is aligned for
-//     the engine, and pitched rows are at least Options.ScatterMin bytes
-//     (default 4096): one vector read (IO.Vec, preadv) into the segments.
+//   - Vector: the engine implements VectorReader, and every destination
+//     segment (a contiguous destination, or one row of a pitched one) is
+//     aligned for the engine and at least Options.ScatterMin bytes (default
+//     4096): one vector read (IO.Vec, preadv) into the segments.
 //   - Bounce: otherwise, the run is read into store memory carved from
 //     MaxIO-sized buffers (bounce memory sized to the data), verified
 //     there, and copied once to each destination (Metrics.Bounced counts

@@ -318,10 +318,10 @@ func (s *Store) landing(sc *readScratch, r *run, wants []want) {
 		return
 	}
 	// Vector: every segment (a contiguous destination, or one row of a
-	// pitched one) aligned, rows no shorter than ScatterMin.
+	// pitched one) aligned and no shorter than ScatterMin.
 	for _, w := range ws {
 		if w.rows == 0 {
-			if !Aligned(w.r.Buf, align) {
+			if gb < s.opts.ScatterMin || !Aligned(w.r.Buf, align) {
 				return
 			}
 			continue

@@ -558,3 +558,60 @@ func TestReadLargeCorrupt(t *testing.T) {
 		t.Fatalf("%d corrupt groups counted", m.Corrupt)
 	}
 }
+
+// TestReadVecContiguousApart: contiguous destinations that do not follow
+// each other in memory (tiles of a paged cache, here in reverse order)
+// land with one vector read per run and no bounce copy; with segments
+// below ScatterMin they bounce once.
+func TestReadVecContiguousApart(t *testing.T) {
+	for _, smin := range []int{0, 512} { // default (4 KiB) and lower: 8 KiB groups pass both
+		s, c := nhdFixture(t, true, store.Options{ScatterMin: smin})
+		n, gb := nhdGeo.GroupsPerBlock(), nhdGeo.GroupBytes() // 8 KiB groups
+		buf, err := store.AllocAligned(n * gb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.FreeAligned(buf)
+		c.mu.Lock()
+		c.dst, c.inDst, c.outside, c.vecReads, c.bufRead = buf, 0, 0, 0, 0
+		c.mu.Unlock()
+		reqs := make([]store.ReadReq, n)
+		for i := range reqs {
+			o := (n - 1 - i) * gb
+			reqs[i] = store.ReadReq{Key: nhdGeo.KeyAt(1, i), Buf: buf[o : o+gb]}
+		}
+		before := s.Metrics().Bounced
+		if err := s.Read(reqs); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range reqs {
+			if r.Err != nil || !bytes.Equal(r.Buf, groupData(nhdGeo, r.Key, 1)) {
+				t.Fatalf("%v: %v", r.Key, r.Err)
+			}
+		}
+		if c.inDst != n*gb || c.outside != 0 || c.vecReads != 1 {
+			t.Fatalf("ScatterMin %d: %d bytes read into place, %d elsewhere, %d vector reads", smin, c.inDst, c.outside, c.vecReads)
+		}
+		if b := s.Metrics().Bounced - before; b != 0 {
+			t.Fatalf("%d bytes bounced", b)
+		}
+	}
+	// Segments below ScatterMin: one bounce.
+	s, c := nhdFixture(t, true, store.Options{ScatterMin: 16 << 10})
+	gb := nhdGeo.GroupBytes()
+	buf, err := store.AllocAligned(2 * gb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.FreeAligned(buf)
+	c.mu.Lock()
+	c.dst, c.inDst, c.outside, c.vecReads, c.bufRead = buf, 0, 0, 0, 0
+	c.mu.Unlock()
+	reqs := []store.ReadReq{{Key: nhdGeo.KeyAt(1, 0), Buf: buf[gb:]}, {Key: nhdGeo.KeyAt(1, 1), Buf: buf[:gb]}}
+	if err := s.Read(reqs); err != nil || reqs[0].Err != nil || reqs[1].Err != nil {
+		t.Fatal(err, reqs[0].Err, reqs[1].Err)
+	}
+	if c.vecReads != 0 || c.inDst != 0 || s.Metrics().Bounced != uint64(2*gb) {
+		t.Fatalf("small segments: %d vector reads, %d bytes into place, %d bounced", c.vecReads, c.inDst, s.Metrics().Bounced)
+	}
+}

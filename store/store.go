@@ -31,12 +31,14 @@ type Options struct {
 	// ("before-tombstones", "before-payloads", "before-headers", "before-sync");
 	// an error it returns fails the operation there, as an engine error would.
 	Failpoint func(name string) error
-	// ScatterMin is the shortest row (in bytes) of a pitched read
-	// destination that the store reads straight into place with a vector
-	// read (on engines that implement VectorReader); shorter rows are read
-	// into a bounce buffer and copied once. Default 4096: per-row
-	// segments cost more than a copy when rows are small. 1 scatters every
-	// row the engine's alignment allows.
+	// ScatterMin is the shortest memory segment (a row of a pitched read
+	// destination, or a whole contiguous one) that the store reads
+	// straight into place with a vector read (on engines that implement
+	// VectorReader); a run with shorter segments is read into a bounce
+	// buffer and copied once. Default 4096: small segments cost more than
+	// a copy (with O_DIRECT, 512-byte rows scattered were 5× slower than
+	// one bounce; docs/performance.md). 1 scatters every segment the
+	// engine's alignment allows.
 	ScatterMin int
 	// Observe, when set, is called after each Read and Write batch.
 	Observe func(op Op, groups int, d time.Duration)

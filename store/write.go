@@ -12,7 +12,10 @@ import (
 	"github.com/kvfs/kvfs/layout"
 )
 
-// WriteReq stores one group. Data must be exactly GroupBytes long.
+// WriteReq stores one group. Data must be exactly GroupBytes long and must
+// not change until Write returns (its checksum is computed first; a run of
+// groups whose Data are adjacent slices of one aligned buffer, the first
+// one's capacity spanning the run, is written straight from it).
 type WriteReq struct {
 	Key  layout.Key
 	Data []byte
@@ -490,7 +493,7 @@ func (s *Store) readFromSlots(reqs []ReadReq, owners []*plan) error {
 // writePayloads writes the new and carried groups of every live plan, then
 // syncs. Plans whose writes fail are marked failed.
 func (s *Store) writePayloads(plans []*plan) error {
-	stride := int(s.geo.GroupStride())
+	stride, gb, align := int(s.geo.GroupStride()), s.geo.GroupBytes(), s.e.Align()
 	maxGroups := max(1, s.opts.MaxIO/stride)
 	var ios []IO
 	var owners []*plan
@@ -522,9 +525,20 @@ func (s *Store) writePayloads(plans []*plan) error {
 			for hi < len(idxs) && idxs[hi] == idxs[hi-1]+1 && hi-lo < maxGroups {
 				hi++
 			}
+			// Direct: the run's data follows each other in memory, the
+			// first slice's capacity spanning the run (one range of one
+			// allocation, as for reads), aligned for the engine. The
+			// checksums were computed from this memory, which the caller
+			// leaves unchanged until Write returns.
+			need := (hi - lo) * stride
+			if d := all[idxs[lo]]; stride == gb && cap(d) >= need && Aligned(d[:need], align) && followsAll(all, idxs[lo:hi]) {
+				ios = append(ios, IO{Op: OpWrite, Off: s.groupOffset(p.target, idxs[lo]), Buf: d[:need:need], Stream: stream})
+				owners = append(owners, p)
+				lo = hi
+				continue
+			}
 			// Bounce memory sized to the data: runs are carved one
 			// after another out of MaxIO-sized buffers.
-			need := (hi - lo) * stride
 			if len(cur) < need {
 				b, err := s.getBounce()
 				if err != nil {
@@ -550,6 +564,17 @@ func (s *Store) writePayloads(plans []*plan) error {
 	s.writePhase("before-payloads", owners, ios)
 	s.syncPhase(livePlans(plans))
 	return nil
+}
+
+// followsAll reports whether the data of groups idxs follow each other in
+// memory, in order.
+func followsAll(all map[int][]byte, idxs []int) bool {
+	for k := 1; k < len(idxs); k++ {
+		if !follows(all[idxs[k-1]], all[idxs[k]]) {
+			return false
+		}
+	}
+	return true
 }
 
 // writePhase passes failpoint fp, then runs ios; owners[i] is the plan of
