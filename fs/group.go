@@ -18,10 +18,35 @@ import (
 )
 
 // groupFile is layer-<L>/block-<id>/head-<H>/K or V: one group.
+//
+// Its inode number is a hash of key, and go-fuse hands out the node known
+// under a number, so a node always stands for its own key, except that
+// after a rename (K onto V) the moved node stands for the group it was
+// renamed to (moved) until the kernel looks its name up again, or until the
+// node is looked up under its own name again (headDir.groupInode).
 type groupFile struct {
 	gofs.Inode
 	fs  *FS
 	key layout.Key
+
+	mu    sync.Mutex
+	moved *layout.Key
+}
+
+// k is the group the node stands for now.
+func (g *groupFile) k() layout.Key {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.moved != nil {
+		return *g.moved
+	}
+	return g.key
+}
+
+func (g *groupFile) setMoved(k *layout.Key) {
+	g.mu.Lock()
+	g.moved = k
+	g.mu.Unlock()
 }
 
 var (
@@ -49,33 +74,31 @@ func (f *FS) groupAttr(a *fuse.Attr, k layout.Key, mtime time.Time, size int64) 
 }
 
 func (g *groupFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	f := g.fs
-	gi, err := f.st.Stat(g.key)
+	f, key := g.fs, g.k()
+	gi, err := f.st.Stat(key)
 	if err == nil {
-		f.groupAttr(&out.Attr, g.key, gi.MTime, int64(gi.Size))
+		f.groupAttr(&out.Attr, key, gi.MTime, int64(gi.Size))
 		return 0
 	}
 	// A group being written for the first time exists for the writer.
 	if h, ok := fh.(*groupHandle); ok && h.write && errors.Is(err, store.ErrNotFound) {
-		f.groupAttr(&out.Attr, g.key, f.opts.Now(), int64(h.pendingSize()))
+		f.groupAttr(&out.Attr, key, f.opts.Now(), int64(h.pendingSize()))
 		return 0
 	}
 	return f.toErrno("getattr", err)
 }
 
 // Setattr: truncate through a write handle sets the size of what the handle
-// will store; mode and owner can only be "changed" to what they are; times
-// are ignored.
+// will store; mode, owner and times are accepted and ignored (a group has
+// mode 0644, the mount's owner, and its write time as every time), so
+// cp -a, tar x and rsync -a can restore into the mount.
 func (g *groupFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	f := g.fs
-	if errno := f.checkOwnership(in, 0o644); errno != 0 {
-		return errno
-	}
 	if size, ok := in.GetSize(); ok {
 		h, _ := fh.(*groupHandle)
 		if h == nil || !h.write {
 			// truncate(2) by path: only to the size the group has.
-			if gi, err := f.st.Stat(g.key); err != nil || uint64(gi.Size) != size {
+			if gi, err := f.st.Stat(g.k()); err != nil || uint64(gi.Size) != size {
 				return syscall.EPERM
 			}
 		} else if errno := h.truncate(size); errno != 0 {
@@ -89,14 +112,14 @@ func (g *groupFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Se
 // writing, buffers what is written until close. Every group handle is
 // FOPEN_DIRECT_IO: the kernel keeps no page cache for groups.
 func (g *groupFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	f := g.fs
+	f, key := g.fs, g.k()
 	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
-		if _, err := f.st.Stat(g.key); err != nil {
+		if _, err := f.st.Stat(key); err != nil {
 			return nil, 0, f.toErrno("open", err)
 		}
 	}
 	f.m.opens.Add(1)
-	return f.newHandle(g.key, flags), f.groupOpenFlags(flags), 0
+	return f.newHandle(key, flags), f.groupOpenFlags(flags), 0
 }
 
 // Extended attributes -------------------------------------------------------
@@ -116,7 +139,7 @@ var xattrList = func() []byte {
 }()
 
 func (g *groupFile) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	f, k := g.fs, g.key
+	f, k := g.fs, g.k()
 	gi, err := f.st.Stat(k)
 	if err != nil {
 		return 0, f.toErrno("getxattr", err)
@@ -407,7 +430,7 @@ func (h *groupHandle) storeLocked() syscall.Errno {
 	h.snap = nil
 	f.m.stored.Add(1)
 	f.m.storedBytes.Add(uint64(len(h.buf)))
-	f.dropPending(h.key.Layer, h.key.Block)
+	f.storedGroup(h.key)
 	return 0
 }
 
