@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -58,10 +59,31 @@ func (d *dirBase) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 }
 
 func (d *dirBase) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return syscall.EPERM
+	return setxattrErrno(attr)
 }
 
-func (d *dirBase) Removexattr(ctx context.Context, attr string) syscall.Errno { return syscall.EPERM }
+func (d *dirBase) Removexattr(ctx context.Context, attr string) syscall.Errno { return syscall.ENODATA }
+
+// setxattrErrno is what setxattr answers: kvfs stores no extended
+// attributes. EPERM in the user namespace (user.kvfs.* are computed);
+// EOPNOTSUPP in the others (system.posix_acl_*, security.*, trusted.*), as
+// a file system without them answers, which cp -a, mv and tar accept
+// quietly.
+func setxattrErrno(attr string) syscall.Errno {
+	if strings.HasPrefix(attr, "user.") {
+		return syscall.EPERM
+	}
+	return syscall.EOPNOTSUPP
+}
+
+// removexattrErrno: removing an attribute a node has (user.kvfs.* of a
+// group) is EPERM; any other is absent (ENODATA).
+func removexattrErrno(attr string, has bool) syscall.Errno {
+	if has {
+		return syscall.EPERM
+	}
+	return syscall.ENODATA
+}
 
 func (d *dirBase) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	return 0, syscall.ENODATA
@@ -495,7 +517,7 @@ func checkRenameFlags(flags uint32) (noReplace bool, errno syscall.Errno) {
 // Rename of block-<A> to block-<B> in the same layer re-keys the block in
 // the store (store.RenameBlock: one header write, no payload moved). A
 // block holds every layer, so it moves in every layer. It is refused with
-// EEXIST when B is a block already (in any layer), and a move to another
+// ENOTEMPTY when B is a block already (in any layer), and a move to another
 // layer is EXDEV, so mv falls back to copying and deleting. A block
 // directory without groups (pending) moves in this layer only.
 func (d *layerDir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
@@ -532,7 +554,10 @@ func (d *layerDir) Rename(ctx context.Context, name string, newParent gofs.Inode
 	case toExists && noReplace:
 		return syscall.EEXIST
 	case toStored && groups:
-		return syscall.EEXIST // a block holds every layer: B exists
+		// A block holds every layer: B is a non-empty block even where
+		// this layer shows no directory. (Not EEXIST: with RENAME_NOREPLACE
+		// mv reads that as "the name exists here" and says so wrongly.)
+		return syscall.ENOTEMPTY
 	case toGroups || len(f.pendingHeads(d.layer, to)) > 0:
 		return syscall.ENOTEMPTY
 	}
@@ -856,7 +881,7 @@ func (d *headDir) Unlink(ctx context.Context, name string) syscall.Errno {
 
 // Rename, with both names in head directories:
 //   - a staged file onto K or V stores it as that group (its size must be
-//     the group size: EINVAL otherwise, EFBIG after a write past it), in
+//     the group size: ERANGE otherwise, EFBIG after a write past it), in
 //     any head directory; onto another temporary name it is renamed;
 //   - K onto V (or V onto K) of the same head re-keys the group: its bytes
 //     are stored under the new name, then the old group is deleted (a crash

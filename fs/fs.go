@@ -187,8 +187,9 @@ type FS struct {
 		// without a group in the store (made by mkdir, or left by rm of
 		// their last group), until rmdir or unmount.
 		pending map[blockDirKey]*pendingDir
-		staged  map[stagedKey]*staged // temporary files in head directories
-		stagedN uint64                // staged files made, for inode numbers
+		staged  map[stagedKey]*staged         // temporary files in head directories
+		stagedN uint64                        // staged files made, for inode numbers
+		writers map[layout.Key][]*groupHandle // handles open for writing, by group
 	}
 	m counters
 }
@@ -244,6 +245,7 @@ func New(st *store.Store, o Options) *FS {
 	f.align = max(st.Engine().Align(), 8)
 	f.mu.pending = map[blockDirKey]*pendingDir{}
 	f.mu.staged = map[stagedKey]*staged{}
+	f.mu.writers = map[layout.Key][]*groupHandle{}
 	f.cache = newSnapCache(o.CacheBytes)
 	return f
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -80,10 +81,18 @@ func (g *groupFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.A
 		f.groupAttr(&out.Attr, key, gi.MTime, int64(gi.Size))
 		return 0
 	}
-	// A group being written for the first time exists for the writer.
-	if h, ok := fh.(*groupHandle); ok && h.write && errors.Is(err, store.ErrNotFound) {
-		f.groupAttr(&out.Attr, key, f.opts.Now(), int64(h.pendingSize()))
-		return 0
+	// A group being written for the first time exists while a handle
+	// writes it: for that handle, and by path (cp -a and tar set times by
+	// path before they close).
+	if errors.Is(err, store.ErrNotFound) {
+		h, ok := fh.(*groupHandle)
+		if !ok || !h.write {
+			h = f.writerOf(key)
+		}
+		if h != nil {
+			f.groupAttr(&out.Attr, key, f.opts.Now(), int64(h.pendingSize()))
+			return 0
+		}
 	}
 	return f.toErrno("getattr", err)
 }
@@ -179,11 +188,11 @@ func (g *groupFile) Listxattr(ctx context.Context, dest []byte) (uint32, syscall
 }
 
 func (g *groupFile) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return syscall.EPERM
+	return setxattrErrno(attr)
 }
 
 func (g *groupFile) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	return syscall.EPERM
+	return removexattrErrno(attr, slices.Contains(xattrNames, attr))
 }
 
 func (g *groupFile) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
@@ -242,6 +251,11 @@ var (
 func (f *FS) newHandle(k layout.Key, flags uint32) *groupHandle {
 	acc := flags & syscall.O_ACCMODE
 	h := &groupHandle{fs: f, key: k, write: acc != syscall.O_RDONLY}
+	if h.write {
+		f.mu.Lock()
+		f.mu.writers[k] = append(f.mu.writers[k], h)
+		f.mu.Unlock()
+	}
 	if h.write && flags&(syscall.O_TRUNC|syscall.O_CREAT) != 0 {
 		// O_TRUNC, or a file created by this open: the handle starts
 		// empty and must be filled with exactly one group.
@@ -256,6 +270,16 @@ func (f *FS) alignedBuf(n int) []byte {
 	b := make([]byte, n+f.align)
 	off := (f.align - int(uintptr(unsafe.Pointer(&b[0])))%f.align) % f.align
 	return b[off : off+n : off+n]
+}
+
+// writerOf is a handle open for writing group k, or nil.
+func (f *FS) writerOf(k layout.Key) *groupHandle {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ws := f.mu.writers[k]; len(ws) > 0 {
+		return ws[len(ws)-1]
+	}
+	return nil
 }
 
 func (h *groupHandle) pendingSize() int {
@@ -445,6 +469,17 @@ func (h *groupHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 }
 
 func (h *groupHandle) Release(ctx context.Context) syscall.Errno {
+	if h.write {
+		f := h.fs
+		f.mu.Lock()
+		ws := slices.DeleteFunc(f.mu.writers[h.key], func(w *groupHandle) bool { return w == h })
+		if len(ws) == 0 {
+			delete(f.mu.writers, h.key)
+		} else {
+			f.mu.writers[h.key] = ws
+		}
+		f.mu.Unlock()
+	}
 	h.mu.Lock()
 	h.buf, h.snap = nil, nil
 	h.mu.Unlock()

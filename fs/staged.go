@@ -21,9 +21,11 @@ import (
 // K or V in a head directory makes a staged file: a buffer of at most one
 // group, in memory only, never stored by itself. Renaming it onto K or V
 // (of any head directory) stores its bytes as that group, with the same
-// checks as a close of K or V: exactly the group size (else EINVAL), and a
-// write past the group failed with EFBIG already (the rename fails with
-// EFBIG too). A staged file that is never renamed disappears: unlink drops
+// checks as a close of K or V: exactly the group size, else the rename
+// fails with ERANGE ("Numerical result out of range"; not EINVAL, which mv
+// reports as moving a directory into itself), and a write past the group
+// failed with EFBIG already (the rename fails with EFBIG too). Nothing is
+// stored then, and the staged file stays until removed or expired. A staged file that is never renamed disappears: unlink drops
 // it, and so does its last close, after Options.StageLinger (5 s; rsync
 // closes its temporary file and then renames it), or unmount. At most
 // Options.MaxStaged are held at once (ENOSPC beyond).
@@ -243,8 +245,9 @@ func (f *FS) commitStaged(st *staged, k layout.Key) syscall.Errno {
 		return st.failed
 	}
 	if st.size != f.geo.GroupBytes() {
+		// Not EINVAL: mv reads that as "a subdirectory of itself".
 		f.m.rejected.Add(1)
-		return syscall.EINVAL
+		return syscall.ERANGE
 	}
 	reqs := []store.WriteReq{{Key: k, Data: st.buf}}
 	err := f.st.Write(reqs)
@@ -385,11 +388,11 @@ func (s *stagedFile) Listxattr(ctx context.Context, dest []byte) (uint32, syscal
 }
 
 func (s *stagedFile) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return syscall.EPERM
+	return setxattrErrno(attr)
 }
 
 func (s *stagedFile) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	return syscall.EPERM
+	return syscall.ENODATA
 }
 
 func (s *stagedFile) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
