@@ -59,18 +59,23 @@ func (d *dirBase) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetA
 }
 
 func (d *dirBase) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return setxattrErrno(attr)
+	return setxattrErrno(attr, false)
 }
 
 func (d *dirBase) Removexattr(ctx context.Context, attr string) syscall.Errno { return syscall.ENODATA }
 
 // setxattrErrno is what setxattr answers: kvfs stores no extended
-// attributes. EPERM in the user namespace (user.kvfs.* are computed);
-// EOPNOTSUPP in the others (system.posix_acl_*, security.*, trusted.*), as
-// a file system without them answers, which cp -a, mv and tar accept
-// quietly.
-func setxattrErrno(attr string) syscall.Errno {
-	if strings.HasPrefix(attr, "user.") {
+// attributes. On a group (or staged) file, user.kvfs.* are accepted and
+// ignored, like chmod: they are computed, and a restore from a backup made
+// with cp -a or rsync -X carries them (rsync -aX, mv across layers). Other
+// user.* names are EPERM; other namespaces (system.posix_acl_*,
+// security.*, trusted.*) EOPNOTSUPP, as a file system without them
+// answers, which cp -a, mv and tar accept quietly.
+func setxattrErrno(attr string, group bool) syscall.Errno {
+	switch {
+	case group && strings.HasPrefix(attr, "user.kvfs."):
+		return 0
+	case strings.HasPrefix(attr, "user."):
 		return syscall.EPERM
 	}
 	return syscall.EOPNOTSUPP

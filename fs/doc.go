@@ -143,7 +143,9 @@
 //     While a group is being written, its attributes exist by path too
 //     (tar and cp -a set times by path before they close).
 //   - Anything else is refused: other names outside head directories,
-//     symlinks, hard links, mknod (EPERM); setxattr (EPERM for user.*,
+//     symlinks, hard links, mknod (EPERM); setxattr (accepted and ignored
+//     for user.kvfs.* on groups, which are computed and which backups made
+//     with cp -a or rsync -X carry; EPERM for other user.* names;
 //     EOPNOTSUPP for other namespaces, as a file system without them
 //     answers); removexattr (EPERM for user.kvfs.*, ENODATA otherwise).
 //

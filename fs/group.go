@@ -188,7 +188,7 @@ func (g *groupFile) Listxattr(ctx context.Context, dest []byte) (uint32, syscall
 }
 
 func (g *groupFile) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return setxattrErrno(attr)
+	return setxattrErrno(attr, true)
 }
 
 func (g *groupFile) Removexattr(ctx context.Context, attr string) syscall.Errno {

@@ -388,7 +388,7 @@ func (s *stagedFile) Listxattr(ctx context.Context, dest []byte) (uint32, syscal
 }
 
 func (s *stagedFile) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return setxattrErrno(attr)
+	return setxattrErrno(attr, true)
 }
 
 func (s *stagedFile) Removexattr(ctx context.Context, attr string) syscall.Errno {

@@ -274,6 +274,14 @@ func TestAttributesAcceptedAndIgnored(t *testing.T) {
 	}
 	e.mustEqualStore(k, d[k])
 	wantErrno(t, "set a trusted attribute", unix.Setxattr(e.path(k), "trusted.kvfs", []byte{1}, 0), syscall.EOPNOTSUPP, syscall.EPERM)
-	wantErrno(t, "set a user attribute", unix.Setxattr(e.path(k), "user.kvfs.crc32c", []byte("0"), 0), syscall.EPERM)
+	wantErrno(t, "set a user attribute", unix.Setxattr(e.path(k), "user.x", []byte("0"), 0), syscall.EPERM)
+	// user.kvfs.* (a restore with rsync -X carries them): accepted, ignored.
+	if err := unix.Setxattr(e.path(k), "user.kvfs.crc32c", []byte("00000000"), 0); err != nil {
+		t.Fatalf("set user.kvfs.crc32c: %v", err)
+	}
+	crc := make([]byte, 8)
+	if n, err := unix.Getxattr(e.path(k), "user.kvfs.crc32c", crc); err != nil || string(crc[:n]) == "00000000" {
+		t.Fatalf("user.kvfs.crc32c after setting it: %q %v", crc, err)
+	}
 	wantErrno(t, "remove an absent attribute", unix.Removexattr(e.blockPath(0, 0x81), "system.posix_acl_default"), syscall.ENODATA)
 }

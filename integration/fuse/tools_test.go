@@ -232,6 +232,10 @@ func TestToolsRoundTrip(t *testing.T) {
 		t.Fatalf("rsync stored no group through a staged temporary file (fs_staged_stored %s → %s)", before, after)
 	}
 	run("rsync -a --inplace $T/bk/" + A + " layer-06/ && cmptree $T/src/" + A + " layer-06/" + A)
+	// The cp -a backup carries the user.kvfs.* attributes: rsync -X
+	// sets them, and they are accepted (and ignored).
+	run("getfattr -n user.kvfs.crc32c $T/bka/" + A + "/head-0/K >/dev/null")
+	run("rsync -aX $T/bka/" + A + " layer-07/ && cmptree $T/src/" + A + " layer-07/" + A)
 	run("mkdir $T/rs && rsync -a layer-05/" + A + " $T/rs/ && cmptree $T/src/" + A + " $T/rs/" + A)
 	// rsync again over what is there: nothing changes, exit 0.
 	run("rsync -a --checksum $T/bk/" + A + " layer-05/ && cmptree $T/src/" + A + " layer-05/" + A)
@@ -250,7 +254,7 @@ func TestToolsRoundTrip(t *testing.T) {
 	slot := run("getfattr -n user.kvfs.slot --only-values layer-00/" + A + "/head-0/K")
 	used := run("stat1 slots_used")
 	run("mv layer-00/" + A + " layer-00/" + B)
-	for _, l := range []string{"layer-00", "layer-03", "layer-04", "layer-05", "layer-06"} {
+	for _, l := range []string{"layer-00", "layer-03", "layer-04", "layer-05", "layer-06", "layer-07"} {
 		run("cmptree $T/src/" + A + " " + l + "/" + B + " && [ ! -e " + l + "/" + A + " ]")
 	}
 	run("[ ! -e layer-02/" + A + " ] && cmp $T/src/" + A + "/head-1/K layer-02/" + B + "/head-1/V")
@@ -268,7 +272,9 @@ func TestToolsRoundTrip(t *testing.T) {
 	fails("mv layer-00/"+B+" layer-00/"+C, "Directory not empty")
 	run("cmptree $T/src/" + A + " layer-00/" + B + " && cmptree $T/src/" + A + " layer-09/" + C)
 	// To another layer: copied and deleted (EXDEV).
-	run("mv layer-09/" + C + " layer-10/ && cmptree $T/src/" + A + " layer-10/" + C + " && [ -z \"$(ls layer-09)\" ]")
+	if out := run("mv layer-09/" + C + " layer-10/ && cmptree $T/src/" + A + " layer-10/" + C + " && [ -z \"$(ls layer-09)\" ]"); out != "" {
+		t.Fatalf("mv across layers printed:\n%s", out)
+	}
 
 	// touch, chmod, chown and times: accepted, nothing changes.
 	g := "layer-10/" + C + "/head-0/K"
