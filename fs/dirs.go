@@ -128,13 +128,23 @@ func (f *FS) staticEntry(out *fuse.EntryOut) {
 	out.SetAttrTimeout(f.opts.EntryTimeout)
 }
 
-// dynamicEntry sets the cache timeouts of a block or head directory or of
-// a group: the kernel may skip the LOOKUP of the name for EntryTimeout, but
-// asks for the attributes every time (timeout 0). Getattr, Open, Readdir
-// and the lookups below fail with ENOENT once the block or group is gone,
-// so a cached name never makes an evicted block or group look present.
+// dynamicEntry sets the cache timeouts of a head directory: the kernel may
+// skip the LOOKUP of the name for EntryTimeout, but asks for the
+// attributes every time (timeout 0). Getattr, Open, Readdir and the
+// lookups below fail with ENOENT once the block or group is gone, so a
+// cached name never makes an evicted block or group look present.
 func (f *FS) dynamicEntry(out *fuse.EntryOut) {
 	out.SetEntryTimeout(f.opts.EntryTimeout)
+}
+
+// renamableEntry sets the cache timeouts of a block directory or a group,
+// the names a rename can move: none. After rename(2) the kernel keeps the
+// moved node under the new name; with no entry timeout it asks again
+// (LOOKUP) at the next use of the name, gets the node of what the name
+// holds now, and drops the moved one. (A LOOKUP is one round trip that
+// asks the store's index, no I/O.)
+func (f *FS) renamableEntry(out *fuse.EntryOut) {
+	out.SetEntryTimeout(0)
 }
 
 func staticOut(f *FS, out *fuse.AttrOut) { out.SetTimeout(f.opts.EntryTimeout) }
@@ -315,15 +325,6 @@ func (f *FS) movePending(from, to uint64) {
 	}
 }
 
-// notifyEntry tells the kernel, once the request in progress is answered,
-// to forget its cached entry name in dir: after a rename the kernel keeps
-// the moved node under the new name, and the next lookup must reach the
-// node of what the name holds now. (Asynchronous: the kernel holds the
-// directory's lock until the rename is answered.)
-func notifyEntry(dir *gofs.Inode, name string) {
-	go dir.NotifyEntry(name)
-}
-
 // Root ---------------------------------------------------------------------
 
 type rootDir struct{ dirBase }
@@ -428,8 +429,8 @@ func (d *layerDir) blockInode(ctx context.Context, block uint64, mtime time.Time
 	f := d.fs
 	ino := inoBlockDir(d.layer, block)
 	f.dirAttr(&out.Attr, ino, mtime, uint32(2+f.geo.KVHeads))
-	f.dynamicEntry(out)
-	return d.NewInode(ctx, &blockDir{dirBase{fs: f}, d.layer, block}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino})
+	f.renamableEntry(out)
+	return d.NewInode(ctx, &blockDir{dirBase: dirBase{fs: f}, layer: d.layer, block: block}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino})
 }
 
 func (d *layerDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -586,7 +587,6 @@ func (d *layerDir) Rename(ctx context.Context, name string, newParent gofs.Inode
 		}
 	}
 	f.m.renames.Add(1)
-	notifyEntry(d.EmbeddedInode(), newName)
 	return 0
 }
 
@@ -598,6 +598,8 @@ type blockDir struct {
 	layer int
 	block uint64
 }
+
+func (d *blockDir) id() uint64 { return d.block }
 
 var (
 	_ = (gofs.NodeLookuper)((*blockDir)(nil))
@@ -619,11 +621,11 @@ var (
 
 func (d *blockDir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	f := d.fs
-	ok, _, mtime := f.blockDir(d.layer, d.block)
+	ok, _, mtime := f.blockDir(d.layer, d.id())
 	if !ok {
 		return syscall.ENOENT
 	}
-	f.dirAttr(&out.Attr, inoBlockDir(d.layer, d.block), mtime, uint32(2+f.geo.KVHeads))
+	f.dirAttr(&out.Attr, inoBlockDir(d.layer, d.id()), mtime, uint32(2+f.geo.KVHeads))
 	return 0
 }
 
@@ -634,7 +636,7 @@ func (d *blockDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if err != nil {
 		return nil, f.toErrno("lookup", err)
 	}
-	ok, mtime := f.headDirExists(d.layer, d.block, h)
+	ok, mtime := f.headDirExists(d.layer, d.id(), h)
 	if !ok {
 		return nil, syscall.ENOENT
 	}
@@ -643,32 +645,32 @@ func (d *blockDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 
 func (d *blockDir) headInode(ctx context.Context, h int, mtime time.Time, out *fuse.EntryOut) *gofs.Inode {
 	f := d.fs
-	ino := inoHeadDir(d.layer, d.block, h)
+	ino := inoHeadDir(d.layer, d.id(), h)
 	f.dirAttr(&out.Attr, ino, mtime, 2)
 	f.dynamicEntry(out)
-	return d.NewInode(ctx, &headDir{dirBase{fs: f}, d.layer, d.block, h}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino})
+	return d.NewInode(ctx, &headDir{dirBase: dirBase{fs: f}, layer: d.layer, block: d.id(), head: h}, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino})
 }
 
 // Readdir lists the heads that have a group in this layer, and the pending
 // head directories.
 func (d *blockDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	f := d.fs
-	if ok, _, _ := f.blockDir(d.layer, d.block); !ok {
+	if ok, _, _ := f.blockDir(d.layer, d.id()); !ok {
 		return nil, syscall.ENOENT
 	}
 	heads := make([]bool, f.geo.KVHeads)
-	if bi, ok := f.st.Block(d.block); ok {
+	if bi, ok := f.st.Block(d.id()); ok {
 		for h := range f.geo.KVHeads {
 			heads[h] = f.headGroups(bi, d.layer, h)
 		}
 	}
-	for _, h := range f.pendingHeads(d.layer, d.block) {
+	for _, h := range f.pendingHeads(d.layer, d.id()) {
 		heads[h] = true
 	}
 	var es []fuse.DirEntry
 	for h, ok := range heads {
 		if ok {
-			es = append(es, fuse.DirEntry{Name: f.geo.HeadName(h), Mode: syscall.S_IFDIR, Ino: inoHeadDir(d.layer, d.block, h)})
+			es = append(es, fuse.DirEntry{Name: f.geo.HeadName(h), Mode: syscall.S_IFDIR, Ino: inoHeadDir(d.layer, d.id(), h)})
 		}
 	}
 	return gofs.NewListDirStream(es), 0
@@ -682,13 +684,13 @@ func (d *blockDir) Mkdir(ctx context.Context, name string, mode uint32, out *fus
 	if err != nil {
 		return nil, syscall.EPERM
 	}
-	if ok, _, _ := f.blockDir(d.layer, d.block); !ok {
+	if ok, _, _ := f.blockDir(d.layer, d.id()); !ok {
 		return nil, syscall.ENOENT
 	}
-	if ok, _ := f.headDirExists(d.layer, d.block, h); ok {
+	if ok, _ := f.headDirExists(d.layer, d.id(), h); ok {
 		return nil, syscall.EEXIST
 	}
-	if !f.addPendingHead(d.layer, d.block, h) {
+	if !f.addPendingHead(d.layer, d.id(), h) {
 		return nil, syscall.ENOSPC
 	}
 	return d.headInode(ctx, h, f.opts.Now(), out), 0
@@ -702,16 +704,16 @@ func (d *blockDir) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if err != nil {
 		return syscall.ENOENT
 	}
-	if bi, ok := f.st.Block(d.block); ok && f.headGroups(bi, d.layer, h) {
+	if bi, ok := f.st.Block(d.id()); ok && f.headGroups(bi, d.layer, h) {
 		return syscall.ENOTEMPTY
 	}
-	if f.hasStaged(d.layer, d.block, h) {
+	if f.hasStaged(d.layer, d.id(), h) {
 		return syscall.ENOTEMPTY
 	}
-	if ok, _ := f.headDirExists(d.layer, d.block, h); !ok {
+	if ok, _ := f.headDirExists(d.layer, d.id(), h); !ok {
 		return syscall.ENOENT
 	}
-	f.dropPendingHead(d.layer, d.block, h)
+	f.dropPendingHead(d.layer, d.id(), h)
 	return 0
 }
 
@@ -724,7 +726,7 @@ func (d *blockDir) Rename(ctx context.Context, name string, newParent gofs.Inode
 	if err != nil {
 		return syscall.ENOENT
 	}
-	if ok, _ := d.fs.headDirExists(d.layer, d.block, h); !ok {
+	if ok, _ := d.fs.headDirExists(d.layer, d.id(), h); !ok {
 		return syscall.ENOENT
 	}
 	if _, ok := newParent.(*blockDir); !ok {
@@ -747,6 +749,8 @@ type headDir struct {
 	head  int
 }
 
+func (d *headDir) blk() uint64 { return d.block }
+
 var (
 	_ = (gofs.NodeLookuper)((*headDir)(nil))
 	_ = (gofs.NodeReaddirer)((*headDir)(nil))
@@ -766,16 +770,16 @@ var (
 )
 
 func (d *headDir) key(kind layout.Kind) layout.Key {
-	return layout.Key{Block: d.block, Layer: d.layer, Head: d.head, Kind: kind}
+	return layout.Key{Block: d.blk(), Layer: d.layer, Head: d.head, Kind: kind}
 }
 
 func (d *headDir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	f := d.fs
-	ok, mtime := f.headDirExists(d.layer, d.block, d.head)
+	ok, mtime := f.headDirExists(d.layer, d.blk(), d.head)
 	if !ok {
 		return syscall.ENOENT
 	}
-	f.dirAttr(&out.Attr, inoHeadDir(d.layer, d.block, d.head), mtime, 2)
+	f.dirAttr(&out.Attr, inoHeadDir(d.layer, d.blk(), d.head), mtime, 2)
 	return 0
 }
 
@@ -791,18 +795,13 @@ func parseKind(name string) (layout.Kind, bool) {
 }
 
 func (d *headDir) stagedKey(name string) stagedKey {
-	return stagedKey{d.layer, d.block, d.head, name}
+	return stagedKey{d.layer, d.blk(), d.head, name}
 }
 
-// groupInode returns the node of group k. A node found by its inode number
-// that a rename had pointed at another group is pointed back at k.
+// groupInode returns the node of group k.
 func (d *headDir) groupInode(ctx context.Context, k layout.Key) *gofs.Inode {
 	f := d.fs
-	in := d.NewInode(ctx, &groupFile{fs: f, key: k}, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: inoGroup(f.geo, k)})
-	if g, ok := in.Operations().(*groupFile); ok {
-		g.setMoved(nil)
-	}
-	return in
+	return d.NewInode(ctx, &groupFile{fs: f, key: k}, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: inoGroup(f.geo, k)})
 }
 
 func (d *headDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -818,14 +817,14 @@ func (d *headDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		return nil, f.toErrno("lookup", err)
 	}
 	f.groupAttr(&out.Attr, k, gi.MTime, int64(gi.Size))
-	f.dynamicEntry(out)
+	f.renamableEntry(out)
 	return d.groupInode(ctx, k), 0
 }
 
 func (d *headDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 	f := d.fs
 	var es []fuse.DirEntry
-	if bi, ok := f.st.Block(d.block); ok {
+	if bi, ok := f.st.Block(d.blk()); ok {
 		for _, kind := range []layout.Kind{layout.K, layout.V} {
 			k := d.key(kind)
 			if bi.Has(f.geo.Index(k)) {
@@ -833,7 +832,7 @@ func (d *headDir) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 			}
 		}
 	}
-	es = append(es, f.stagedEntries(d.layer, d.block, d.head)...)
+	es = append(es, f.stagedEntries(d.layer, d.blk(), d.head)...)
 	return gofs.NewListDirStream(es), 0
 }
 
@@ -878,8 +877,8 @@ func (d *headDir) Unlink(ctx context.Context, name string) syscall.Errno {
 		return f.toErrno("unlink", err)
 	}
 	f.m.deletes.Add(1)
-	if bi, ok := f.st.Block(d.block); !ok || !f.headGroups(bi, d.layer, d.head) {
-		f.addPendingHead(d.layer, d.block, d.head)
+	if bi, ok := f.st.Block(d.blk()); !ok || !f.headGroups(bi, d.layer, d.head) {
+		f.addPendingHead(d.layer, d.blk(), d.head)
 	}
 	return 0
 }
@@ -915,7 +914,7 @@ func (d *headDir) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	switch {
 	case !dstGroup:
 		return syscall.EPERM
-	case dst.layer != d.layer || dst.block != d.block || dst.head != d.head:
+	case dst.layer != d.layer || dst.blk() != d.blk() || dst.head != d.head:
 		return syscall.EXDEV
 	case srcKind == dstKind:
 		return 0
@@ -945,13 +944,5 @@ func (d *headDir) Rename(ctx context.Context, name string, newParent gofs.InodeE
 		return f.toErrno("rename", err)
 	}
 	f.m.renames.Add(1)
-	// go-fuse moves the node of src to the new name; point it at the new
-	// group until the kernel looks the name up again.
-	if in := d.GetChild(name); in != nil {
-		if g, ok := in.Operations().(*groupFile); ok {
-			g.setMoved(&to)
-		}
-	}
-	notifyEntry(dst.EmbeddedInode(), newName)
 	return 0
 }

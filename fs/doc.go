@@ -72,11 +72,16 @@
 // Attributes of groups and of block and head directories are never cached
 // (timeout 0), and neither are missing names (negative timeout 0): stat
 // shows a rewrite's mtime at once, and a group or block written through the
-// ioctl path is visible at once. Existing names (entries) may be cached
-// for Options.EntryTimeout (1 s): that only lets the kernel skip a LOOKUP,
-// because Getattr, Open, Readdir and the lookups below a name all ask the
-// store again and answer ENOENT for what is gone. The static directories
-// (root, layer-<L>, .kvfs) cache their attributes for EntryTimeout too.
+// ioctl path is visible at once. Existing names of head directories and of
+// the static directories may be cached for Options.EntryTimeout (1 s):
+// that only lets the kernel skip a LOOKUP, because Getattr, Open, Readdir
+// and the lookups below a name all ask the store again and answer ENOENT
+// for what is gone. Names that a rename can move (block directories,
+// groups, staged files) are not cached at all: after rename(2) the kernel
+// keeps the moved node under the new name, and only a fresh LOOKUP
+// replaces it with the node of what the name holds now (a LOOKUP asks the
+// in-memory index: one round trip, no I/O). The static directories (root,
+// layer-<L>, .kvfs) cache their attributes for EntryTimeout too.
 // Read-only handles are FOPEN_NOFLUSH (close sends no FLUSH). mmap of a
 // group is not supported (direct I/O).
 //
@@ -133,9 +138,10 @@
 //     another layer is EXDEV, so mv copies and deletes instead; a group
 //     onto a temporary name, or a layer directory, is EPERM.
 //     RENAME_NOREPLACE is honoured; RENAME_EXCHANGE is EINVAL. After a
-//     rename the kernel keeps the moved node under the new name; fs asks
-//     it to look the name up again (a notification sent once the rename is
-//     answered), and until then the moved node answers for its new name.
+//     rename the kernel keeps the moved node under the new name; names of
+//     block directories, groups and staged files are therefore never
+//     cached (entry timeout 0, see below), so the next use of the name
+//     asks again and gets the node of what it holds now.
 //   - chmod, chown and setting times are accepted and ignored on every
 //     group, staged file and directory: nothing is stored (a group is
 //     always mode 0644, owned by the mount's user, with its write time as

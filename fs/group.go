@@ -19,36 +19,13 @@ import (
 )
 
 // groupFile is layer-<L>/block-<id>/head-<H>/K or V: one group.
-//
-// Its inode number is a hash of key, and go-fuse hands out the node known
-// under a number, so a node always stands for its own key, except that
-// after a rename (K onto V) the moved node stands for the group it was
-// renamed to (moved) until the kernel looks its name up again, or until the
-// node is looked up under its own name again (headDir.groupInode).
 type groupFile struct {
 	gofs.Inode
 	fs  *FS
 	key layout.Key
-
-	mu    sync.Mutex
-	moved *layout.Key
 }
 
-// k is the group the node stands for now.
-func (g *groupFile) k() layout.Key {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.moved != nil {
-		return *g.moved
-	}
-	return g.key
-}
-
-func (g *groupFile) setMoved(k *layout.Key) {
-	g.mu.Lock()
-	g.moved = k
-	g.mu.Unlock()
-}
+func (g *groupFile) k() layout.Key { return g.key }
 
 var (
 	_ = (gofs.NodeGetattrer)((*groupFile)(nil))

@@ -110,7 +110,7 @@ func (f *FS) hasStaged(layer int, block uint64, head int) bool {
 
 // createStaged makes (or, without O_EXCL, opens) the staged file name.
 func (f *FS) createStaged(ctx context.Context, d *headDir, name string, flags uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	if ok, _ := f.headDirExists(d.layer, d.block, d.head); !ok {
+	if ok, _ := f.headDirExists(d.layer, d.blk(), d.head); !ok {
 		return nil, nil, 0, syscall.ENOENT
 	}
 	k := d.stagedKey(name)
@@ -211,7 +211,6 @@ func (f *FS) renameStaged(src *headDir, name string, dst *headDir, newName strin
 			return errno
 		}
 		f.m.renames.Add(1)
-		notifyEntry(dst.EmbeddedInode(), newName)
 		return 0
 	}
 	nk := dst.stagedKey(newName)

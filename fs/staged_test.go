@@ -209,6 +209,12 @@ func TestRenameGroupsAndBlocks(t *testing.T) {
 	if err := os.Rename(e.blockPath(1, 0x71), e.blockPath(1, 0x72)); err != nil {
 		t.Fatal(err)
 	}
+	// At once, through the layer the rename went through (the kernel kept
+	// the old directory's node under the new name until fs told it not
+	// to) and through another layer.
+	if got, err := os.ReadFile(filepath.Join(e.blockPath(1, 0x72), "head-1", "V")); err != nil || !bytes.Equal(got, d[k]) {
+		t.Fatalf("read the renamed block in its layer: %v", err)
+	}
 	moved := k2
 	moved.Block = 0x72
 	if got, err := os.ReadFile(e.path(moved)); err != nil || !bytes.Equal(got, d[k2]) {
