@@ -128,17 +128,17 @@ func (f *FS) staticEntry(out *fuse.EntryOut) {
 	out.SetAttrTimeout(f.opts.EntryTimeout)
 }
 
-// dynamicEntry sets the cache timeouts of a head directory: the kernel may
-// skip the LOOKUP of the name for EntryTimeout, but asks for the
-// attributes every time (timeout 0). Getattr, Open, Readdir and the
+// dynamicEntry sets the cache timeouts of a head directory or a group: the
+// kernel may skip the LOOKUP of the name for EntryTimeout, but asks for
+// the attributes every time (timeout 0). Getattr, Open, Readdir and the
 // lookups below fail with ENOENT once the block or group is gone, so a
 // cached name never makes an evicted block or group look present.
 func (f *FS) dynamicEntry(out *fuse.EntryOut) {
 	out.SetEntryTimeout(f.opts.EntryTimeout)
 }
 
-// renamableEntry sets the cache timeouts of a block directory or a group,
-// the names a rename can move: none. After rename(2) the kernel keeps the
+// renamableEntry sets the cache timeouts of a block directory, a name a
+// rename moves in place: none. After rename(2) the kernel keeps the
 // moved node under the new name; with no entry timeout it asks again
 // (LOOKUP) at the next use of the name, gets the node of what the name
 // holds now, and drops the moved one. (A LOOKUP is one round trip that
@@ -817,7 +817,7 @@ func (d *headDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		return nil, f.toErrno("lookup", err)
 	}
 	f.groupAttr(&out.Attr, k, gi.MTime, int64(gi.Size))
-	f.renamableEntry(out)
+	f.dynamicEntry(out)
 	return d.groupInode(ctx, k), 0
 }
 
@@ -887,11 +887,14 @@ func (d *headDir) Unlink(ctx context.Context, name string) syscall.Errno {
 //   - a staged file onto K or V stores it as that group (its size must be
 //     the group size: ERANGE otherwise, EFBIG after a write past it), in
 //     any head directory; onto another temporary name it is renamed;
-//   - K onto V (or V onto K) of the same head re-keys the group: its bytes
-//     are stored under the new name, then the old group is deleted (a crash
-//     between the two leaves both);
-//   - a group to another head, layer or block is EXDEV (mv copies and
-//     deletes instead); a group onto a temporary name is EPERM.
+//   - a group onto K or V (the other kind of its head, or another head,
+//     layer or block) is EXDEV: mv copies the group's bytes (one group,
+//     through the write path) and deletes the old one, as across file
+//     systems. (Renaming in place would leave the kernel's cached entry of
+//     the new name on the old group's node for up to EntryTimeout; group
+//     names are cached because every file open walks them.)
+//   - a group onto a temporary name is EPERM (the bytes would go to a
+//     staged file, which is never stored).
 func (d *headDir) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	f := d.fs
 	noReplace, errno := checkRenameFlags(flags)
@@ -903,46 +906,18 @@ func (d *headDir) Rename(ctx context.Context, name string, newParent gofs.InodeE
 		return syscall.EPERM
 	}
 	srcKind, srcGroup := parseKind(name)
-	dstKind, dstGroup := parseKind(newName)
+	_, dstGroup := parseKind(newName)
 	if !srcGroup {
 		return f.renameStaged(d, name, dst, newName, noReplace)
 	}
-	src := d.key(srcKind)
-	if _, err := f.st.Stat(src); err != nil {
+	if _, err := f.st.Stat(d.key(srcKind)); err != nil {
 		return f.toErrno("rename", err)
 	}
-	switch {
-	case !dstGroup:
+	if !dstGroup {
 		return syscall.EPERM
-	case dst.layer != d.layer || dst.blk() != d.blk() || dst.head != d.head:
-		return syscall.EXDEV
-	case srcKind == dstKind:
+	}
+	if dst.layer == d.layer && dst.blk() == d.blk() && dst.head == d.head && name == newName {
 		return 0
 	}
-	to := d.key(dstKind)
-	if _, err := f.st.Stat(to); err == nil && noReplace {
-		return syscall.EEXIST
-	}
-	buf := f.alignedBuf(f.geo.GroupBytes())
-	reqs := []store.ReadReq{{Key: src, Buf: buf}}
-	err := f.st.Read(reqs)
-	if err == nil {
-		err = reqs[0].Err
-	}
-	if err != nil {
-		return f.toErrno("rename", err)
-	}
-	wr := []store.WriteReq{{Key: to, Data: buf}}
-	err = f.st.Write(wr)
-	if err == nil {
-		err = wr[0].Err
-	}
-	if err != nil {
-		return f.toErrno("rename", err)
-	}
-	if err := f.st.Delete([]layout.Key{src}); err != nil {
-		return f.toErrno("rename", err)
-	}
-	f.m.renames.Add(1)
-	return 0
+	return syscall.EXDEV
 }

@@ -72,12 +72,12 @@
 // Attributes of groups and of block and head directories are never cached
 // (timeout 0), and neither are missing names (negative timeout 0): stat
 // shows a rewrite's mtime at once, and a group or block written through the
-// ioctl path is visible at once. Existing names of head directories and of
-// the static directories may be cached for Options.EntryTimeout (1 s):
+// ioctl path is visible at once. Existing names of groups, head directories
+// and the static directories may be cached for Options.EntryTimeout (1 s):
 // that only lets the kernel skip a LOOKUP, because Getattr, Open, Readdir
 // and the lookups below a name all ask the store again and answer ENOENT
-// for what is gone. Names that a rename can move (block directories,
-// groups, staged files) are not cached at all: after rename(2) the kernel
+// for what is gone. Names that a rename moves in place (block
+// directories, staged files) are not cached at all: after rename(2) the kernel
 // keeps the moved node under the new name, and only a fresh LOOKUP
 // replaces it with the node of what the name holds now (a LOOKUP asks the
 // in-memory index: one round trip, no I/O). The static directories (root,
@@ -128,20 +128,20 @@
 //     way (eviction, the ioctl path) disappears at once. rmdir of a head
 //     directory succeeds once it has no groups and no staged files; rmdir
 //     of a block directory with groups or head directories is ENOTEMPTY.
-//   - rename: K onto V (or V onto K) of one head stores the group's bytes
-//     under the new name, then deletes the old group (a crash between the
-//     two leaves both). layer-<L>/block-<A> onto block-<B> in the same
-//     layer re-keys the block in the store (store.RenameBlock: one header
-//     write and sync, no payload moved, crash-safe); a block holds every
-//     layer, so it moves in every layer; ENOTEMPTY when B is a block
-//     already. A group to another head, a head directory, or a block to
-//     another layer is EXDEV, so mv copies and deletes instead; a group
+//   - rename: layer-<L>/block-<A> onto block-<B> in the same layer
+//     re-keys the block in the store (store.RenameBlock: one header write
+//     and sync, no payload moved, crash-safe); a block holds every layer,
+//     so it moves in every layer; ENOTEMPTY when B is a block already. A
+//     group (onto K or V anywhere, its own head's other kind included), a
+//     head directory, or a block to another layer is EXDEV, so mv copies
+//     and deletes instead (for a group: one group's bytes through the
+//     write path, then the delete; a crash between leaves both). A group
 //     onto a temporary name, or a layer directory, is EPERM.
 //     RENAME_NOREPLACE is honoured; RENAME_EXCHANGE is EINVAL. After a
 //     rename the kernel keeps the moved node under the new name; names of
-//     block directories, groups and staged files are therefore never
-//     cached (entry timeout 0, see below), so the next use of the name
-//     asks again and gets the node of what it holds now.
+//     block directories and staged files are therefore never cached
+//     (entry timeout 0, see below), so the next use of the name asks again
+//     and gets the node of what it holds now.
 //   - chmod, chown and setting times are accepted and ignored on every
 //     group, staged file and directory: nothing is stored (a group is
 //     always mode 0644, owned by the mount's user, with its write time as

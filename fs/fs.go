@@ -76,13 +76,13 @@ type Options struct {
 	// UID and GID own every node; nil means the mounting process's ids.
 	UID, GID *uint32
 	// EntryTimeout is how long the kernel may cache names (directory
-	// entries) of head directories and of the directories that never
+	// entries) of groups, head directories and the directories that never
 	// change (root, layer-<L>, .kvfs), and those directories' attributes
 	// (default 1 s; negative means 0). Attributes of groups, block and
 	// head directories are never cached, and neither are names that do
-	// not exist or that a rename can move (block directories, groups,
-	// staged files): see the package documentation for why that keeps
-	// every answer current.
+	// not exist or that a rename moves in place (block directories, staged
+	// files): see the package documentation for why that keeps every
+	// answer current.
 	EntryTimeout time.Duration
 	// ReadAhead is the largest layer extent (K and V of every head of one
 	// block and layer) a read of one group reads with it (default 1 MiB;
