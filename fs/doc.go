@@ -179,8 +179,9 @@
 //
 // Store and layout errors become errnos in one function, toErrno
 // (errno.go): not found ENOENT, checksum mismatch EIO, store full ENOSPC,
-// store closed ESHUTDOWN, bad size or request EINVAL; anything else is
-// logged and becomes EIO. No input makes the daemon exit.
+// store closed ESHUTDOWN, bad size or request EINVAL, a rename onto an
+// existing block ENOTEMPTY; anything else is logged and becomes EIO. No
+// input makes the daemon exit.
 //
 // # Locks
 //
