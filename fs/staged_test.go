@@ -73,10 +73,11 @@ func TestHeadDirsExistOnlyWithGroupsOrMkdir(t *testing.T) {
 }
 
 // TestStagedFileLifecycle: a staged file is stored only by a rename onto K
-// or V; otherwise it disappears after the linger, and the store never sees
-// it.
+// or V, with the size checks of a close; the store never sees it otherwise.
+// (The linger is long here, so that nothing expires under a slow run:
+// TestStagedFileExpires tests expiry.)
 func TestStagedFileLifecycle(t *testing.T) {
-	e := mountEnv(t, 4, Options{StageLinger: 100 * time.Millisecond, MaxStaged: 3})
+	e := mountEnv(t, 4, Options{StageLinger: time.Minute, MaxStaged: 3})
 	k := layout.Key{Block: 0x61, Layer: 0, Head: 0, Kind: layout.K}
 	e.put(k)
 	head := filepath.Dir(e.path(k))
@@ -102,14 +103,6 @@ func TestStagedFileLifecycle(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(head, "V")); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("read V after the rename: %v", err)
 	}
-	// Never renamed: gone after the linger, nothing stored.
-	if err := os.WriteFile(filepath.Join(head, "junk"), data[:100], 0o644); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool {
-		_, err := os.Stat(filepath.Join(head, "junk"))
-		return errors.Is(err, os.ErrNotExist)
-	})
 	// Wrong size: ERANGE, the group keeps its bytes; past the group: EFBIG.
 	small := filepath.Join(head, "small")
 	if err := os.WriteFile(small, data[:100], 0o644); err != nil {
@@ -126,13 +119,45 @@ func TestStagedFileLifecycle(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(head, "third"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := os.Create(filepath.Join(head, "fourth"))
+	fourth, err := os.Create(filepath.Join(head, "fourth"))
+	if err == nil {
+		fourth.Close() // before failing: an open file would hold the unmount
+	}
 	wantErrno(t, "create past MaxStaged", err, syscall.ENOSPC)
 	// RENAME_NOREPLACE onto a group; RENAME_EXCHANGE is not offered.
 	wantErrno(t, "noreplace", unix.Renameat2(unix.AT_FDCWD, filepath.Join(head, "small2"), unix.AT_FDCWD, filepath.Join(head, "K"), unix.RENAME_NOREPLACE), syscall.EEXIST)
 	wantErrno(t, "exchange", unix.Renameat2(unix.AT_FDCWD, e.path(k), unix.AT_FDCWD, filepath.Join(head, "V"), unix.RENAME_EXCHANGE), syscall.EINVAL)
-	waitFor(t, func() bool { return e.srv.FS.Metrics().Staged == 0 })
-	if m := e.srv.FS.Metrics(); m.StagedStored != 1 || m.Stored != 1 {
+	for _, n := range []string{"small2", "big", "third"} {
+		if err := os.Remove(filepath.Join(head, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := e.srv.FS.Metrics(); m.StagedStored != 1 || m.Stored != 1 || m.Staged != 0 {
+		t.Fatalf("metrics %+v", m)
+	}
+	if bi, _ := e.st.Block(0x61); bi.Groups != 2 {
+		t.Fatalf("store holds %+v", bi)
+	}
+}
+
+// TestStagedFileExpires: a staged file never renamed disappears after the
+// linger, and nothing is stored.
+func TestStagedFileExpires(t *testing.T) {
+	e := mountEnv(t, 4, Options{StageLinger: 100 * time.Millisecond})
+	k := layout.Key{Block: 0x63, Layer: 0, Head: 0, Kind: layout.K}
+	e.put(k)
+	junk := filepath.Join(filepath.Dir(e.path(k)), ".V.junk")
+	if err := os.WriteFile(junk, groupData(testGeo, 3), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		_, err := os.Stat(junk)
+		return errors.Is(err, os.ErrNotExist)
+	})
+	if bi, _ := e.st.Block(0x63); bi.Groups != 1 {
+		t.Fatalf("store holds %+v", bi)
+	}
+	if m := e.srv.FS.Metrics(); m.Staged != 0 || m.Stored != 0 {
 		t.Fatalf("metrics %+v", m)
 	}
 }
@@ -158,9 +183,11 @@ func TestStagedGoneAtClose(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("staged file after close: %v", err)
-	}
+	// The kernel sends RELEASE just after close(2) returns, not before.
+	waitFor(t, func() bool {
+		_, err := os.Stat(p)
+		return errors.Is(err, os.ErrNotExist)
+	})
 	if n := len(e.st.Blocks()); n != 0 {
 		t.Fatalf("%d blocks stored", n)
 	}
