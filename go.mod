@@ -2,7 +2,10 @@ module github.com/kvfs/kvfs
 
 go 1.26.0
 
-require golang.org/x/sys v0.50.0
+require (
+	github.com/ebitengine/purego v0.11.3
+	golang.org/x/sys v0.50.0
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

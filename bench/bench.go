@@ -189,12 +189,21 @@ type Result struct {
 	Seconds    float64 `json:"seconds"`
 	FioGBps    float64 `json:"fio_gbps,omitempty"`
 	RatioVsFio float64 `json:"ratio_vs_fio,omitempty"`
+	// CPUs is the CPU time (user + system, seconds) the measuring process
+	// used over the run (getrusage; for fio, fio's and its jobs'), and
+	// CPUsPerGB that per 10^9 bytes moved.
+	CPUs      float64 `json:"cpu_s"`
+	CPUsPerGB float64 `json:"cpu_s_per_gb"`
+	// FioCPUs and FioCPUsPerGB are fio's figures (CompareFio).
+	FioCPUs      float64 `json:"fio_cpu_s,omitempty"`
+	FioCPUsPerGB float64 `json:"fio_cpu_s_per_gb,omitempty"`
 }
 
 // CompareFio records fio's figure for the same job and the ratio of r's
 // throughput to it.
 func (r *Result) CompareFio(fio Result) {
 	r.FioGBps = fio.GBps
+	r.FioCPUs, r.FioCPUsPerGB = fio.CPUs, fio.CPUsPerGB
 	if fio.GBps > 0 {
 		r.RatioVsFio = r.GBps / fio.GBps
 	}
@@ -205,10 +214,10 @@ func (r Result) String() string {
 	if r.Mode != "" {
 		eng += "/" + r.Mode
 	}
-	s := fmt.Sprintf("%s %s %s bs=%d qd=%d: %.3f GB/s, %.0f IOPS, p50 %.0f µs, p99 %.0f µs (%d ops in %.2f s)",
-		eng, r.Pattern, r.Op, r.IOSize, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.Ops, r.Seconds)
+	s := fmt.Sprintf("%s %s %s bs=%d qd=%d: %.3f GB/s, %.0f IOPS, p50 %.0f µs, p99 %.0f µs, cpu %.2f s (%.3f s/GB) (%d ops in %.2f s)",
+		eng, r.Pattern, r.Op, r.IOSize, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.CPUs, r.CPUsPerGB, r.Ops, r.Seconds)
 	if r.FioGBps > 0 {
-		s += fmt.Sprintf("; fio %.3f GB/s, ratio %.3f", r.FioGBps, r.RatioVsFio)
+		s += fmt.Sprintf("; fio %.3f GB/s (cpu %.3f s/GB), ratio %.3f", r.FioGBps, r.FioCPUsPerGB, r.RatioVsFio)
 	}
 	return s
 }
@@ -244,6 +253,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		zap.Int64("region", blocks*int64(c.IOSize)))
 
 	next := offsets(c)
+	cpu0 := CPUSeconds()
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, c.Duration)
 	defer cancel()
@@ -262,6 +272,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		lats, runErr = runSync(c, op, bufs, next, &stop)
 	}
 	elapsed := time.Since(start).Seconds()
+	cpu := CPUSeconds() - cpu0
 	if runErr != nil {
 		return Result{}, runErr
 	}
@@ -271,7 +282,9 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		Engine: e.Name(), Op: c.Op, Pattern: c.Pattern, IOSize: c.IOSize, QD: c.QD, Mode: c.Mode,
 		Ops: int64(len(all)), Bytes: int64(len(all)) * int64(c.IOSize), Seconds: elapsed,
 		P50us: Micros(Percentile(all, 50)), P99us: Micros(Percentile(all, 99)),
+		CPUs: cpu,
 	}
+	res.CPUsPerGB = PerGB(cpu, res.Bytes)
 	if elapsed > 0 {
 		res.GBps = float64(res.Bytes) / elapsed / 1e9
 		res.IOPS = float64(res.Ops) / elapsed

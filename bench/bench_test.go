@@ -78,7 +78,7 @@ func TestFioArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := strings.Join(args, " ")
-	want := "--name=kvfs-bench --filename=" + p + " --ioengine=io_uring --direct=1 --fixedbufs --registerfiles --rw=randread --bs=1048576 --iodepth=32 --size=2097152 --offset=1048576 --runtime=1500ms --time_based --numjobs=1 --output-format=json --randrepeat=0 --norandommap"
+	want := "--name=kvfs-bench --filename=" + p + " --ioengine=io_uring --direct=1 --fixedbufs --registerfiles --rw=randread --bs=1048576 --iodepth=32 --size=2097152 --offset=1048576 --runtime=1500ms --time_based --numjobs=1 --group_reporting --output-format=json --randrepeat=0 --norandommap"
 	if got != want {
 		t.Fatalf("args\n got %s\nwant %s", got, want)
 	}

@@ -45,6 +45,10 @@ type BlocksResult struct {
 	CallsPerSec   float64
 	P50us         float64
 	P99us         float64
+	// CPUs is the process's CPU time (user + system) over the run,
+	// CPUsPerGB that per 10^9 bytes read.
+	CPUs      float64
+	CPUsPerGB float64
 }
 
 // RunBlocks measures store.Read of whole random blocks. Each worker reads
@@ -84,7 +88,20 @@ func RunBlocks(ctx context.Context, c BlocksConfig) (BlocksResult, error) {
 		err   error
 	}
 	workers := make([]worker, c.QD)
+	// Every worker's memory is allocated before the clock starts (a
+	// growing engine pool maps and registers segments here, not in the
+	// measurement).
+	mems := make([][]byte, c.QD)
+	for w := range mems {
+		mem, free, err := allocIO(s.Engine(), c.Blocks*g.GroupsPerBlock()*gb)
+		if err != nil {
+			return BlocksResult{}, err
+		}
+		defer free()
+		mems[w] = mem
+	}
 	deadline := time.Now().Add(c.Duration)
+	cpu0 := CPUSeconds()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -95,12 +112,7 @@ func RunBlocks(ctx context.Context, c BlocksConfig) (BlocksResult, error) {
 			rng := rand.New(rand.NewPCG(uint64(w)+1, 0x6b766673))
 			reqs := make([]store.ReadReq, 0, c.Blocks*g.GroupsPerBlock())
 			picks := make([]int, 0, c.Blocks)
-			mem, free, err := allocIO(s.Engine(), cap(reqs)*gb)
-			if err != nil {
-				me.err = err
-				return
-			}
-			defer free()
+			mem := mems[w]
 			bufs := make([][]byte, cap(reqs))
 			for i := range bufs {
 				bufs[i] = mem[i*gb : (i+1)*gb]
@@ -133,6 +145,7 @@ func RunBlocks(ctx context.Context, c BlocksConfig) (BlocksResult, error) {
 	}
 	wg.Wait()
 	secs := time.Since(start).Seconds()
+	cpu := CPUSeconds() - cpu0
 	var lat []time.Duration
 	res := BlocksResult{Engine: s.Engine().Name(), BlocksPerCall: c.Blocks, GroupsPerCall: c.Blocks * g.GroupsPerBlock(), QD: c.QD}
 	for _, w := range workers {
@@ -148,6 +161,7 @@ func RunBlocks(ctx context.Context, c BlocksConfig) (BlocksResult, error) {
 	res.GBps = float64(res.Bytes) / secs / 1e9
 	res.CallsPerSec = float64(res.Calls) / secs
 	res.P50us, res.P99us = Micros(Percentile(lat, 50)), Micros(Percentile(lat, 99))
+	res.CPUs, res.CPUsPerGB = cpu, PerGB(cpu, res.Bytes)
 	return res, nil
 }
 

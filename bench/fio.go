@@ -29,6 +29,9 @@ type FioConfig struct {
 	Offset int64
 	// Buffered drops --direct=1 (for a filesystem without O_DIRECT).
 	Buffered bool
+	// NumJobs runs that many fio jobs (processes) on the file, each with
+	// QD in flight, reported together (default 1).
+	NumJobs int
 	// Passthrough runs fio's NVMe passthrough engine (io_uring_cmd,
 	// cmd_type=nvme) on Path, an NVMe namespace's char device (/dev/ngXnY):
 	// the reference for the nvme engine.
@@ -125,7 +128,8 @@ func (c *FioConfig) Args() ([]string, error) {
 		"--offset="+strconv.FormatInt(c.Offset, 10),
 		"--runtime="+strconv.FormatInt(max(c.Duration.Milliseconds(), 1), 10)+"ms",
 		"--time_based",
-		"--numjobs=1",
+		"--numjobs="+strconv.Itoa(max(c.NumJobs, 1)),
+		"--group_reporting",
 		"--output-format=json",
 	)
 	if c.Pattern == PatternRandom {
@@ -151,6 +155,9 @@ func RunFio(ctx context.Context, c FioConfig) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	// fio's CPU and that of the job processes it reaped.
+	res.CPUs = rusageSeconds(cmd.ProcessState.SysUsage())
+	res.CPUsPerGB = PerGB(res.CPUs, res.Bytes)
 	res.Pattern, res.IOSize, res.QD = c.Pattern, c.IOSize, c.QD
 	return res, nil
 }

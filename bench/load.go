@@ -7,10 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/layout"
 )
 
@@ -39,6 +42,15 @@ type LoadConfig struct {
 	Fill int
 	// Seed seeds the choice of blocks.
 	Seed uint64
+	// BlocksPerCall, when above 0, measures LOAD_BLOCKS (ABI minor 2)
+	// instead: each call loads that many random whole blocks into the
+	// job's own target of Layout ("nhd", the default, "hnd" or "hf");
+	// GroupsPerCall is then ignored.
+	BlocksPerCall int
+	Layout        string
+	// DaemonPID, when not 0, is the daemon's pid: its CPU time during the
+	// measurement (/proc/PID/stat) is reported per GB moved.
+	DaemonPID int
 }
 
 // LoadResult is the outcome of RunLoad; its JSON is what kvfs bench-load
@@ -60,6 +72,19 @@ type LoadResult struct {
 	P99us         float64 `json:"p99_us"`
 	UsPerGroup    float64 `json:"us_per_group"`
 	NotOK         int     `json:"not_ok"`
+	// CPUs is the daemon's CPU time over the run (user + system seconds:
+	// /proc/PID/stat when LoadConfig.DaemonPID is set, else
+	// daemon_cpu_seconds of .kvfs/stats; 0 when neither is there),
+	// CPUsPerGB that per 10^9 bytes loaded; ClientCPUs is the callers'
+	// (this process's).
+	CPUs       float64 `json:"cpu_s"`
+	CPUsPerGB  float64 `json:"cpu_s_per_gb"`
+	ClientCPUs float64 `json:"client_cpu_s"`
+	// LOAD_BLOCKS runs (BlocksPerCall > 0).
+	BlocksPerCall int     `json:"blocks_per_call,omitempty"`
+	Layout        string  `json:"layout,omitempty"`
+	UsPerBlock    float64 `json:"us_per_block,omitempty"`
+	NotOKBlocks   int     `json:"not_ok_blocks,omitempty"`
 }
 
 // RunLoad measures LOAD calls as c describes. Entries that are not ok
@@ -80,7 +105,11 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 	}
 	info := c.Client.Info()
 	switch {
-	case c.GroupsPerCall < 1 || info.MaxEntries > 0 && c.GroupsPerCall > info.MaxEntries:
+	case c.BlocksPerCall < 0 || c.BlocksPerCall > abi.BlocksMax:
+		return LoadResult{}, fmt.Errorf("%w: %d blocks per call (one LOAD_BLOCKS takes 1 to %d)", ErrConfig, c.BlocksPerCall, abi.BlocksMax)
+	case c.BlocksPerCall > 0 && !info.Has(abi.CapBlocks):
+		return LoadResult{}, fmt.Errorf("%w: the daemon has no LOAD_BLOCKS (ABI minor %d)", ErrConfig, info.ABIMinor)
+	case c.BlocksPerCall == 0 && (c.GroupsPerCall < 1 || info.MaxEntries > 0 && c.GroupsPerCall > info.MaxEntries):
 		return LoadResult{}, fmt.Errorf("%w: %d groups per call (one LOAD ioctl takes 1 to %d)", ErrConfig, c.GroupsPerCall, info.MaxEntries)
 	case c.Calls < 1 || c.Jobs < 1 || c.Warmup < 0 || c.Fill < 0:
 		return LoadResult{}, fmt.Errorf("%w: %d calls, %d jobs, %d warmup calls, fill %d", ErrConfig, c.Calls, c.Jobs, c.Warmup, c.Fill)
@@ -96,6 +125,12 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		}
 	}
 	perBlock := g.GroupsPerBlock()
+	if c.BlocksPerCall > 0 {
+		if len(blocks) == 0 {
+			return LoadResult{}, fmt.Errorf("%w: %s holds no blocks", ErrFewBlocks, c.Mountpoint)
+		}
+		return runLoadBlocks(c, blocks)
+	}
 	need := (c.GroupsPerCall + perBlock - 1) / perBlock
 	if len(blocks) < need {
 		return LoadResult{}, fmt.Errorf("%w: %s holds %d blocks, a call of %d groups needs %d", ErrFewBlocks, c.Mountpoint, len(blocks), c.GroupsPerCall, need)
@@ -154,10 +189,14 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		}()
 	}
 	ready.Wait()
+	d0, dok0 := daemonCPU(c)
+	cpu0 := CPUSeconds()
 	start := time.Now()
 	close(gate)
 	wg.Wait()
 	wall := time.Since(start)
+	clientCPU := CPUSeconds() - cpu0
+	d1, dok1 := daemonCPU(c)
 	if err := errors.Join(errs...); err != nil {
 		return LoadResult{}, err
 	}
@@ -177,18 +216,50 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 	res.UsPerCall = Micros(sum) / float64(len(all))
 	res.P50us, res.P99us = Micros(Percentile(all, 50)), Micros(Percentile(all, 99))
 	res.UsPerGroup = res.UsPerCall / float64(c.GroupsPerCall)
+	res.ClientCPUs = clientCPU
+	if dok0 && dok1 {
+		res.CPUs = d1 - d0
+		res.CPUsPerGB = PerGB(res.CPUs, res.Bytes)
+	}
 	return res, nil
 }
 
 func (r LoadResult) String() string {
 	s := fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d calls × %d groups of %d bytes from %d blocks\n",
 		r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.GroupsPerCall, r.GroupBytes, r.Blocks)
+	if r.BlocksPerCall > 0 {
+		s = fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d LOAD_BLOCKS × %d whole blocks (%d groups of %d bytes) into %s targets, from %d blocks\n",
+			r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.BlocksPerCall, r.GroupsPerCall, r.GroupBytes, r.Layout, r.Blocks)
+	}
 	s += fmt.Sprintf("  %.2f GB/s   %.1f µs/ioctl (p50 %.1f, p99 %.1f)   %.3f µs/group   %d bytes in %.3f s",
 		r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, r.Bytes, r.Seconds)
+	if r.BlocksPerCall > 0 {
+		s += fmt.Sprintf("   %.2f µs/block", r.UsPerBlock)
+	}
+	s += fmt.Sprintf("\n  daemon cpu %.2f s (%.3f s/GB), callers' cpu %.2f s", r.CPUs, r.CPUsPerGB, r.ClientCPUs)
 	if r.NotOK > 0 {
 		s += fmt.Sprintf("\n  %d groups not ok (absent, corrupt or evicted while measuring)", r.NotOK)
 	}
+	if r.NotOKBlocks > 0 {
+		s += fmt.Sprintf("\n  %d blocks not ok (absent, corrupt or evicted while measuring)", r.NotOKBlocks)
+	}
 	return s
+}
+
+// DaemonCPUSeconds reads the daemon's CPU time from the mount's
+// .kvfs/stats (daemon_cpu_seconds); false when it is not there.
+func DaemonCPUSeconds(mountpoint string) (float64, bool) {
+	data, err := os.ReadFile(filepath.Join(mountpoint, ".kvfs", "stats"))
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "daemon_cpu_seconds "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
 }
 
 // ListBlocks returns the blocks present under mountpoint (the union over

@@ -75,6 +75,9 @@ type Info struct {
 	// Pinning limits (0 when the engine pins nothing, or an older daemon):
 	// daemon-wide, per uid, and pinned now by all callers.
 	MaxPinnedBytes, MaxPinnedPerUID, PinnedBytes int64
+	// MaxBlockEntries: block entries per LOAD_BLOCKS/STORE_BLOCKS (0
+	// without abi.CapBlocks).
+	MaxBlockEntries int
 }
 
 // Has reports whether the daemon has capability cap (abi.Cap*).
@@ -176,6 +179,7 @@ type Client struct {
 		bufs   map[*HostBuffer]struct{}
 		closed bool
 	}
+	blk blockState // targets and entry arrays (blocks.go)
 }
 
 // Open opens mountpoint's control file and checks the daemon's ABI version.
@@ -216,6 +220,9 @@ func OpenCtl(path string) (*Client, error) {
 		c.info.MaxPinnedBytes, c.info.MaxPinnedPerUID = int64(i.MaxPinnedBytes), int64(i.MaxPinnedPerUID)
 		c.info.PinnedBytes = int64(i.PinnedBytes)
 	}
+	if i.Caps&abi.CapBlocks != 0 {
+		c.info.MaxBlockEntries = int(i.MaxBlockEntries)
+	}
 	return c, nil
 }
 
@@ -228,6 +235,7 @@ func (c *Client) Fd() uintptr { return c.fd }
 // Close closes the host buffers the client created or opened, then the
 // control file; the daemon drops every registration of it.
 func (c *Client) Close() error {
+	c.closeTargets()
 	c.owned.Lock()
 	bufs := c.owned.bufs
 	c.owned.bufs, c.owned.closed = nil, true

@@ -20,10 +20,9 @@ type ent struct {
 	e       abi.Entry
 	b       *buffer
 	valid   bool // passed every check; I/O may touch its tile
-	pitched bool // rows are not packed: bounce (LOAD) or gather row by row
+	pitched bool // rows are not packed: the store scatters them (LOAD) or they are gathered row by row (STORE)
 	st      abi.Status
 	det     abi.Detail
-	stage   int // offset of the entry's bounce or gather space in the staging buffer
 }
 
 // scratch is per-call working memory, pooled to keep a batch free of
@@ -46,10 +45,9 @@ func (e *ent) key() layout.Key {
 }
 
 // tile is the entry's span of its registered buffer. Its capacity runs to
-// the end of the mapping: the store lands a run of groups straight into
-// memory only when the first group's slice has room for the whole run (and
-// the groups are adjacent), which is how packed tiles in slot order avoid a
-// bounce buffer.
+// the end of the mapping: store.Read lands a run of adjacent packed tiles
+// with one plain I/O when the first tile's capacity spans the run (see
+// store's package doc, "Where reads land").
 func (e *ent) tile(extent int) []byte {
 	off := int(e.e.Offset)
 	return e.b.mem[off : off+extent]
@@ -119,12 +117,19 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 		bad += markOverlaps(ents, uint64(s.tile.Rows), uint64(rowBytes), sc)
 	}
 
-	// Windows of entries whose staging fits the budget.
-	for lo := 0; lo < n; {
+	if load {
+		// One store call: tiles, packed or pitched, are the destinations
+		// themselves; no staging.
+		if err := ss.load(ents, sc); err != nil {
+			return 0, err
+		}
+	}
+	// STORE: windows of entries whose staging fits the budget.
+	for lo := 0; lo < n && !load; {
 		hi, bytes := lo, 0
 		for ; hi < n; hi++ {
 			need := 0
-			if e := &ents[hi]; e.valid && (e.pitched || !load) {
+			if ents[hi].valid {
 				need = s.gb
 			}
 			if hi > lo && bytes+need > s.opts.MaxStagingBytes {
@@ -132,13 +137,7 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 			}
 			bytes += need
 		}
-		var err error
-		if load {
-			err = ss.load(ents[lo:hi], bytes, sc)
-		} else {
-			err = ss.store(ents[lo:hi], bytes, sc)
-		}
-		if err != nil {
+		if err := ss.store(ents[lo:hi], bytes, sc); err != nil {
 			return 0, err
 		}
 		lo = hi
@@ -165,36 +164,27 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 	return int32(nok), nil
 }
 
-// load reads the valid entries of ents with one store.Read. Packed tiles are
-// read straight into the registered memory (the store lands coalesced runs
-// there directly when the tiles are contiguous and aligned); pitched tiles
-// are read into staging and scattered row by row.
-func (ss *Session) load(ents []ent, stageBytes int, sc *scratch) error {
+// load reads the valid entries of ents with one store.Read, straight into
+// their tiles: packed tiles as contiguous destinations, pitched ones as
+// pitched destinations (store.ReadReq.Pitch), which the store fills with a
+// vector read or one copy from its bounce memory. A corrupt group's rows
+// are zeroed by the store.
+func (ss *Session) load(ents []ent, sc *scratch) error {
 	s := ss.srv
-	var stage []byte
-	if stageBytes > 0 {
-		var err error
-		if stage, err = s.stage.get(stageBytes); err != nil {
-			return err
-		}
-		defer s.stage.put(stage)
-	}
+	rows, rowBytes := int(s.tile.Rows), int(s.tile.RowBytes)
 	reqs, idx := sc.rreqs[:0], sc.idx[:0]
-	off := 0
 	for i := range ents {
 		e := &ents[i]
 		if !e.valid {
 			continue
 		}
-		var buf []byte
+		r := store.ReadReq{Key: e.key(), Buf: e.tile(s.gb)}
 		if e.pitched {
-			e.stage = off
-			buf = stage[off : off+s.gb : off+s.gb]
-			off += s.gb
-		} else {
-			buf = e.tile(s.gb)
+			pitch := int(e.e.Pitch)
+			r.Buf = e.tile((rows-1)*pitch + rowBytes)
+			r.Pitch, r.RowBytes = pitch, rowBytes
 		}
-		reqs = append(reqs, store.ReadReq{Key: e.key(), Buf: buf})
+		reqs = append(reqs, r)
 		idx = append(idx, i)
 	}
 	defer func() {
@@ -211,7 +201,6 @@ func (ss *Session) load(ents []ent, stageBytes int, sc *scratch) error {
 		if err != nil {
 			return err
 		}
-		rows, rowBytes := int(s.tile.Rows), int(s.tile.RowBytes)
 		for k := range reqs {
 			e := &ents[idx[k]]
 			e.st, e.det = loadStatus(reqs[k].Err)
@@ -219,17 +208,6 @@ func (ss *Session) load(ents []ent, stageBytes int, sc *scratch) error {
 				// The store verified the group from memory only the
 				// daemon writes before calling it corrupt.
 				s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(reqs[k].Err))
-			}
-			if !e.pitched || (e.st != abi.OK && e.st != abi.Corrupt) {
-				continue
-			}
-			// Scatter; a corrupt group's staging was zeroed by the store,
-			// so its tile is zeroed as a packed one would be.
-			src := reqs[k].Buf
-			pitch := int(e.e.Pitch)
-			dst := e.tile((rows-1)*pitch + rowBytes)
-			for r := range rows {
-				copy(dst[r*pitch:r*pitch+rowBytes], src[r*rowBytes:(r+1)*rowBytes])
 			}
 		}
 		return nil
@@ -262,7 +240,10 @@ func (ss *Session) store(ents []ent, stageBytes int, sc *scratch) error {
 			if !e.valid {
 				continue
 			}
-			dst := stage[off : off+s.gb : off+s.gb]
+			// Capacity to the end of staging: tiles of a block in slot
+			// order are adjacent there, and the store writes such a run
+			// straight from staging (store.WriteReq).
+			dst := stage[off : off+s.gb]
 			off += s.gb
 			if e.pitched {
 				pitch := int(e.e.Pitch)

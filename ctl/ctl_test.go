@@ -30,9 +30,9 @@ func TestInfo(t *testing.T) {
 	var i abi.Info
 	i.Unmarshal(out)
 	want := abi.Info{
-		ABI: 1, Size: abi.InfoSize, Caps: abi.CapHost | abi.CapPitch | abi.CapStore | abi.CapRegisterFD | abi.CapLimits,
-		ABIMinor: abi.Minor,
-		Layers:   2, KVHeads: 4, HeadDim: 16, BlockTokens: 16, DType: uint32(layout.BF16), DTypeBytes: 2,
+		ABI: 1, Size: abi.InfoSize, Caps: abi.CapHost | abi.CapPitch | abi.CapStore | abi.CapRegisterFD | abi.CapLimits | abi.CapBlocks,
+		ABIMinor: abi.Minor, MaxBlockEntries: abi.BlocksMax,
+		Layers: 2, KVHeads: 4, HeadDim: 16, BlockTokens: 16, DType: uint32(layout.BF16), DTypeBytes: 2,
 		Align: 512, GroupBytes: 512, GroupStride: 512, GroupsPerBlock: 16, RowBytes: 32,
 		MaxEntries: 511, MaxEntriesSmall: 63, MaxBuffers: 7, MaxRegisteredBytes: 1 << 40,
 		Slots: uint64(f.st.Info().Slots), UUID: f.st.Superblock().UUID,

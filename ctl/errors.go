@@ -43,6 +43,8 @@ func Errno(err error) syscall.Errno {
 	switch {
 	case err == nil:
 		return 0
+	case blocksErrno(err) != 0:
+		return blocksErrno(err)
 	case errors.Is(err, abi.ErrCommand):
 		return syscall.ENOTTY
 	case errors.Is(err, abi.ErrVersion):

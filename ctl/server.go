@@ -24,9 +24,9 @@ type Options struct {
 	// MaxRegisteredBytes bounds the bytes registered per session
 	// (default 1 TiB; registrations are mappings, not copies).
 	MaxRegisteredBytes int64
-	// MaxStagingBytes bounds the daemon memory one LOAD or STORE uses to
-	// bounce pitched tiles and to copy tiles being stored (default 64 MiB);
-	// a larger batch is processed in several store calls.
+	// MaxStagingBytes bounds the daemon memory one STORE uses to copy the
+	// tiles being stored (default 64 MiB); a larger batch is processed in
+	// several store calls. LOAD needs none: tiles are read into in place.
 	MaxStagingBytes int
 	// ShmDir is the only directory whose files may be registered (default
 	// /dev/shm). It must be on tmpfs or hugetlbfs and not be a symlink.
@@ -173,7 +173,7 @@ func (s *Server) Close() error {
 func (s *Server) info() abi.Info {
 	in := s.st.Info()
 	g := s.geo
-	caps := abi.CapHost | abi.CapPitch | abi.CapRegisterFD | abi.CapLimits
+	caps := abi.CapHost | abi.CapPitch | abi.CapRegisterFD | abi.CapLimits | abi.CapBlocks
 	if !s.opts.ReadOnly {
 		caps |= abi.CapStore
 	}
@@ -190,7 +190,7 @@ func (s *Server) info() abi.Info {
 		MaxBuffers: uint32(s.opts.MaxBuffers), MaxRegisteredBytes: uint64(s.opts.MaxRegisteredBytes),
 		Slots: uint64(in.Slots), UsedSlots: uint64(in.UsedSlots),
 		UUID:     s.st.Superblock().UUID,
-		ABIMinor: abi.Minor,
+		ABIMinor: abi.Minor, MaxBlockEntries: abi.BlocksMax,
 	}
 	if s.reg != nil {
 		i.MaxPinnedBytes, i.MaxPinnedPerUID = uint64(s.opts.MaxPinnedBytes), uint64(s.opts.MaxPinnedPerUID)

@@ -27,6 +27,7 @@ type Session struct {
 		bufs   map[uint32]*buffer
 		bytes  int64
 	}
+	blk blocksState // minor-2 targets (target.go); guarded by mu
 }
 
 // buffer is one registration.
@@ -103,6 +104,8 @@ func (ss *Session) IoctlFrom(tid uint32, cmd uint32, in, out []byte) (int32, sys
 		err = ss.unregister(req.Unregister.Buffer)
 	case abi.OpLoad, abi.OpStore:
 		res, err = ss.batch(&req, in, out)
+	default:
+		res, err = ss.blocksIoctl(&req, in, out)
 	}
 	if err != nil {
 		s.m.rejected.Add(1)
@@ -288,6 +291,10 @@ func (ss *Session) unregister(id uint32) error {
 	if b == nil {
 		ss.mu.Unlock()
 		return fmt.Errorf("%w: %d", ErrNoBuffer, id)
+	}
+	if ss.bufferBusy(id) {
+		ss.mu.Unlock()
+		return fmt.Errorf("%w: %d", ErrBufferBusy, id)
 	}
 	delete(ss.mu.bufs, id)
 	ss.mu.bytes -= int64(len(b.mem))

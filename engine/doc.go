@@ -12,7 +12,10 @@
 //     char device, FDP placement per stream, Flush.
 //   - engine/internal/ringowner: the one ring owner both ring engines run
 //     on (the ring goroutine, the callers' queue, completion, retries, the
-//     fixed-buffer table, the buffer pool, and failure handling).
+//     fixed-buffer table, the buffer pool, and failure handling), and
+//     Rings: N such rings per engine (Options.Rings; 0 = one per 4 usable
+//     cores, AutoRings), callers spread over them, one growing pool
+//     registered on all of them.
 //
 // Every engine wraps store.ErrEngineClosed after Close (prefixed with its
 // name), and a second Close returns nil.

@@ -36,9 +36,17 @@ type Options struct {
 	Kind string
 	// ReadOnly opens the device read-only.
 	ReadOnly bool
-	// QueueDepth bounds the requests in flight (uring, nvme); 0 means the
-	// engine's default. posix runs at queue depth 1.
+	// QueueDepth bounds the requests in flight per ring (uring, nvme); 0
+	// means the engine's default. posix runs at queue depth 1.
 	QueueDepth int
+	// Rings is the number of io_uring instances of the uring and nvme
+	// engines (callers are spread over them); 0 means one per 4 usable
+	// cores (ringowner.AutoRings).
+	Rings int
+	// PoolMax caps the engine's growing registered buffer pool (bytes);
+	// 0 means the engine's default (1 GiB or an eighth of the RAM), a
+	// negative value means the pool never grows.
+	PoolMax int
 	// Logger receives the selection lines; nil means none.
 	Logger *zap.Logger
 	// FDP selects flexible data placement for the nvme engine; "" lets the

@@ -27,8 +27,10 @@ func probeNVMe(path string) error {
 // read-only store simply issues no writes.
 func openNVMe(path string, o Options) (store.Engine, error) {
 	return nvmeengine.OpenEngine(path, nvmeengine.EngineOptions{
-		QueueDepth: o.QueueDepth,
-		FDP:        o.FDP,
-		Logger:     o.Logger,
+		QueueDepth:    o.QueueDepth,
+		Rings:         o.Rings,
+		BufferPoolMax: o.PoolMax,
+		FDP:           o.FDP,
+		Logger:        o.Logger,
 	})
 }

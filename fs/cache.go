@@ -92,14 +92,21 @@ func (f *FS) snapshotOf(k layout.Key, gi store.GroupInfo) (*snapshot, error) {
 		key layout.Key
 		gi  store.GroupInfo
 	}
+	// The wanted groups in slot (index) order; mineAt is k's place.
 	wants := []want{{k, gi}}
+	mineAt := 0
 	lo, hi := f.layerRange(k.Layer)
 	if (hi-lo)*gb <= f.opts.ReadAhead {
 		if bi, ok := f.st.Block(k.Block); ok {
+			wants = wants[:0]
 			for idx := lo; idx < hi; idx++ {
-				ok := bi.Has(idx)
 				key := f.geo.KeyAt(k.Block, idx)
-				if !ok || key == k {
+				if key == k {
+					mineAt = len(wants)
+					wants = append(wants, want{k, gi})
+					continue
+				}
+				if !bi.Has(idx) {
 					continue
 				}
 				// Label each group before reading it (see above).
@@ -109,12 +116,14 @@ func (f *FS) snapshotOf(k layout.Key, gi store.GroupInfo) (*snapshot, error) {
 			}
 		}
 	}
-	// One buffer, groups in index order: the store lands adjacent groups
-	// with one I/O straight into it.
+	// One aligned buffer, groups in index order, each request's capacity
+	// running to the buffer's end: the store lands each run of adjacent
+	// groups with one I/O straight into it (store's package doc, "Where
+	// reads land").
 	buf := f.alignedBuf(len(wants) * gb)
 	reqs := make([]store.ReadReq, len(wants))
 	for i := range wants {
-		reqs[i] = store.ReadReq{Key: wants[i].key, Buf: buf[i*gb : (i+1)*gb : (i+1)*gb]}
+		reqs[i] = store.ReadReq{Key: wants[i].key, Buf: buf[i*gb : (i+1)*gb]}
 	}
 	if err := f.st.Read(reqs); err != nil {
 		return nil, err
@@ -123,7 +132,7 @@ func (f *FS) snapshotOf(k layout.Key, gi store.GroupInfo) (*snapshot, error) {
 	var mineErr error
 	for i, w := range wants {
 		if err := reqs[i].Err; err != nil {
-			if i == 0 {
+			if i == mineAt {
 				if errors.Is(err, store.ErrNotFound) {
 					err = fmt.Errorf("%w: %v", errGone, k)
 				}
@@ -131,8 +140,8 @@ func (f *FS) snapshotOf(k layout.Key, gi store.GroupInfo) (*snapshot, error) {
 			}
 			continue
 		}
-		s := &snapshot{crc: w.gi.CRC, mtime: w.gi.MTime.UnixNano(), slot: w.gi.Slot, data: reqs[i].Buf}
-		if i == 0 {
+		s := &snapshot{crc: w.gi.CRC, mtime: w.gi.MTime.UnixNano(), slot: w.gi.Slot, data: buf[i*gb : (i+1)*gb : (i+1)*gb]}
+		if i == mineAt {
 			mine = s
 		}
 		f.cache.put(w.key, s)

@@ -241,6 +241,13 @@ func (f *FS) statsText() []byte {
 	line("ctl_sessions", fm.CtlSessions)
 	line("ctl_ioctls", fm.Ioctls)
 	line("uptime_seconds", fmt.Sprintf("%.0f", fm.MountSeconds))
+	// The daemon's CPU time (getrusage RUSAGE_SELF, user + system): bench-load
+	// reports its difference over a run as cpu_s.
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		cpu := float64(ru.Utime.Sec+ru.Stime.Sec) + float64(ru.Utime.Usec+ru.Stime.Usec)/1e6
+		line("daemon_cpu_seconds", fmt.Sprintf("%.6f", cpu))
+	}
 	return []byte(sb.String())
 }
 

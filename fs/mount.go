@@ -15,8 +15,13 @@ import (
 // CleanStale detects a mount on mountpoint whose daemon died ("transport
 // endpoint is not connected") and detaches it lazily (MNT_DETACH; through
 // fusermount3 -uz when not root). It reports whether it detached one.
+//
+// The probe is a statx with AT_STATX_FORCE_SYNC: a plain stat of a dead
+// mount's root may be answered from the kernel's attribute cache (seen on
+// Linux 6.18 right after the daemon was killed) and would miss it.
 func CleanStale(mountpoint string) (bool, error) {
-	_, err := os.Stat(mountpoint)
+	var stx unix.Statx_t
+	err := unix.Statx(unix.AT_FDCWD, mountpoint, unix.AT_STATX_FORCE_SYNC, unix.STATX_BASIC_STATS, &stx)
 	if err == nil || !(errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED)) {
 		return false, nil
 	}

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvfs.h — the control ABI of kvfs, version 1 (minor 1).
+ * kvfs.h — the control ABI of kvfs, version 1 (minor 2).
  *
  * A kvfs daemon mounts a KV-cache store (default /mnt/kvcache). The file
  * <mountpoint>/.kvfs/ctl answers the ioctls below. FUSE forwards only
@@ -32,7 +32,8 @@
 #include <linux/types.h>
 
 #define KVFS_ABI_VERSION 1u
-#define KVFS_ABI_MINOR   1u /* kvfs_info.abi_minor: 1 adds REGISTER_FD, pinning limits, BAD_OVERLAP */
+#define KVFS_ABI_MINOR   2u /* kvfs_info.abi_minor: 1 adds REGISTER_FD, pinning limits, BAD_OVERLAP;
+                             * 2 adds KV-cache targets and LOAD_BLOCKS/STORE_BLOCKS */
 
 /* ioctl type byte. Unused by the VFS (do_vfs_ioctl) and by FUSE itself. */
 #define KVFS_IOC_MAGIC 0xB7
@@ -42,9 +43,10 @@
 #define KVFS_CAP_STORE         (1ull << 1) /* STORE (clear: read-only store) */
 #define KVFS_CAP_PITCH         (1ull << 2) /* entries with a row pitch */
 #define KVFS_CAP_FIXED_BUFFERS (1ull << 3) /* engine registers host buffers (zero copy) */
-#define KVFS_CAP_CUDA          (1ull << 4) /* REGISTER_CUDA (not in this version) */
+#define KVFS_CAP_CUDA          (1ull << 4) /* REGISTER_CUDA works: the daemon has a CUDA driver and device */
 #define KVFS_CAP_REGISTER_FD   (1ull << 5) /* REGISTER_FD */
 #define KVFS_CAP_LIMITS        (1ull << 6) /* kvfs_info.abi_minor and max_pinned_* are filled in */
+#define KVFS_CAP_BLOCKS        (1ull << 7) /* REGISTER_TARGET, LOAD_BLOCKS, STORE_BLOCKS (minor 2) */
 
 /* dtype values (kvfs_info.dtype), as stored on disk. */
 #define KVFS_DTYPE_BF16 1u
@@ -102,7 +104,7 @@ struct kvfs_info {
 	__u64 max_pinned_per_uid;    /* 144 share of one uid */
 	__u64 pinned_bytes;          /* 152 pinned now, all callers */
 	__u32 abi_minor;             /* 160 KVFS_ABI_MINOR of the daemon (0: older daemon) */
-	__u32 reserved1;             /* 164 */
+	__u32 max_block_entries;     /* 164 entries per LOAD_BLOCKS/STORE_BLOCKS (minor 2; 0 before) */
 	__u64 reserved[3];           /* 168 */
 };                               /* 192 */
 
@@ -131,6 +133,24 @@ struct kvfs_register_fd {
 	__u32 reserved0;             /*  28 */
 	__u64 reserved[4];           /*  32 */
 };                               /*  64 */
+
+/* REGISTER_CUDA: register bytes [offset, offset+length) of a CUDA
+ * allocation of the caller, named by the raw CUipcMemHandle of the
+ * allocation's base (cuIpcGetMemHandle; cuMemGetAddressRange gives the base
+ * of a pointer). The daemon opens it with cuIpcOpenMemHandle on device
+ * ordinal `device` and closes it at UNREGISTER or when this file closes.
+ * INFO reports KVFS_CAP_CUDA only where the daemon's driver works. What the
+ * daemon can and cannot check about the handle: docs/abi.md. 128 bytes. */
+struct kvfs_register_cuda {
+	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
+	__u32 flags;                 /*   4 in: 0 */
+	__u8  handle[64];            /*   8 in: CUipcMemHandle of the allocation's base */
+	__u64 offset;                /*  72 in: first byte, from the allocation's base */
+	__u64 length;                /*  80 in: bytes (> 0); out: bytes registered */
+	__u32 device;                /*  88 in: device ordinal */
+	__u32 buffer;                /*  92 out: buffer id (never 0); 0 on input */
+	__u64 reserved[4];           /*  96 */
+};                               /* 128 */
 
 /* UNREGISTER: drop a registration of this open file. 8 bytes, in only. */
 struct kvfs_unregister {
@@ -177,22 +197,136 @@ struct kvfs_batch_small {
 #define KVFS_IOC_INFO          _IOR(KVFS_IOC_MAGIC,  0x01, struct kvfs_info)          /* 0x80c0b701 */
 #define KVFS_IOC_REGISTER_HOST _IOWR(KVFS_IOC_MAGIC, 0x02, struct kvfs_register_host) /* 0xd000b702 */
 #define KVFS_IOC_UNREGISTER    _IOW(KVFS_IOC_MAGIC,  0x03, struct kvfs_unregister)    /* 0x4008b703 */
-/* 0x04 is reserved for REGISTER_CUDA. */
+#define KVFS_IOC_REGISTER_CUDA _IOWR(KVFS_IOC_MAGIC, 0x04, struct kvfs_register_cuda) /* 0xc080b704 */
 #define KVFS_IOC_REGISTER_FD   _IOWR(KVFS_IOC_MAGIC, 0x05, struct kvfs_register_fd)   /* 0xc040b705 */
 #define KVFS_IOC_LOAD          _IOWR(KVFS_IOC_MAGIC, 0x10, struct kvfs_batch)         /* 0xfff0b710 */
 #define KVFS_IOC_STORE         _IOWR(KVFS_IOC_MAGIC, 0x11, struct kvfs_batch)         /* 0xfff0b711 */
 #define KVFS_IOC_LOAD_SMALL    _IOWR(KVFS_IOC_MAGIC, 0x12, struct kvfs_batch_small)   /* 0xc7f0b712 */
 #define KVFS_IOC_STORE_SMALL   _IOWR(KVFS_IOC_MAGIC, 0x13, struct kvfs_batch_small)   /* 0xc7f0b713 */
 
+/*
+ * Minor 2: KV-cache targets and block-granular LOAD/STORE (KVFS_CAP_BLOCKS).
+ *
+ * A target describes, once, where the blocks of a paged KV cache live: for
+ * each (layer, kind) of layers [layer_first, layer_first + layer_count) a
+ * registered buffer and the offset of cache block 0, head head_first, row 0
+ * (regions[2 * (layer - layer_first) + kind]); and the strides of the
+ * layout. The tile of cache block c, head h starts at
+ *     offset + c * block_stride + (h - head_first) * head_stride
+ * and its token row r at + r * row_pitch, row_bytes long. For a layer's K
+ * (or V) tensor of dtype size s:
+ *   vLLM / FlashAttention NHD [num_blocks, block_size, kv_heads, head_dim]:
+ *     block_stride = block_size*kv_heads*head_dim*s, head_stride = head_dim*s,
+ *     row_pitch = kv_heads*head_dim*s
+ *   FlashInfer HND [num_blocks, kv_heads, block_size, head_dim]:
+ *     block_stride = kv_heads*block_size*head_dim*s,
+ *     head_stride = block_size*head_dim*s, row_pitch = head_dim*s
+ *   Hugging Face [batch, kv_heads, seq, head_dim], one sequence (offset =
+ *   its batch row), cache block = token block of the sequence:
+ *     block_stride = block_size*head_dim*s, head_stride = seq*head_dim*s,
+ *     row_pitch = head_dim*s
+ * The daemon validates the whole target at REGISTER_TARGET (every region
+ * inside its buffer, no two tiles or rows sharing a byte) and then checks
+ * each block entry in O(1).
+ */
+#define KVFS_TARGET_MAX_REGIONS 1016
+#define KVFS_TARGET_MAX_LAYERS  508
+#define KVFS_BLOCKS_MAX         65536 /* block entries in a registered buffer */
+#define KVFS_BLOCKS_INLINE_MAX  509   /* 64 + 509 * 32 = 16352 */
+
+/* kinds of a block entry (bit mask). */
+#define KVFS_KINDS_K    1u
+#define KVFS_KINDS_V    2u
+#define KVFS_KINDS_BOTH 3u
+
+struct kvfs_target_region {
+	__u64 offset;                /*   0 of cache block 0, head head_first, row 0 */
+	__u32 buffer;                /*   8 registered buffer id */
+	__u32 reserved;              /*  12 0 */
+};                               /*  16 */
+
+/* REGISTER_TARGET. 16320 bytes, in/out. */
+struct kvfs_target {
+	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
+	__u32 flags;                 /*   4 in: 0 */
+	__u32 target;                /*   8 out: target id (never 0); 0 on input */
+	__u32 num_blocks;            /*  12 cache blocks in the layout */
+	__u64 block_stride;          /*  16 bytes from cache block c to c + 1 */
+	__u64 head_stride;           /*  24 bytes from head h to h + 1 */
+	__u32 row_pitch;             /*  32 bytes from token row r to r + 1 */
+	__u32 row_bytes;             /*  36 kvfs_info.row_bytes (head_dim * dtype) */
+	__u16 layer_first;           /*  40 */
+	__u16 layer_count;           /*  42 1..KVFS_TARGET_MAX_LAYERS */
+	__u16 head_first;            /*  44 kv heads held: [head_first, head_first + head_count) */
+	__u16 head_count;            /*  46 */
+	__u64 reserved[2];           /*  48 0 */
+	struct kvfs_target_region regions[KVFS_TARGET_MAX_REGIONS]; /* 64; unused ones 0 */
+};                               /* 16320 */
+
+/* UNREGISTER_TARGET. 8 bytes, in. */
+struct kvfs_unregister_target {
+	__u32 abi;                   /*   0 KVFS_ABI_VERSION */
+	__u32 target;                /*   4 target id */
+};                               /*   8 */
+
+/* One block: block id's groups of the layer, head and kind ranges, to or
+ * from cache block cache_block of the target. 32 bytes. */
+struct kvfs_block_entry {
+	__u64 block;                 /*   0 block id in the store */
+	__u32 cache_block;           /*   8 cache block index, < num_blocks */
+	__u16 layer_first;           /*  12 */
+	__u16 layer_count;           /*  14 >= 1, inside the target's layers */
+	__u16 head_first;            /*  16 */
+	__u16 head_count;            /*  18 >= 1, inside the target's heads */
+	__u8  kinds;                 /*  20 KVFS_KINDS_* */
+	__u8  status;                /*  21 out: KVFS_OK when every group is OK, else the worst group's */
+	__u8  detail;                /*  22 out: KVFS_BAD_* */
+	__u8  reserved;              /*  23 0 */
+	__u32 groups_ok;             /*  24 out: groups of the entry with status OK */
+	__u32 reserved1;             /*  28 0 */
+};                               /*  32 */
+
+/* LOAD_BLOCKS / STORE_BLOCKS: count entries at offset of registered buffer
+ * buffer (statuses are written back there). The _INLINE forms carry the
+ * entries after the header (buffer = offset = 0). */
+struct kvfs_blocks {
+	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
+	__u32 flags;                 /*   4 in: 0 */
+	__u32 target;                /*   8 in: target id */
+	__u32 count;                 /*  12 in: entries, <= KVFS_BLOCKS_MAX (inline: KVFS_BLOCKS_INLINE_MAX) */
+	__u32 buffer;                /*  16 in: buffer holding the entries (0 inline) */
+	__u32 n_ok;                  /*  20 out: entries with status KVFS_OK */
+	__u64 offset;                /*  24 in: of the entry array, a multiple of 8 (0 inline) */
+	__u64 groups;                /*  32 out: groups moved with status KVFS_OK */
+	__u64 reserved[3];           /*  40 0 */
+};                               /*  64 */
+
+struct kvfs_blocks_inline {
+	struct kvfs_blocks      hdr;
+	struct kvfs_block_entry e[KVFS_BLOCKS_INLINE_MAX];
+};                               /* 16352 */
+
+#define KVFS_IOC_REGISTER_TARGET    _IOWR(KVFS_IOC_MAGIC, 0x20, struct kvfs_target)           /* 0xffc0b720 */
+#define KVFS_IOC_UNREGISTER_TARGET  _IOW(KVFS_IOC_MAGIC,  0x21, struct kvfs_unregister_target) /* 0x4008b721 */
+#define KVFS_IOC_LOAD_BLOCKS        _IOWR(KVFS_IOC_MAGIC, 0x22, struct kvfs_blocks)           /* 0xc040b722 */
+#define KVFS_IOC_STORE_BLOCKS       _IOWR(KVFS_IOC_MAGIC, 0x23, struct kvfs_blocks)           /* 0xc040b723 */
+#define KVFS_IOC_LOAD_BLOCKS_INLINE  _IOWR(KVFS_IOC_MAGIC, 0x24, struct kvfs_blocks_inline)   /* 0xffe0b724 */
+#define KVFS_IOC_STORE_BLOCKS_INLINE _IOWR(KVFS_IOC_MAGIC, 0x25, struct kvfs_blocks_inline)   /* 0xffe0b725 */
+
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(struct kvfs_info) == 192, "kvfs_info");
 _Static_assert(sizeof(struct kvfs_register_host) == 4096, "kvfs_register_host");
 _Static_assert(sizeof(struct kvfs_unregister) == 8, "kvfs_unregister");
 _Static_assert(sizeof(struct kvfs_register_fd) == 64, "kvfs_register_fd");
+_Static_assert(sizeof(struct kvfs_register_cuda) == 128, "kvfs_register_cuda");
 _Static_assert(sizeof(struct kvfs_batch_hdr) == 16, "kvfs_batch_hdr");
 _Static_assert(sizeof(struct kvfs_entry) == 32, "kvfs_entry");
 _Static_assert(sizeof(struct kvfs_batch) == 16368, "kvfs_batch");
 _Static_assert(sizeof(struct kvfs_batch_small) == 2032, "kvfs_batch_small");
+_Static_assert(sizeof(struct kvfs_target) == 16320, "kvfs_target");
+_Static_assert(sizeof(struct kvfs_block_entry) == 32, "kvfs_block_entry");
+_Static_assert(sizeof(struct kvfs_blocks) == 64, "kvfs_blocks");
+_Static_assert(sizeof(struct kvfs_blocks_inline) == 16352, "kvfs_blocks_inline");
 #endif
 
 #endif /* KVFS_H */

@@ -52,12 +52,54 @@
 //   - Pins are held only by Read batches in flight (counted in readers)
 //     and by the writer holding wmu.
 //
+// # Where reads land
+//
+// Read takes a batch of ReadReq; each names a group and its destination:
+// contiguous (Buf of GroupBytes, Pitch 0) or pitched (Pitch > RowBytes:
+// row r of the group at Buf[r*Pitch:], RowBytes long; a token-major NHD
+// cache, one head's rows interleaved with the other heads'). The bytes
+// between a pitched destination's rows are never written. Groups adjacent
+// in a slot (layer, then K before V, then head) form runs of up to MaxIO
+// bytes, one I/O each, landing in one of three ways:
+//
+//   - Direct: the run's destinations are contiguous, follow each other in
+//     memory in slot order, and the first Buf's capacity spans the whole run
+//     (so they are one range of one allocation, which the caller states by
+//     slicing them from one buffer without capping the capacity), aligned
+//     for the engine: one plain read into that range.
+//   - Vector: the engine implements VectorReader, and every destination
+//     segment (a contiguous destination, or one row of a pitched one) is
+//     aligned for the engine and at least Options.ScatterMin bytes (default
+//     4096): one vector read (IO.Vec, preadv) into the segments.
+//   - Bounce: otherwise, the run is read into store memory carved from
+//     MaxIO-sized buffers (bounce memory sized to the data), verified
+//     there, and copied once to each destination (Metrics.Bounced counts
+//     these bytes).
+//
+// A group that landed in the caller's memory is verified there; on a
+// mismatch it is read again into store memory before being called corrupt
+// (the caller's memory may be shared with a writer). Large reads are
+// verified in 4 MiB pieces on several goroutines; a fault on caller memory
+// in one of them panics in the calling goroutine (when it set
+// debug.SetPanicOnFault) after all have stopped. Read pins, touches (LRU)
+// and unpins each slot once per run of requests for its block, with one
+// round of Store.mu before the I/O and one after, and allocates nothing
+// per group: a miss is ErrNotFound itself, and per-call memory is reused.
+//
 // # Concurrency and lock order
+//
+// Write computes its checksums in the caller's goroutine, outside every
+// lock, then queues its call on Store.wq and takes wmu; the first caller to
+// get wmu commits every queued call as one batch (group commit: concurrent
+// writers share the payload and header syncs, the order payload sync →
+// header sync → acknowledgement unchanged), and the others find their calls
+// done.
 //
 // Store.wmu (serialises writers: Write, Delete, DeleteBlock, Fsck, Close,
 // CheckInvariants) is taken before Store.mu (index, slot states, LRU, free
 // list, counters of pins and readers), which is never held across I/O.
 // Readers take only mu, to pin the slots they read: a pinned slot is not
 // evicted, reused or overwritten in place. Store.bounce (the idle I/O
-// buffers) is a leaf, taken alone.
+// buffers), Store.scratch (Read's idle working memory) and Store.wq (the
+// queued Write calls) are leaves, taken alone.
 package store

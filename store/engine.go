@@ -41,6 +41,12 @@ type IO struct {
 	Off    int64  // byte offset on the device; a multiple of Engine.Align()
 	Buf    []byte // address and length multiples of Engine.Align()
 	Stream uint16 // placement stream (see StreamMeta)
+	// Vec, only on an OpRead given to an engine whose VectorReads reports
+	// true, replaces Buf (which is then nil): the bytes at Off land in
+	// Vec's segments one after another, as preadv(2) does. Every
+	// segment's address and length are multiples of Align(); there may be
+	// more segments than IOV_MAX (the engine splits them).
+	Vec [][]byte
 
 	// Err is set by the engine: nil when all of Buf was transferred. A
 	// transfer that stays short after retries is an error (io.ErrUnexpectedEOF
@@ -76,6 +82,28 @@ type Engine interface {
 type BufferAllocator interface {
 	AllocBuffer(n int) ([]byte, error)
 	FreeBuffer(b []byte)
+}
+
+// VectorReader is implemented by engines that can scatter one read into
+// several memory segments (IO.Vec): the store then lands a run of groups
+// whose destinations are not one contiguous range (pitched rows, tiles
+// apart from each other) straight into them, with no bounce copy. Wrappers
+// report their inner engine's answer.
+type VectorReader interface {
+	VectorReads() bool
+}
+
+// VecLen is the number of bytes an IO moves: len(Buf), or the sum of Vec's
+// segment lengths.
+func (io *IO) VecLen() int {
+	if io.Vec == nil {
+		return len(io.Buf)
+	}
+	n := 0
+	for _, v := range io.Vec {
+		n += len(v)
+	}
+	return n
 }
 
 // MemoryRegistrar is implemented by engines that can register caller memory

@@ -93,3 +93,24 @@ func Corrupt(s *Store, what string) error {
 	}
 	return nil
 }
+
+var commitHooks sync.Map // *Store → func(calls int)
+
+func init() {
+	commitHook = func(s *Store, calls int) {
+		if f, ok := commitHooks.Load(s); ok {
+			f.(func(int))(calls)
+		}
+	}
+}
+
+// OnCommit makes f run at the start of each of s's write commits (with the
+// writer lock held), told how many Write calls the commit serves.
+func OnCommit(s *Store, f func(calls int)) { commitHooks.Store(s, f) }
+
+// PendingWrites is the number of Write calls queued for the next commit.
+func PendingWrites(s *Store) int {
+	s.wq.Lock()
+	defer s.wq.Unlock()
+	return len(s.wq.pending)
+}

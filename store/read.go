@@ -1,220 +1,569 @@
 package store
 
 import (
+	"cmp"
 	"fmt"
-	"sort"
+	"hash/crc32"
+	"math"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"github.com/kvfs/kvfs/layout"
 )
 
-// ReadReq asks for one group. Buf must be exactly GroupBytes long.
+// ReadReq asks for one group and says where it lands.
+//
+// With Pitch 0 (or Pitch == RowBytes) the destination is contiguous: Buf is
+// exactly GroupBytes long and receives the group as stored. With Pitch >
+// RowBytes the destination is pitched (a token-major, NHD, cache: one
+// head's token rows interleaved with the other heads' rows): the group is
+// GroupBytes/RowBytes rows of RowBytes bytes, row r lands at
+// Buf[r*Pitch : r*Pitch+RowBytes], len(Buf) is exactly
+// (rows-1)*Pitch + RowBytes, and the bytes between rows are never touched.
 type ReadReq struct {
 	Key layout.Key
 	Buf []byte
-	// Err is set by Read: nil (Buf holds the group, its checksum verified),
-	// ErrNotFound, ErrCorrupt (Buf zeroed), ErrInvalid, ErrSize or an I/O error.
+	// Pitch is the distance in bytes between the starts of consecutive
+	// rows of the destination; 0 means contiguous.
+	Pitch int
+	// RowBytes is the length of one row; it must divide GroupBytes. Only
+	// read when Pitch is nonzero.
+	RowBytes int
+	// Err is set by Read: nil (the group landed, its checksum verified),
+	// ErrNotFound (the sentinel itself, no allocation), ErrCorrupt (the
+	// destination's rows zeroed), ErrInvalid, ErrSize or an I/O error.
 	Err error
 }
+
+// want is one group a read moves: a request with its slot and checksum.
+type want struct {
+	r    *ReadReq
+	slot int64
+	idx  int
+	crc  uint32
+	rows int // 0: contiguous destination; else rows of a pitched one
+	run  int // index of its run
+}
+
+// Landing modes of a run.
+const (
+	landBounce = iota // into store memory, verified there, copied once
+	landDirect        // straight into one contiguous caller range (IO.Buf)
+	landVec           // straight into the caller's segments (IO.Vec)
+)
 
 // run is a set of groups of one slot that sit next to each other on disk and
 // are read with one I/O.
 type run struct {
-	slot  int64
-	first int // group index of the first group
-	n     int // distinct groups covered
-	reqs  []*ReadReq
-	rel   []int // group of each request, relative to first
-	crcs  []uint32
-	io    IO
-	// direct: the destination buffers are contiguous and aligned, and the
-	// I/O lands in them; otherwise it lands in a bounce buffer.
-	direct bool
+	slot     int64
+	first, n int // groups [first, first+n)
+	lo, hi   int // its wants, sorted by group
+	mode     int
+	v0, v1   int    // landVec: its segments in readScratch.vecs
+	buf      []byte // landBounce: n*stride bytes of bounce memory
+}
+
+// readScratch is the per-call working memory of Read, pooled so that a
+// batch allocates nothing per group.
+type readScratch struct {
+	wants   []want
+	pins    []int64
+	runs    []run
+	ios     []IO
+	vecs    [][]byte
+	bounces [][]byte
+}
+
+// maxScratch is how many idle readScratch the store keeps (a free list
+// rather than a sync.Pool, which drops items at random under the race
+// detector and at every GC).
+const maxScratch = 64
+
+func (s *Store) getScratch() *readScratch {
+	s.scratch.Lock()
+	defer s.scratch.Unlock()
+	if n := len(s.scratch.free); n > 0 {
+		sc := s.scratch.free[n-1]
+		s.scratch.free = s.scratch.free[:n-1]
+		return sc
+	}
+	return new(readScratch)
+}
+
+func (s *Store) putScratch(sc *readScratch) {
+	clear(sc.wants) // no references to callers' memory outlive the call
+	clear(sc.runs)
+	clear(sc.ios)
+	clear(sc.vecs)
+	sc.wants, sc.pins, sc.runs, sc.ios, sc.vecs = sc.wants[:0], sc.pins[:0], sc.runs[:0], sc.ios[:0], sc.vecs[:0]
+	s.scratch.Lock()
+	if len(s.scratch.free) < maxScratch {
+		s.scratch.free = append(s.scratch.free, sc)
+	}
+	s.scratch.Unlock()
 }
 
 // Read reads a batch of groups. Groups adjacent on disk are coalesced into
 // single I/Os of up to MaxIO bytes, and the whole batch is handed to the
-// engine at once. Every group's CRC32C is verified before Read returns; a
-// group that fails is zeroed and reported as ErrCorrupt, never served. The
-// returned error is for the batch as a whole (store closed, engine broken);
-// per-group outcomes are in each request's Err.
+// engine at once. A run of groups lands straight in the callers' memory
+// when it can (see the package doc, "Where reads land"); otherwise it is
+// read into a bounce buffer, verified there and copied once. Every group's
+// CRC32C is verified before Read returns; a group that fails is zeroed and
+// reported as ErrCorrupt, never served. The returned error is for the batch
+// as a whole (store closed, engine broken); per-group outcomes are in each
+// request's Err. Read allocates nothing per group, for hits and misses.
 func (s *Store) Read(reqs []ReadReq) error {
 	start := time.Now()
-	if err := s.checkOpen(); err != nil {
-		return err
-	}
-	type want struct {
-		r    *ReadReq
-		slot int64
-		idx  int
-		crc  uint32
-	}
-	wants := make([]want, 0, len(reqs))
-	var pinned []int64
-	s.mu.Lock()
+	sc := s.getScratch()
+	defer s.putScratch(sc)
+	wants := sc.wants[:0]
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Err = s.checkRequest(r.Key, len(r.Buf)); r.Err != nil {
+		rows, err := s.checkRead(r)
+		if r.Err = err; err != nil {
 			continue
 		}
-		idx := s.geo.Index(r.Key)
-		slot, ok := s.mu.index[r.Key.Block]
-		if !ok || !s.mu.slots[slot].hdr.Has(idx) {
-			r.Err = fmt.Errorf("%w: %v", ErrNotFound, r.Key)
-			s.m.misses.Add(1)
-			continue
-		}
-		st := &s.mu.slots[slot]
-		st.pins++
-		pinned = append(pinned, slot)
-		s.touchLocked(slot)
-		wants = append(wants, want{r, slot, idx, st.hdr.CRC[idx]})
+		wants = append(wants, want{r: r, idx: s.geo.Index(r.Key), rows: rows})
 	}
-	reader := len(pinned) > 0
+	misses := 0
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		sc.wants = wants
+		return ErrClosed
+	}
+	// One pin and one LRU touch per slot (per run of requests for the same
+	// block), not per group.
+	pins := sc.pins[:0]
+	var lastBlock uint64
+	lastSlot, have := int64(-1), false
+	var hdr *Header
+	kept := wants[:0]
+	for _, w := range wants {
+		if b := w.r.Key.Block; !have || b != lastBlock {
+			lastBlock, have = b, true
+			slot, ok := s.mu.index[b]
+			hdr = nil
+			if ok {
+				hdr = s.mu.slots[slot].hdr
+				if slot != lastSlot {
+					s.mu.slots[slot].pins++
+					pins = append(pins, slot)
+					s.touchLocked(slot)
+					lastSlot = slot
+				}
+			}
+		}
+		if hdr == nil || !hdr.Has(w.idx) {
+			w.r.Err = ErrNotFound
+			misses++
+			continue
+		}
+		w.slot, w.crc = lastSlot, hdr.CRC[w.idx]
+		kept = append(kept, w)
+	}
+	reader := len(pins) > 0
 	if reader {
 		s.mu.readers++
 	}
 	s.mu.Unlock()
-	defer s.unpin(pinned, reader)
+	sc.wants, sc.pins = kept, pins
+	if misses > 0 {
+		s.m.misses.Add(uint64(misses))
+	}
+	// Deferred: a fault on caller memory (a client's mapping cut short)
+	// may panic through Read when the caller asked for that
+	// (debug.SetPanicOnFault); the pins must still drop.
+	defer s.unpin(pins, reader)
+	err := s.readWants(sc, kept)
+	if err == nil && s.opts.Observe != nil {
+		s.opts.Observe(OpRead, len(kept), time.Since(start))
+	}
+	return err
+}
+
+// checkRead validates one request: a key within the geometry and a
+// destination of exactly one group, contiguous or pitched. It returns the
+// number of rows of a pitched destination (0 for a contiguous one).
+func (s *Store) checkRead(r *ReadReq) (int, error) {
+	if err := s.geo.CheckKey(r.Key); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	gb := s.geo.GroupBytes()
+	if r.Pitch == 0 || (r.Pitch == r.RowBytes && r.Pitch > 0) {
+		if len(r.Buf) != gb {
+			return 0, fmt.Errorf("%w: %d bytes for a %d-byte group", ErrSize, len(r.Buf), gb)
+		}
+		return 0, nil
+	}
+	if r.RowBytes <= 0 || r.RowBytes > gb || gb%r.RowBytes != 0 || r.Pitch < r.RowBytes {
+		return 0, fmt.Errorf("%w: pitch %d with %d-byte rows for a %d-byte group", ErrInvalid, r.Pitch, r.RowBytes, gb)
+	}
+	rows := gb / r.RowBytes
+	if rows > 1 && r.Pitch > (math.MaxInt-r.RowBytes)/(rows-1) {
+		return 0, fmt.Errorf("%w: pitch %d too large", ErrInvalid, r.Pitch)
+	}
+	if want := (rows-1)*r.Pitch + r.RowBytes; len(r.Buf) != want || want < 0 {
+		return 0, fmt.Errorf("%w: %d bytes for %d rows of %d at pitch %d", ErrSize, len(r.Buf), rows, r.RowBytes, r.Pitch)
+	}
+	return rows, nil
+}
+
+// readWants reads and verifies wants, whose slots the caller pinned and
+// whose checksums it took from the headers in force.
+func (s *Store) readWants(sc *readScratch, wants []want) error {
 	if len(wants) == 0 {
 		return nil
 	}
-	sort.SliceStable(wants, func(i, j int) bool {
-		if wants[i].slot != wants[j].slot {
-			return wants[i].slot < wants[j].slot
-		}
-		return wants[i].idx < wants[j].idx
-	})
+	if !slices.IsSortedFunc(wants, cmpWant) {
+		slices.SortStableFunc(wants, cmpWant)
+	}
 	stride := int(s.geo.GroupStride())
 	maxGroups := max(1, s.opts.MaxIO/stride)
-	var runs []*run
-	for _, w := range wants {
+	runs := sc.runs[:0]
+	for i := range wants {
+		w := &wants[i]
 		if n := len(runs); n > 0 {
-			r := runs[n-1]
+			r := &runs[n-1]
 			last := r.first + r.n - 1
 			// The same group asked for twice is read once and copied twice.
 			if r.slot == w.slot && (w.idx == last || (w.idx == last+1 && r.n < maxGroups)) {
 				r.n = w.idx - r.first + 1
-				r.reqs = append(r.reqs, w.r)
-				r.rel = append(r.rel, w.idx-r.first)
-				r.crcs = append(r.crcs, w.crc)
+				r.hi = i + 1
+				w.run = n - 1
 				continue
 			}
 		}
-		runs = append(runs, &run{slot: w.slot, first: w.idx, n: 1, reqs: []*ReadReq{w.r}, rel: []int{0}, crcs: []uint32{w.crc}})
+		runs = append(runs, run{slot: w.slot, first: w.idx, n: 1, lo: i, hi: i + 1})
+		w.run = len(runs) - 1
 	}
-	// Issue the runs in windows whose bounce buffers stay bounded.
+	sc.runs = runs
+	for i := range runs {
+		s.landing(sc, &runs[i], wants)
+	}
+	defer s.putBounces(sc) // when a fault panics through verify
+	// Issue the runs in windows whose bounce memory stays bounded; runs
+	// that land in the callers' memory need none.
 	const window = 64 << 20
 	for lo := 0; lo < len(runs); {
 		hi, bytes := lo, 0
-		for hi < len(runs) && (hi == lo || bytes+runs[hi].n*stride <= window) {
-			bytes += runs[hi].n * stride
+		for hi < len(runs) {
+			need := 0
+			if runs[hi].mode == landBounce {
+				need = runs[hi].n * stride
+			}
+			if hi > lo && bytes+need > window {
+				break
+			}
+			bytes += need
 			hi++
 		}
-		if err := s.readRuns(runs[lo:hi]); err != nil {
+		err := s.readRuns(sc, runs[lo:hi], wants)
+		s.putBounces(sc)
+		if err != nil {
 			return err
 		}
 		lo = hi
 	}
-	if s.opts.Observe != nil {
-		s.opts.Observe(OpRead, len(wants), time.Since(start))
-	}
 	return nil
 }
 
-func (s *Store) readRuns(runs []*run) error {
+func (s *Store) putBounces(sc *readScratch) {
+	for _, b := range sc.bounces {
+		s.putBounce(b)
+	}
+	clear(sc.bounces)
+	sc.bounces = sc.bounces[:0]
+}
+
+func cmpWant(a, b want) int {
+	if c := cmp.Compare(a.slot, b.slot); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.idx, b.idx)
+}
+
+// landing decides where run r lands: straight into one contiguous range of
+// the callers' memory, into their segments with a vector read, or into a
+// bounce buffer.
+func (s *Store) landing(sc *readScratch, r *run, wants []want) {
+	r.mode = landBounce
+	ws := wants[r.lo:r.hi]
 	gb := s.geo.GroupBytes()
-	stride := int(s.geo.GroupStride())
+	if int(s.geo.GroupStride()) != gb || len(ws) != r.n {
+		// Padding between groups on disk, or a group asked for twice.
+		return
+	}
 	align := s.e.Align()
-	ios := make([]IO, len(runs))
-	var bounces [][]byte
-	defer func() {
-		for _, b := range bounces {
-			s.putBounce(b)
+	// Direct: contiguous destinations following each other in memory, the
+	// first one's capacity spanning the run (so they are one range of one
+	// allocation), aligned for the engine.
+	direct := true
+	for i := range ws {
+		if ws[i].rows != 0 || (i > 0 && !follows(ws[i-1].r.Buf, ws[i].r.Buf)) {
+			direct = false
+			break
 		}
-	}()
-	for i, r := range runs {
-		n := r.n
-		r.io = IO{Op: OpRead, Off: s.groupOffset(r.slot, r.first), Stream: StreamData}
-		// Direct landing: one request per group, groups packed without
-		// padding, destinations contiguous and aligned for the engine.
-		if stride == gb && n == len(r.reqs) && cap(r.reqs[0].Buf) >= n*gb && contiguous(r.reqs) {
-			dst := r.reqs[0].Buf[: n*gb : n*gb]
-			if Aligned(dst, align) {
-				r.io.Buf, r.direct = dst, true
-			}
-		}
-		if !r.direct {
-			b, err := s.getBounce()
-			if err != nil {
-				return err
-			}
-			bounces = append(bounces, b)
-			r.io.Buf = b[:n*stride]
-		}
-		ios[i] = r.io
 	}
-	if err := s.e.Do(ios); err != nil {
-		return fmt.Errorf("store: read: %w", err)
+	if direct && cap(ws[0].r.Buf) >= r.n*gb && Aligned(ws[0].r.Buf[:r.n*gb], align) {
+		r.mode = landDirect
+		return
 	}
-	for i, r := range runs {
-		if err := ios[i].Err; err != nil {
-			s.m.ioErrors.Add(1)
-			for _, q := range r.reqs {
-				q.Err = fmt.Errorf("store: read %v: %w", q.Key, err)
+	if !s.vec {
+		return
+	}
+	// Vector: every segment (a contiguous destination, or one row of a
+	// pitched one) aligned and no shorter than ScatterMin.
+	for _, w := range ws {
+		if w.rows == 0 {
+			if gb < s.opts.ScatterMin || !Aligned(w.r.Buf, align) {
+				return
 			}
 			continue
 		}
-		for j, q := range r.reqs {
-			g := r.rel[j]
-			if !r.direct {
-				// Verify in the bounce buffer, which only the store
-				// writes, then copy.
-				src := ios[i].Buf[g*stride : g*stride+gb]
-				if got := CRC32C(src); got != r.crcs[j] {
-					s.corruptReq(q, got, r.crcs[j])
-					continue
-				}
-				copy(q.Buf, src)
-			} else if got := CRC32C(q.Buf); got != r.crcs[j] {
-				// The group landed in the caller's memory, which another
-				// process may write meanwhile (a client's shared mapping):
-				// verify again from a private copy before calling it
-				// corrupt.
-				if err := s.reverify(r.slot, r.first+g, q, r.crcs[j]); err != nil {
-					q.Err = err
-					continue
-				}
-			}
-			s.m.reads.Add(1)
-			s.m.hits.Add(1)
-			s.m.bytesRead.Add(uint64(gb))
+		rb := w.r.RowBytes
+		if rb < s.opts.ScatterMin || rb%max(align, 1) != 0 || (align > 1 && w.r.Pitch%align != 0) || !Aligned(w.r.Buf[:rb], align) {
+			return
 		}
 	}
+	r.v0 = len(sc.vecs)
+	for _, w := range ws {
+		if w.rows == 0 {
+			sc.vecs = append(sc.vecs, w.r.Buf)
+			continue
+		}
+		for row := range w.rows {
+			o := row * w.r.Pitch
+			sc.vecs = append(sc.vecs, w.r.Buf[o:o+w.r.RowBytes:o+w.r.RowBytes])
+		}
+	}
+	r.v1 = len(sc.vecs)
+	r.mode = landVec
+}
+
+// follows reports whether b starts where a ends.
+func follows(a, b []byte) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b))) == uintptr(unsafe.Pointer(unsafe.SliceData(a)))+uintptr(len(a))
+}
+
+// readRuns issues one window of runs and verifies their groups.
+func (s *Store) readRuns(sc *readScratch, runs []run, wants []want) error {
+	gb := s.geo.GroupBytes()
+	stride := int(s.geo.GroupStride())
+	ios := sc.ios[:0]
+	// Bounce memory sized to the data: runs are carved one after another
+	// out of MaxIO-sized buffers.
+	var cur []byte
+	for i := range runs {
+		r := &runs[i]
+		io := IO{Op: OpRead, Off: s.groupOffset(r.slot, r.first), Stream: StreamData}
+		switch r.mode {
+		case landDirect:
+			io.Buf = wants[r.lo].r.Buf[: r.n*gb : r.n*gb]
+		case landVec:
+			io.Vec = sc.vecs[r.v0:r.v1:r.v1]
+		default:
+			need := r.n * stride
+			if len(cur) < need {
+				b, err := s.getBounce()
+				if err != nil {
+					sc.ios = ios
+					return err
+				}
+				sc.bounces = append(sc.bounces, b)
+				cur = b
+			}
+			r.buf, cur = cur[:need:need], cur[need:]
+			io.Buf = r.buf
+		}
+		ios = append(ios, io)
+	}
+	sc.ios = ios
+	if err := s.e.Do(ios); err != nil {
+		return fmt.Errorf("store: read: %w", err)
+	}
+	for i := range runs {
+		if err := ios[i].Err; err != nil {
+			s.m.ioErrors.Add(1)
+			for j := runs[i].lo; j < runs[i].hi; j++ {
+				q := wants[j].r
+				q.Err = fmt.Errorf("store: read %v: %w", q.Key, err)
+				wants[j].r = nil // done
+			}
+		}
+	}
+	s.verify(runs, wants[runs[0].lo:runs[len(runs)-1].hi], wants)
 	return nil
 }
 
-// corruptReq zeroes a request's buffer and reports the group corrupt.
-func (s *Store) corruptReq(q *ReadReq, got, want uint32) {
-	clear(q.Buf)
-	q.Err = fmt.Errorf("%w: %v: crc32c %08x, header says %08x", ErrCorrupt, q.Key, got, want)
+// verifyWindow is how many bytes of groups one goroutine verifies at a time.
+const verifyWindow = 4 << 20
+
+// verify checks (and, for bounced runs, copies) the groups of one window of
+// runs. Large windows are spread over the cores in verifyWindow pieces.
+func (s *Store) verify(runs []run, ws []want, all []want) {
+	gb := s.geo.GroupBytes()
+	per := max(1, verifyWindow/gb)
+	pieces := (len(ws) + per - 1) / per
+	workers := min(pieces, runtime.GOMAXPROCS(0))
+	base := runs[0].lo
+	if workers <= 1 {
+		s.verifyRange(runs, all, base, ws)
+		return
+	}
+	// The helpers touch caller memory as the calling goroutine would: with
+	// its panic-on-fault setting. A panic in any of them (a fault on a
+	// client's mapping cut short) is raised again in the caller once every
+	// helper has stopped, so nothing touches the memory after Read returns.
+	onFault := debug.SetPanicOnFault(true)
+	debug.SetPanicOnFault(onFault)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var caught any
+	work := func() {
+		defer func() {
+			if r := recover(); r != nil {
+				mu.Lock()
+				if caught == nil {
+					caught = r
+				}
+				mu.Unlock()
+			}
+		}()
+		for {
+			p := int(next.Add(1) - 1)
+			if p >= pieces {
+				return
+			}
+			lo := p * per
+			s.verifyRange(runs, all, base, ws[lo:min(lo+per, len(ws))])
+		}
+	}
+	wg.Add(workers - 1)
+	for range workers - 1 {
+		go func() {
+			defer wg.Done()
+			debug.SetPanicOnFault(onFault)
+			work()
+		}()
+	}
+	work()
+	wg.Wait()
+	if caught != nil {
+		panic(caught)
+	}
+}
+
+// verifyRange verifies ws, a part of the window of runs; all is every want
+// of the call, and all[base] the window's first (so all[base].run is the
+// index of runs[0] among the call's runs).
+func (s *Store) verifyRange(runs []run, all []want, base int, ws []want) {
+	gb := s.geo.GroupBytes()
+	stride := int(s.geo.GroupStride())
+	first := all[base].run
+	var hits, bounced uint64
+	for i := range ws {
+		w := &ws[i]
+		q := w.r
+		if q == nil {
+			continue // its I/O failed
+		}
+		r := &runs[w.run-first]
+		if r.mode == landBounce {
+			// Verify in the bounce buffer, which only the store writes,
+			// then copy.
+			g := w.idx - r.first
+			src := r.buf[g*stride : g*stride+gb]
+			if got := CRC32C(src); got != w.crc {
+				s.corruptReq(w, got)
+				continue
+			}
+			land(w, src)
+			bounced += uint64(gb)
+		} else if got := destCRC(w); got != w.crc {
+			// The group landed in the caller's memory, which another
+			// process may write meanwhile (a client's shared mapping):
+			// verify again from a private copy before calling it
+			// corrupt.
+			if err := s.reverify(w); err != nil {
+				q.Err = err
+				continue
+			}
+			bounced += uint64(gb)
+		}
+		hits++
+	}
+	if hits > 0 {
+		s.m.reads.Add(hits)
+		s.m.hits.Add(hits)
+		s.m.bytesRead.Add(hits * uint64(gb))
+	}
+	if bounced > 0 {
+		s.m.bounced.Add(bounced)
+	}
+}
+
+// destCRC is the CRC32C of the group as it lies in w's destination.
+func destCRC(w *want) uint32 {
+	q := w.r
+	if w.rows == 0 {
+		return CRC32C(q.Buf)
+	}
+	var c uint32
+	for row := range w.rows {
+		o := row * q.Pitch
+		c = crc32.Update(c, castagnoli, q.Buf[o:o+q.RowBytes])
+	}
+	return c
+}
+
+// land copies a group's bytes into w's destination.
+func land(w *want, src []byte) {
+	q := w.r
+	if w.rows == 0 {
+		copy(q.Buf, src)
+		return
+	}
+	rb := q.RowBytes
+	for row := range w.rows {
+		copy(q.Buf[row*q.Pitch:row*q.Pitch+rb], src[row*rb:(row+1)*rb])
+	}
+}
+
+// corruptReq zeroes w's destination and reports the group corrupt.
+func (s *Store) corruptReq(w *want, got uint32) {
+	q := w.r
+	if w.rows == 0 {
+		clear(q.Buf)
+	} else {
+		for row := range w.rows {
+			clear(q.Buf[row*q.Pitch : row*q.Pitch+q.RowBytes])
+		}
+	}
+	q.Err = fmt.Errorf("%w: %v: crc32c %08x, header says %08x", ErrCorrupt, q.Key, got, w.crc)
 	s.m.corrupt.Add(1)
 }
 
-// reverify reads group idx of slot (pinned by the caller) into a bounce
+// reverify reads w's group (its slot pinned by the caller) into a bounce
 // buffer and checks it there. When it verifies, its bytes are copied into
-// q.Buf and the group is not corrupt: the mismatch was in memory someone
-// else wrote. Otherwise the group is corrupt (q.Buf zeroed, counted), or
-// the read failed (the error is returned).
-func (s *Store) reverify(slot int64, idx int, q *ReadReq, want uint32) error {
+// the destination and the group is not corrupt: the mismatch was in memory
+// someone else wrote. Otherwise the group is corrupt (destination zeroed,
+// counted), or the read failed (the error is returned).
+func (s *Store) reverify(w *want) error {
+	q := w.r
 	gb, stride := s.geo.GroupBytes(), int(s.geo.GroupStride())
 	b, err := s.getBounce()
 	if err != nil {
 		return fmt.Errorf("store: read %v: %w", q.Key, err)
 	}
 	defer s.putBounce(b)
-	io := []IO{{Op: OpRead, Off: s.groupOffset(slot, idx), Stream: StreamData, Buf: b[:stride]}}
+	io := []IO{{Op: OpRead, Off: s.groupOffset(w.slot, w.idx), Stream: StreamData, Buf: b[:stride]}}
 	if err := s.e.Do(io); err == nil {
 		err = io[0].Err
 	}
@@ -222,29 +571,16 @@ func (s *Store) reverify(slot int64, idx int, q *ReadReq, want uint32) error {
 		s.m.ioErrors.Add(1)
 		return fmt.Errorf("store: read %v: %w", q.Key, err)
 	}
-	if got := CRC32C(b[:gb]); got != want {
-		s.corruptReq(q, got, want)
+	if got := CRC32C(b[:gb]); got != w.crc {
+		s.corruptReq(w, got)
 		return q.Err
 	}
-	copy(q.Buf, b[:gb])
+	land(w, b[:gb])
 	return nil
 }
 
-// contiguous reports whether the requests' buffers follow each other in
-// memory in order. Callers also check that the first buffer's capacity spans
-// them all, so they are parts of one allocation.
-func contiguous(reqs []*ReadReq) bool {
-	for i := 1; i < len(reqs); i++ {
-		prev := reqs[i-1].Buf
-		if uintptr(unsafe.Pointer(&reqs[i].Buf[0])) != uintptr(unsafe.Pointer(&prev[0]))+uintptr(len(prev)) {
-			return false
-		}
-	}
-	return true
-}
-
-// checkRequest validates one group request: key within the geometry and a
-// buffer of exactly one group.
+// checkRequest validates one group request of a write: key within the
+// geometry and data of exactly one group.
 func (s *Store) checkRequest(k layout.Key, n int) error {
 	if err := s.geo.CheckKey(k); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)

@@ -12,7 +12,10 @@ import (
 	"github.com/kvfs/kvfs/layout"
 )
 
-// WriteReq stores one group. Data must be exactly GroupBytes long.
+// WriteReq stores one group. Data must be exactly GroupBytes long and must
+// not change until Write returns (its checksum is computed first; a run of
+// groups whose Data are adjacent slices of one aligned buffer, the first
+// one's capacity spanning the run, is written straight from it).
 type WriteReq struct {
 	Key  layout.Key
 	Data []byte
@@ -25,6 +28,7 @@ type plan struct {
 	block  uint64
 	reqs   []*WriteReq
 	groups map[int][]byte // group index → data (the last request wins)
+	crcs   map[int]uint32 // group index → CRC32C of its data
 	base   *Header        // header the new one starts from (nil: new block)
 	old    int64          // slot being replaced (copy-on-write), -1 when none
 	target int64          // slot receiving the payloads and the new header
@@ -41,6 +45,16 @@ func (p *plan) fail(err error) {
 	}
 }
 
+// writeCall is one Write call waiting for a committer (group commit).
+// done and err are written by the committer with wmu held and read by the
+// caller after it takes wmu.
+type writeCall struct {
+	reqs []WriteReq
+	crcs []uint32 // per request; valid where the request's Err is nil
+	done bool
+	err  error
+}
+
 // Write stores a batch of groups durably. Crash safety, per block:
 //
 //   - A block's new groups go into positions its current header marks
@@ -55,50 +69,100 @@ func (p *plan) fail(err error) {
 // After a crash at any point every group reads as its old value, its new
 // value, or absent. The returned error is for the batch as a whole; each
 // request's Err says whether that group is durable.
+//
+// Group commit: checksums are computed by the caller's goroutine before it
+// queues its call; the first caller to take wmu commits every call queued
+// by then as one batch (one payload sync, one header sync for all), and
+// the callers it served find their calls done when they get wmu. Calls
+// naming the same group in one commit: the one queued last wins.
 func (s *Store) Write(reqs []WriteReq) error {
 	start := time.Now()
 	if err := s.checkOpen(); err != nil {
 		return err
 	}
-	gb := s.geo.GroupBytes()
-	byBlock := map[uint64]*plan{}
-	var plans []*plan
+	crcs := make([]uint32, len(reqs))
+	valid := 0
 	for i := range reqs {
 		r := &reqs[i]
 		if r.Err = s.checkRequest(r.Key, len(r.Data)); r.Err != nil {
 			continue
 		}
-		p := byBlock[r.Key.Block]
-		if p == nil {
-			p = &plan{block: r.Key.Block, groups: map[int][]byte{}, old: -1, target: -1}
-			byBlock[r.Key.Block] = p
-			plans = append(plans, p)
-		}
-		p.reqs = append(p.reqs, r)
-		p.groups[s.geo.Index(r.Key)] = r.Data
+		crcs[i] = CRC32C(r.Data)
+		valid++
 	}
-	if len(plans) == 0 {
+	if valid == 0 {
 		return nil
 	}
+	c := &writeCall{reqs: reqs, crcs: crcs}
+	s.wq.Lock()
+	s.wq.pending = append(s.wq.pending, c)
+	s.wq.Unlock()
 	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if err := s.checkOpen(); err != nil {
-		return err
+	if !c.done {
+		s.wq.Lock()
+		calls := s.wq.pending
+		s.wq.pending = nil
+		s.wq.Unlock()
+		s.commit(calls)
 	}
-	err := s.writePlans(plans)
+	s.wmu.Unlock()
+	if s.opts.Observe != nil {
+		s.opts.Observe(OpWrite, len(reqs), time.Since(start))
+	}
+	return c.err
+}
+
+// commitHook, when set (by the store's tests), runs as a commit starts,
+// with wmu held, and is told how many calls it commits.
+var commitHook func(s *Store, calls int)
+
+// commit writes the queued calls as one batch. Called with wmu held.
+func (s *Store) commit(calls []*writeCall) {
+	if commitHook != nil {
+		commitHook(s, len(calls))
+	}
+	var err error
+	defer func() {
+		for _, c := range calls {
+			c.err, c.done = err, true
+		}
+	}()
+	if err = s.checkOpen(); err != nil {
+		return
+	}
+	gb := s.geo.GroupBytes()
+	byBlock := map[uint64]*plan{}
+	var plans []*plan
+	for _, c := range calls {
+		for i := range c.reqs {
+			r := &c.reqs[i]
+			if r.Err != nil {
+				continue
+			}
+			p := byBlock[r.Key.Block]
+			if p == nil {
+				p = &plan{block: r.Key.Block, groups: map[int][]byte{}, crcs: map[int]uint32{}, old: -1, target: -1}
+				byBlock[r.Key.Block] = p
+				plans = append(plans, p)
+			}
+			idx := s.geo.Index(r.Key)
+			p.reqs = append(p.reqs, r)
+			p.groups[idx], p.crcs[idx] = r.Data, c.crcs[i]
+		}
+	}
+	err = s.writePlans(plans)
+	var n uint64
 	for _, p := range plans {
 		for _, r := range p.reqs {
 			r.Err = p.err
 			if p.err == nil {
-				s.m.writes.Add(1)
-				s.m.bytesWritten.Add(uint64(gb))
+				n++
 			}
 		}
 	}
-	if s.opts.Observe != nil {
-		s.opts.Observe(OpWrite, len(reqs), time.Since(start))
-	}
-	return err
+	s.m.writes.Add(n)
+	s.m.bytesWritten.Add(n * uint64(gb))
+	s.m.commits.Add(1)
 }
 
 // writePlans runs the write protocol. Called with wmu held.
@@ -260,8 +324,8 @@ func (s *Store) writePlans(plans []*plan) error {
 					h.set(idx, p.base.CRC[idx], p.base.MTime[idx])
 				}
 			}
-			for idx, d := range p.groups {
-				h.set(idx, CRC32C(d), now)
+			for idx := range p.groups {
+				h.set(idx, p.crcs[idx], now) // computed before wmu
 			}
 			s.mu.gen++
 			h.Slot, h.Block, h.Gen, h.Live = p.target, p.block, s.mu.gen, true
@@ -416,19 +480,20 @@ func (s *Store) carryGroups(plans []*plan) {
 // readFromSlots reads groups from the plans' old slots (pinned by the
 // writer), verifying checksums against the plans' base headers.
 func (s *Store) readFromSlots(reqs []ReadReq, owners []*plan) error {
-	runs := make([]*run, 0, len(reqs))
+	sc := s.getScratch()
+	defer s.putScratch(sc)
 	for i := range reqs {
 		p := owners[i]
 		idx := s.geo.Index(reqs[i].Key)
-		runs = append(runs, &run{slot: p.old, first: idx, n: 1, reqs: []*ReadReq{&reqs[i]}, rel: []int{0}, crcs: []uint32{p.base.CRC[idx]}})
+		sc.wants = append(sc.wants, want{r: &reqs[i], slot: p.old, idx: idx, crc: p.base.CRC[idx]})
 	}
-	return s.readRuns(runs)
+	return s.readWants(sc, sc.wants)
 }
 
 // writePayloads writes the new and carried groups of every live plan, then
 // syncs. Plans whose writes fail are marked failed.
 func (s *Store) writePayloads(plans []*plan) error {
-	stride := int(s.geo.GroupStride())
+	stride, gb, align := int(s.geo.GroupStride()), s.geo.GroupBytes(), s.e.Align()
 	maxGroups := max(1, s.opts.MaxIO/stride)
 	var ios []IO
 	var owners []*plan
@@ -438,6 +503,7 @@ func (s *Store) writePayloads(plans []*plan) error {
 			s.putBounce(b)
 		}
 	}()
+	var cur []byte // the unused rest of the last bounce buffer
 	for _, p := range livePlans(plans) {
 		all := map[int][]byte{}
 		for idx, d := range p.carry {
@@ -459,12 +525,30 @@ func (s *Store) writePayloads(plans []*plan) error {
 			for hi < len(idxs) && idxs[hi] == idxs[hi-1]+1 && hi-lo < maxGroups {
 				hi++
 			}
-			buf, err := s.getBounce()
-			if err != nil {
-				return err
+			// Direct: the run's data follows each other in memory, the
+			// first slice's capacity spanning the run (one range of one
+			// allocation, as for reads), aligned for the engine. The
+			// checksums were computed from this memory, which the caller
+			// leaves unchanged until Write returns.
+			need := (hi - lo) * stride
+			if d := all[idxs[lo]]; stride == gb && cap(d) >= need && Aligned(d[:need], align) && followsAll(all, idxs[lo:hi]) {
+				ios = append(ios, IO{Op: OpWrite, Off: s.groupOffset(p.target, idxs[lo]), Buf: d[:need:need], Stream: stream})
+				owners = append(owners, p)
+				lo = hi
+				continue
 			}
-			bufs = append(bufs, buf)
-			buf = buf[:(hi-lo)*stride]
+			// Bounce memory sized to the data: runs are carved one
+			// after another out of MaxIO-sized buffers.
+			if len(cur) < need {
+				b, err := s.getBounce()
+				if err != nil {
+					return err
+				}
+				bufs = append(bufs, b)
+				cur = b
+			}
+			var buf []byte
+			buf, cur = cur[:need:need], cur[need:]
 			clear(buf)
 			for k := lo; k < hi; k++ {
 				copy(buf[(k-lo)*stride:], all[idxs[k]])
@@ -480,6 +564,17 @@ func (s *Store) writePayloads(plans []*plan) error {
 	s.writePhase("before-payloads", owners, ios)
 	s.syncPhase(livePlans(plans))
 	return nil
+}
+
+// followsAll reports whether the data of groups idxs follow each other in
+// memory, in order.
+func followsAll(all map[int][]byte, idxs []int) bool {
+	for k := 1; k < len(idxs); k++ {
+		if !follows(all[idxs[k-1]], all[idxs[k]]) {
+			return false
+		}
+	}
+	return true
 }
 
 // writePhase passes failpoint fp, then runs ios; owners[i] is the plan of

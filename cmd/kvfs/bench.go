@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -23,6 +24,9 @@ import (
 // benchOptions are the flags of kvfs bench.
 type benchOptions struct {
 	storeFlags
+	ringFlags
+	cpuProfile string
+	fioJobs    int
 	op         string
 	pattern    string
 	ioSize     string
@@ -56,6 +60,18 @@ type benchReport struct {
 	Seconds       float64  `json:"seconds"`
 	BlocksPerCall int      `json:"blocks_per_call,omitempty"`
 	GroupsPerCall int      `json:"groups_per_call,omitempty"`
+	// Rings is the engine's io_uring instances (0 for posix); QueueDepth
+	// the engine's queue depth per ring.
+	Rings    int `json:"rings"`
+	EngineQD int `json:"engine_qd"`
+	// CPUs is this process's CPU time over the run (getrusage, user +
+	// system seconds), CPUsPerGB that per 10^9 bytes moved; the fio keys
+	// are fio's (its process and its jobs), null when fio was not run.
+	CPUs         float64  `json:"cpu_s"`
+	CPUsPerGB    float64  `json:"cpu_s_per_gb"`
+	FioCPUs      *float64 `json:"fio_cpu_s"`
+	FioCPUsPerGB *float64 `json:"fio_cpu_s_per_gb"`
+	FioJobs      int      `json:"fio_jobs,omitempty"`
 }
 
 func init() {
@@ -92,7 +108,10 @@ of --io-size at --qd.`,
 	f.BoolVar(&o.forceWrite, "force-write", false, "allow writes that destroy a store's data")
 	f.IntVar(&o.blocks, "blocks", 0, "blocks mode: read N whole random blocks per store.Read call")
 	f.IntVar(&o.fill, "fill", 0, "blocks mode: first write random blocks until the store holds K (needs --force-write)")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measurement to FILE (go tool pprof)")
+	f.IntVar(&o.fioJobs, "fio-jobs", 1, "--vs-fio: fio jobs (processes), each with --qd in flight")
 	addEngineFlag(c, &o.engine)
+	addRingFlags(c, &o.ringFlags)
 	addCommand(c)
 }
 
@@ -124,11 +143,28 @@ func (o *benchOptions) run(cmd *cobra.Command, path string) error {
 		return usageErrorf("--fill is for blocks mode (--blocks N)")
 	case o.blocks > 0 && o.op != bench.OpRead:
 		return usageErrorf("--blocks measures reads; --op write is for engine mode")
+	case o.fioJobs < 1 || o.fioJobs > 256:
+		return usageErrorf("--fio-jobs %d: want 1 to 256", o.fioJobs)
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	dur := time.Duration(o.seconds * float64(time.Second))
 	eo := engine.Options{Kind: kind, Logger: log, QueueDepth: max(o.qd, 1)}
+	if o.blocks > 0 {
+		// One call of B blocks is up to B·(groups per block) IOs (fewer
+		// when coalesced); the engine must not be the throttle.
+		eo.QueueDepth = blocksQueueDepth(o.qd, o.blocks)
+	}
+	if err := o.ringFlags.apply(&eo); err != nil {
+		return err
+	}
+	if o.cpuProfile != "" {
+		stopProfile, err := startCPUProfile(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stopProfile()
+	}
 
 	var rep benchReport
 	if o.blocks > 0 {
@@ -199,12 +235,45 @@ func (o *benchOptions) runEngine(ctx context.Context, path string, eo engine.Opt
 		return benchReport{}, err
 	}
 	rep := fromResult(path, r)
+	rep.Rings, rep.EngineQD = engineRings(e), eo.QueueDepth
 	return rep, e.Close()
+}
+
+// blocksQueueDepth is the engine queue depth of blocks mode: at least 64
+// and twice the IOs qd calls of blocks whole blocks can have in flight
+// when each block is one coalesced read, so that deep benchmarks are not
+// throttled by the engine.
+func blocksQueueDepth(qd, blocks int) int { return max(64, 2*qd*blocks) }
+
+// engineRings is the ring count of a ring engine, 0 for others.
+func engineRings(e store.Engine) int {
+	if r, ok := e.(interface{ Rings() int }); ok {
+		return r.Rings()
+	}
+	return 0
+}
+
+// startCPUProfile writes a CPU profile to path until the returned
+// function runs.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 func fromResult(path string, r bench.Result) benchReport {
 	return benchReport{Path: path, Engine: r.Engine, Op: r.Op, Pattern: r.Pattern, IOSize: r.IOSize, QD: r.QD,
-		GBps: r.GBps, IOPS: r.IOPS, P50us: r.P50us, P99us: r.P99us, Bytes: r.Bytes, Ops: r.Ops, Seconds: r.Seconds}
+		GBps: r.GBps, IOPS: r.IOPS, P50us: r.P50us, P99us: r.P99us, Bytes: r.Bytes, Ops: r.Ops, Seconds: r.Seconds,
+		CPUs: r.CPUs, CPUsPerGB: r.CPUsPerGB}
 }
 
 // compareFio runs fio on the job rep describes (in blocks mode: random
@@ -214,7 +283,7 @@ func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchRe
 	if err != nil {
 		return err
 	}
-	fc := bench.FioConfig{Path: path, Op: o.op, Pattern: o.pattern, IOSize: ioSize, QD: o.qd, Duration: dur, Fio: fio}
+	fc := bench.FioConfig{Path: path, Op: o.op, Pattern: o.pattern, IOSize: ioSize, QD: o.qd, Duration: dur, Fio: fio, NumJobs: o.fioJobs}
 	if o.blocks > 0 {
 		fc.Op, fc.Pattern = bench.OpRead, bench.PatternRandom
 	}
@@ -243,6 +312,7 @@ func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchRe
 		ratio = rep.GBps / gbps
 	}
 	rep.FioGBps, rep.RatioVsFio = &gbps, &ratio
+	rep.FioCPUs, rep.FioCPUsPerGB, rep.FioJobs = &fr.CPUs, &fr.CPUsPerGB, fc.NumJobs
 	return nil
 }
 
@@ -271,18 +341,23 @@ func (o *benchOptions) runBlocks(ctx context.Context, path string, eo engine.Opt
 	}
 	return benchReport{Path: path, Engine: r.Engine, Op: bench.OpRead, Pattern: "blocks", IOSize: r.CallBytes, QD: r.QD,
 		GBps: r.GBps, IOPS: r.CallsPerSec, P50us: r.P50us, P99us: r.P99us, Bytes: r.Bytes, Ops: r.Calls, Seconds: r.Seconds,
-		BlocksPerCall: r.BlocksPerCall, GroupsPerCall: r.GroupsPerCall}, nil
+		BlocksPerCall: r.BlocksPerCall, GroupsPerCall: r.GroupsPerCall,
+		Rings: engineRings(s.Engine()), EngineQD: eo.QueueDepth, CPUs: r.CPUs, CPUsPerGB: r.CPUsPerGB}, nil
 }
 
 func (r benchReport) String() string {
-	s := fmt.Sprintf("%s %s %s bs=%d qd=%d: %.3f GB/s, %.0f IOPS, p50 %.0f µs, p99 %.0f µs (%d ops in %.2f s)",
-		r.Engine, r.Pattern, r.Op, r.IOSize, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.Ops, r.Seconds)
+	eng := r.Engine
+	if r.Rings > 0 {
+		eng = fmt.Sprintf("%s(%d rings)", r.Engine, r.Rings)
+	}
+	s := fmt.Sprintf("%s %s %s bs=%d qd=%d: %.3f GB/s, %.0f IOPS, p50 %.0f µs, p99 %.0f µs, cpu %.2f s = %.3f s/GB (%d ops in %.2f s)",
+		eng, r.Pattern, r.Op, r.IOSize, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.CPUs, r.CPUsPerGB, r.Ops, r.Seconds)
 	if r.BlocksPerCall > 0 {
-		s = fmt.Sprintf("%s store.Read of %d blocks (%d groups) per call, qd=%d: %.3f GB/s, %.0f calls/s, p50 %.0f µs, p99 %.0f µs (%d calls in %.2f s)",
-			r.Engine, r.BlocksPerCall, r.GroupsPerCall, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.Ops, r.Seconds)
+		s = fmt.Sprintf("%s store.Read of %d blocks (%d groups) per call, qd=%d: %.3f GB/s, %.0f calls/s, p50 %.0f µs, p99 %.0f µs, cpu %.2f s = %.3f s/GB (%d calls in %.2f s)",
+			eng, r.BlocksPerCall, r.GroupsPerCall, r.QD, r.GBps, r.IOPS, r.P50us, r.P99us, r.CPUs, r.CPUsPerGB, r.Ops, r.Seconds)
 	}
 	if r.FioGBps != nil {
-		s += fmt.Sprintf("; fio %.3f GB/s, ratio %.3f", *r.FioGBps, *r.RatioVsFio)
+		s += fmt.Sprintf("; fio %.3f GB/s, cpu %.3f s/GB, ratio %.3f", *r.FioGBps, *r.FioCPUsPerGB, *r.RatioVsFio)
 	}
 	return s
 }

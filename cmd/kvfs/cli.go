@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kvfs/kvfs/engine"
+	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
@@ -119,6 +121,37 @@ func storeArg(cmd *cobra.Command, args []string) error {
 // addEngineFlag registers --engine.
 func addEngineFlag(c *cobra.Command, kind *string) {
 	c.Flags().StringVar(kind, "engine", engine.KindAuto, "I/O engine: "+strings.Join(engine.Kinds, ", "))
+}
+
+// ringFlags are --rings and --pool-max of the commands that run an engine
+// hard (bench, mount).
+type ringFlags struct {
+	rings   int
+	poolMax string
+}
+
+func addRingFlags(c *cobra.Command, f *ringFlags) {
+	c.Flags().IntVar(&f.rings, "rings", 0, fmt.Sprintf("io_uring instances of the uring/nvme engine, callers spread over them (0: one per 4 usable cores, at most %d)", engine.MaxRings))
+	c.Flags().StringVar(&f.poolMax, "pool-max", "", "cap of the engine's registered buffer pool, which grows by segments when callers need more (default 1GiB or RAM/8; 0: never grows)")
+}
+
+// apply puts the flags into o.
+func (f ringFlags) apply(o *engine.Options) error {
+	if f.rings < 0 || f.rings > engine.MaxRings {
+		return usageErrorf("--rings %d: want 0 (auto) to %d", f.rings, engine.MaxRings)
+	}
+	o.Rings = f.rings
+	if f.poolMax != "" {
+		n, err := bytesize.Parse(f.poolMax)
+		if err != nil || n < 0 {
+			return usageErrorf("--pool-max %q: want a size like 512MiB, or 0", f.poolMax)
+		}
+		o.PoolMax = int(n)
+		if n == 0 {
+			o.PoolMax = -1
+		}
+	}
+	return nil
 }
 
 // storeFlags are the flags of every command that opens a store.

@@ -236,12 +236,16 @@ type benchLoadOptions struct {
 	fill          int
 	seed          uint64
 	json          bool
+	blocksPerCall int
+	layout        string
+	sweep         bool
+	daemonPID     int
 }
 
 func init() {
 	var o benchLoadOptions
 	c := &cobra.Command{
-		Use:   "bench-load MOUNTPOINT --groups-per-call N --calls N [--jobs J] [--fill K] [--json]",
+		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep] [--fill K] [--daemon-pid PID] [--json]",
 		Short: "Measure loads through the control ioctls into host shared memory",
 		Long: `Measure end-to-end LOAD throughput of the kvfs mounted on MOUNTPOINT: each
 call is one LOAD ioctl of --groups-per-call groups of whole random blocks
@@ -253,8 +257,18 @@ each, concurrently, on one open control file.
 The blocks are those listed in the mount's layer directories; --fill K first
 STOREs random blocks until K are present (this writes to the store).
 
+With --blocks-per-call N (ABI minor 2) each call is one LOAD_BLOCKS of N
+random whole blocks into cache blocks 0..N-1 of the caller's own KV-cache
+target, laid out as --layout: nhd (vLLM/FlashAttention [blocks, tokens,
+heads, head_dim], the default), hnd (FlashInfer [blocks, heads, tokens,
+head_dim]) or hf (one Hugging Face sequence [heads, tokens, head_dim]);
+the entries go inline up to 509, else through a registered entry array.
+
 Reports GB/s (wall clock), µs per ioctl (mean, p50, p99 of each call's
-latency) and µs per group (mean call latency / groups per call). Compare with
+latency) and µs per group (mean call latency / groups per call). --sweep runs
+the measurement with 1, 2, 4, 8 and 16 callers and prints a table.
+--daemon-pid PID adds the daemon's CPU time during each measurement
+(/proc/PID/stat), in core-seconds per GB moved. Compare with
 'kvfs bench STORE --blocks B --qd J' on the same store, unmounted, for the
 store's own cost with the same access pattern.`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -273,6 +287,10 @@ store's own cost with the same access pattern.`,
 	f.IntVar(&o.fill, "fill", 0, "first store random blocks until K blocks are present")
 	f.Uint64Var(&o.seed, "seed", 1, "random seed of the block choice")
 	f.BoolVar(&o.json, "json", false, "print the result as JSON")
+	f.IntVar(&o.blocksPerCall, "blocks-per-call", 0, "whole blocks per LOAD_BLOCKS (1..65536; 0: LOAD of --groups-per-call groups)")
+	f.StringVar(&o.layout, "layout", "nhd", "cache layout of --blocks-per-call: nhd, hnd or hf")
+	f.BoolVar(&o.sweep, "sweep", false, "measure with 1, 2, 4, 8 and 16 callers and print a table")
+	f.IntVar(&o.daemonPID, "daemon-pid", 0, "the daemon's pid: report its CPU core-seconds per GB")
 	addCommand(c)
 }
 
@@ -282,26 +300,51 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 		return usageErrorf("--groups-per-call %d: want 1..511 (one LOAD ioctl)", o.groupsPerCall)
 	case o.calls < 1 || o.jobs < 1 || o.warmup < 0 || o.fill < 0:
 		return usageErrorf("--calls and --jobs must be positive, --warmup and --fill not negative")
+	case o.blocksPerCall < 0 || o.blocksPerCall > 65536:
+		return usageErrorf("--blocks-per-call %d: want 1..65536 (one LOAD_BLOCKS)", o.blocksPerCall)
+	case o.layout != "nhd" && o.layout != "hnd" && o.layout != "hf":
+		return usageErrorf("--layout %q: want nhd, hnd or hf", o.layout)
+	case o.daemonPID < 0:
+		return usageErrorf("--daemon-pid %d", o.daemonPID)
 	}
 	c, err := client.Open(mountpoint)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	rep, err := bench.RunLoad(bench.LoadConfig{Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
-		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed})
-	switch {
-	case errors.Is(err, bench.ErrFewBlocks):
-		return fmt.Errorf("%w; put some, or pass --fill K", err)
-	case errors.Is(err, bench.ErrConfig):
-		return usageErrorf("%v", err)
-	case err != nil:
+	cfg := bench.LoadConfig{Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
+		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed,
+		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID}
+	if o.sweep {
+		reps, err := bench.RunLoadSweep(cfg, nil)
+		if err != nil {
+			return o.loadErr(err)
+		}
+		out := cmd.OutOrStdout()
+		if o.json {
+			return json.NewEncoder(out).Encode(reps)
+		}
+		_, err = fmt.Fprintln(out, bench.SweepTable(reps))
 		return err
+	}
+	rep, err := bench.RunLoad(cfg)
+	if err != nil {
+		return o.loadErr(err)
 	}
 	out := cmd.OutOrStdout()
 	if o.json {
 		return json.NewEncoder(out).Encode(rep)
 	}
 	_, err = fmt.Fprintln(out, rep)
+	return err
+}
+
+func (o *benchLoadOptions) loadErr(err error) error {
+	switch {
+	case errors.Is(err, bench.ErrFewBlocks):
+		return fmt.Errorf("%w; put some, or pass --fill K", err)
+	case errors.Is(err, bench.ErrConfig):
+		return usageErrorf("%v", err)
+	}
 	return err
 }

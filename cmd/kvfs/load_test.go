@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -145,6 +146,35 @@ func TestBenchLoad(t *testing.T) {
 	if !strings.Contains(string(r.stdout), "µs/group") {
 		t.Fatalf("text output: %s", r.stdout)
 	}
+	// LOAD_BLOCKS: 5 whole blocks per call (the store holds 3: blocks
+	// repeat in one call, into distinct cache blocks), each layout; the
+	// daemon is this process.
+	for _, lay := range []string{"nhd", "hnd", "hf"} {
+		r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "5", "--layout", lay, "--calls", "7", "--jobs", "2",
+			"--daemon-pid", strconv.Itoa(os.Getpid()), "--json")
+		r.want(t, 0)
+		rep = bench.LoadResult{}
+		if err := json.Unmarshal(r.stdout, &rep); err != nil {
+			t.Fatalf("%v: %s", err, r.stdout)
+		}
+		gpb := testGeo.GroupsPerBlock()
+		if rep.BlocksPerCall != 5 || rep.Layout != lay || rep.GroupsPerCall != 5*gpb || rep.Bytes != int64(2*7*5*gpb*512) ||
+			rep.NotOKBlocks != 0 || rep.GBps <= 0 || rep.UsPerBlock <= 0 || rep.CPUs < 0 || rep.ClientCPUs < 0 {
+			t.Fatalf("%s: report %+v", lay, rep)
+		}
+	}
+	// More than 509 blocks per call: the entry array.
+	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "600", "--layout", "hnd", "--calls", "2", "--json")
+	r.want(t, 0)
+	// A sweep prints one row per caller count.
+	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--calls", "3", "--sweep", "--daemon-pid", strconv.Itoa(os.Getpid()))
+	r.want(t, 0)
+	if lines := strings.Split(strings.TrimSpace(string(r.stdout)), "\n"); len(lines) != 2+len(bench.SweepJobs) ||
+		!strings.Contains(lines[1], "core-s/GB") || !strings.HasPrefix(strings.TrimSpace(lines[6]), "16 ") {
+		t.Fatalf("sweep table:\n%s", r.stdout)
+	}
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--layout", "xyz").want(t, 2, "--layout")
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "70000").want(t, 2, "1..65536")
 	kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "512").want(t, 2, "1..511")
 	kvfs(t, nil, "bench-load", mnt, "--calls", "0").want(t, 2, "--calls")
 	kvfs(t, nil, "bench-load").want(t, 2)

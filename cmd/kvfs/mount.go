@@ -36,6 +36,7 @@ import (
 // mountOptions are the flags of kvfs mount.
 type mountOptions struct {
 	storeFlags
+	ringFlags
 	daemon      bool
 	allowOther  bool
 	metricsAddr string
@@ -83,6 +84,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	}
 	f := c.Flags()
 	addEngineFlag(c, &o.engine)
+	addRingFlags(c, &o.ringFlags)
 	f.BoolVar(&o.daemon, "daemon", false, "run detached; return once the mount answers")
 	f.BoolVar(&o.allowOther, "allow-other", false, "let other users use the mount (the kernel then checks permissions)")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on ADDR (host:port) at /metrics")
@@ -166,6 +168,9 @@ func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) err
 	}
 	if _, err := engine.ParseKind(o.engine); err != nil {
 		return usageErrorf("--engine: %v", err)
+	}
+	if err := o.ringFlags.apply(&engine.Options{}); err != nil {
+		return err
 	}
 	if o.daemon && os.Getenv(daemonEnv) == "" {
 		return o.startDaemon(cmd, storePath, mountpoint)
@@ -331,7 +336,11 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	defer signal.Stop(sigs)
 
 	pm := newPromMetrics()
-	s, closeAll, err := engine.OpenStore(storePath, engine.Options{Kind: kind, Logger: log},
+	eo := engine.Options{Kind: kind, Logger: log}
+	if err := o.ringFlags.apply(&eo); err != nil {
+		return err
+	}
+	s, closeAll, err := engine.OpenStore(storePath, eo,
 		store.Options{Logger: log, Observe: pm.observe})
 	if err != nil {
 		return err

@@ -18,8 +18,9 @@ const Version = 1
 // Minor is the minor version of ABI 1 this package speaks, reported in
 // Info.ABIMinor. Minor 1 added REGISTER_FD, the pinning limits of INFO, the
 // per-entry BadOverlap detail and strict path registration; a daemon of
-// minor 0 reports 0 there (the field was reserved).
-const Minor = 1
+// minor 0 reports 0 there (the field was reserved). Minor 2 added KV-cache
+// targets and block-granular LOAD/STORE (blocks.go, CapBlocks).
+const Minor = 2
 
 // Magic is the ioctl type byte of kvfs.
 const Magic = 0xB7
@@ -205,7 +206,7 @@ type Info struct {
 	MaxPinnedPerUID    uint64 // share of one uid
 	PinnedBytes        uint64 // pinned now, all callers
 	ABIMinor           uint32 // Minor of the daemon (0 before minor 1)
-	Reserved1          uint32
+	MaxBlockEntries    uint32 // minor 2: block entries per LOAD_BLOCKS/STORE_BLOCKS (0 before)
 	Reserved           [3]uint64
 }
 
@@ -240,7 +241,7 @@ func (i *Info) Marshal(b []byte) {
 	le.PutUint64(b[144:], i.MaxPinnedPerUID)
 	le.PutUint64(b[152:], i.PinnedBytes)
 	le.PutUint32(b[160:], i.ABIMinor)
-	le.PutUint32(b[164:], i.Reserved1)
+	le.PutUint32(b[164:], i.MaxBlockEntries)
 	for k, v := range i.Reserved {
 		le.PutUint64(b[168+8*k:], v)
 	}
@@ -276,7 +277,7 @@ func (i *Info) Unmarshal(b []byte) {
 	i.MaxPinnedPerUID = le.Uint64(b[144:])
 	i.PinnedBytes = le.Uint64(b[152:])
 	i.ABIMinor = le.Uint32(b[160:])
-	i.Reserved1 = le.Uint32(b[164:])
+	i.MaxBlockEntries = le.Uint32(b[164:])
 	for k := range i.Reserved {
 		i.Reserved[k] = le.Uint64(b[168+8*k:])
 	}

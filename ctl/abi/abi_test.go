@@ -39,6 +39,11 @@ func goLayout() []layoutField {
 	add("kvfs_register_fd", RegisterFD{})
 	add("kvfs_batch_hdr", BatchHeader{})
 	add("kvfs_entry", Entry{})
+	add("kvfs_target_region", TargetRegion{})
+	add("kvfs_target", Target{})
+	add("kvfs_unregister_target", UnregisterTarget{})
+	add("kvfs_blocks", Blocks{})
+	add("kvfs_block_entry", BlockEntry{})
 	return fs
 }
 
@@ -46,7 +51,7 @@ func cName(goName string) string {
 	special := map[string]string{
 		"ABI": "abi", "KVHeads": "kv_heads", "DType": "dtype", "DTypeBytes": "dtype_bytes",
 		"NOK": "n_ok", "UUID": "uuid", "MaxRegisteredBytes": "max_registered_bytes",
-		"FD": "fd", "MaxPinnedPerUID": "max_pinned_per_uid", "ABIMinor": "abi_minor",
+		"FD": "fd", "MaxPinnedPerUID": "max_pinned_per_uid", "ABIMinor": "abi_minor", "GroupsOK": "groups_ok",
 	}
 	if s, ok := special[goName]; ok {
 		return s
@@ -76,6 +81,11 @@ func TestGoLayout(t *testing.T) {
 		{"RegisterFD", unsafe.Sizeof(RegisterFD{}), RegisterFDSize},
 		{"BatchHeader", unsafe.Sizeof(BatchHeader{}), BatchHeaderSize},
 		{"Entry", unsafe.Sizeof(Entry{}), EntrySize},
+		{"TargetRegion", unsafe.Sizeof(TargetRegion{}), RegionSize},
+		{"Target", unsafe.Sizeof(Target{}), TargetSize},
+		{"UnregisterTarget", unsafe.Sizeof(UnregisterTarget{}), UnregisterTargetSize},
+		{"Blocks", unsafe.Sizeof(Blocks{}), BlocksSize},
+		{"BlockEntry", unsafe.Sizeof(BlockEntry{}), BlockEntrySize},
 	} {
 		if int(c.got) != c.want {
 			t.Errorf("sizeof %s = %d, want %d", c.name, c.got, c.want)
@@ -85,7 +95,11 @@ func TestGoLayout(t *testing.T) {
 		t.Fatalf("batch sizes %d %d %d", BatchMax, BatchSize, BatchSmallSz)
 	}
 	if unsafe.Offsetof(Entry{}.Status) != EntryStatusOff || unsafe.Offsetof(Entry{}.Detail) != EntryDetailOff ||
-		unsafe.Offsetof(BatchHeader{}.NOK) != HeaderNOKOff {
+		unsafe.Offsetof(BatchHeader{}.NOK) != HeaderNOKOff ||
+		unsafe.Offsetof(Target{}.Target) != TargetOutOff || unsafe.Offsetof(Blocks{}.NOK) != BlocksNOKOff ||
+		unsafe.Offsetof(Blocks{}.Groups) != BlocksGroupsOff || unsafe.Offsetof(BlockEntry{}.Status) != BlockStatusOff ||
+		unsafe.Offsetof(BlockEntry{}.Detail) != BlockDetailOff || unsafe.Offsetof(BlockEntry{}.GroupsOK) != BlockGroupsOKOff ||
+		unsafe.Offsetof(Target{}.Regions) != TargetHeaderSize {
 		t.Fatal("output field offsets")
 	}
 }
@@ -99,7 +113,8 @@ func TestMarshalOffsets(t *testing.T) {
 		t.Skip("memory image comparison assumes little-endian")
 	}
 	type marshaler interface{ Marshal([]byte) }
-	for _, v := range []marshaler{&Info{}, &RegisterHost{}, &Unregister{}, &RegisterFD{}, &BatchHeader{}, &Entry{}} {
+	for _, v := range []marshaler{&Info{}, &RegisterHost{}, &Unregister{}, &RegisterFD{}, &BatchHeader{}, &Entry{},
+		&Target{}, &UnregisterTarget{}, &Blocks{}, &BlockEntry{}} {
 		rv := reflect.ValueOf(v).Elem()
 		size := rv.Type().Size()
 		img := unsafe.Slice((*byte)(rv.Addr().UnsafePointer()), size)
@@ -154,6 +169,13 @@ func TestCHeader(t *testing.T) {
 		"KVFS_BAD_REQUEST": uint32(BadRequest), "KVFS_IO_ERROR": uint32(IOError), "KVFS_NO_SPACE": uint32(NoSpace),
 		"KVFS_BAD_NONE": uint32(BadNone), "KVFS_BAD_KEY": uint32(BadKey), "KVFS_BAD_BUFFER": uint32(BadBuffer),
 		"KVFS_BAD_RANGE": uint32(BadRange), "KVFS_BAD_PITCH": uint32(BadPitch), "KVFS_BAD_RESERVED": uint32(BadReserved),
+		"KVFS_CAP_BLOCKS": uint32(CapBlocks), "KVFS_IOC_REGISTER_TARGET": CmdRegisterTarget, "KVFS_IOC_UNREGISTER_TARGET": CmdUnregisterTarget,
+		"KVFS_IOC_LOAD_BLOCKS": CmdLoadBlocks, "KVFS_IOC_STORE_BLOCKS": CmdStoreBlocks,
+		"KVFS_IOC_LOAD_BLOCKS_INLINE": CmdLoadBlocksInline, "KVFS_IOC_STORE_BLOCKS_INLINE": CmdStoreBlocksInline,
+		"KVFS_TARGET_MAX_REGIONS": TargetMaxRegions, "KVFS_TARGET_MAX_LAYERS": TargetMaxLayers,
+		"KVFS_BLOCKS_MAX": BlocksMax, "KVFS_BLOCKS_INLINE_MAX": BlocksInlineMax,
+		"sizeof(struct kvfs_blocks_inline)": BlocksInlineSize,
+		"KVFS_KINDS_K":                      KindsK, "KVFS_KINDS_V": KindsV, "KVFS_KINDS_BOTH": KindsBoth,
 	}
 	for name := range cmds {
 		fmt.Fprintf(&src, "\tprintf(\"%s %%llu\\n\", (unsigned long long)(%s));\n", name, name)
@@ -213,6 +235,8 @@ func TestIoctlNumbers(t *testing.T) {
 	}{
 		{CmdInfo, 0x80c0b701}, {CmdRegisterHost, 0xd000b702}, {CmdUnregister, 0x4008b703}, {CmdRegisterFD, 0xc040b705},
 		{CmdLoad, 0xfff0b710}, {CmdStore, 0xfff0b711}, {CmdLoadSmall, 0xc7f0b712}, {CmdStoreSmall, 0xc7f0b713},
+		{CmdRegisterTarget, 0xffc0b720}, {CmdUnregisterTarget, 0x4008b721}, {CmdLoadBlocks, 0xc040b722},
+		{CmdStoreBlocks, 0xc040b723}, {CmdLoadBlocksInline, 0xffe0b724}, {CmdStoreBlocksInline, 0xffe0b725},
 	} {
 		if c.cmd != c.want {
 			t.Errorf("command %#x, want %#x", c.cmd, c.want)
@@ -228,7 +252,8 @@ func TestIoctlNumbers(t *testing.T) {
 		0x80086601, 0x40086602, 0x801c581f, 0x401c5820, // FS_IOC_{GET,SET}FLAGS FS_IOC_FS{GET,SET}XATTR
 		0x80111500, 0x80811501, // FS_IOC_GETFSUUID FS_IOC_GETFSSYSFSPATH
 	}
-	for _, ours := range []uint32{CmdInfo, CmdRegisterHost, CmdUnregister, CmdRegisterFD, CmdLoad, CmdStore, CmdLoadSmall, CmdStoreSmall} {
+	for _, ours := range []uint32{CmdInfo, CmdRegisterHost, CmdUnregister, CmdRegisterFD, CmdLoad, CmdStore, CmdLoadSmall, CmdStoreSmall,
+		CmdRegisterTarget, CmdUnregisterTarget, CmdLoadBlocks, CmdStoreBlocks, CmdLoadBlocksInline, CmdStoreBlocksInline} {
 		for _, v := range vfs {
 			if ours == v || (ours>>8&0xff) == (v>>8&0xff) {
 				t.Errorf("command %#x shares a type byte with VFS ioctl %#x", ours, v)

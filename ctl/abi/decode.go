@@ -58,6 +58,11 @@ func (o Op) String() string {
 		return "store"
 	case OpRegisterFD:
 		return "register-fd"
+	case OpRegisterCUDA:
+		return "register-cuda"
+	}
+	if b := o.blocksString(); b != "" {
+		return b
 	}
 	return "op(" + itoa(int(o)) + ")"
 }
@@ -68,7 +73,9 @@ type Command struct {
 	Size int // _IOC_SIZE
 	In   bool
 	Out  bool
-	Max  int // batch capacity (OpLoad, OpStore)
+	Max  int // batch capacity (OpLoad, OpStore, OpLoadBlocks, OpStoreBlocks)
+	// Inline: LOAD_BLOCKS/STORE_BLOCKS with the entries in the argument.
+	Inline bool
 }
 
 // Lookup returns the command cmd stands for.
@@ -83,6 +90,8 @@ func Lookup(cmd uint32) (Command, error) {
 		c = Command{Op: OpUnregister}
 	case CmdRegisterFD:
 		c = Command{Op: OpRegisterFD}
+	case CmdRegisterCUDA:
+		c = Command{Op: OpRegisterCUDA}
 	case CmdLoad:
 		c = Command{Op: OpLoad, Max: BatchMax}
 	case CmdStore:
@@ -92,7 +101,10 @@ func Lookup(cmd uint32) (Command, error) {
 	case CmdStoreSmall:
 		c = Command{Op: OpStore, Max: BatchSmallMax}
 	default:
-		return Command{}, fmt.Errorf("%w: %#08x", ErrCommand, cmd)
+		var ok bool
+		if c, ok = lookupBlocks(cmd); !ok {
+			return Command{}, fmt.Errorf("%w: %#08x", ErrCommand, cmd)
+		}
 	}
 	c.Size = IoctlSize(cmd)
 	c.In = IoctlDir(cmd)&dirWrite != 0
@@ -105,12 +117,16 @@ func Lookup(cmd uint32) (Command, error) {
 // with Entry.Unmarshal, so a batch costs no allocation.
 type Request struct {
 	Command
-	Register   RegisterHost // OpRegisterHost
-	Path       string       // OpRegisterHost: Register.Path up to its NUL
-	Unregister Unregister   // OpUnregister
-	RegisterFD RegisterFD   // OpRegisterFD
-	Header     BatchHeader  // OpLoad, OpStore
-	Entries    []byte       // OpLoad, OpStore
+	Register     RegisterHost // OpRegisterHost
+	Path         string       // OpRegisterHost: Register.Path up to its NUL
+	Unregister   Unregister   // OpUnregister
+	RegisterFD   RegisterFD   // OpRegisterFD
+	RegisterCUDA RegisterCUDA // OpRegisterCUDA
+	Header       BatchHeader  // OpLoad, OpStore
+	Entries      []byte       // OpLoad, OpStore
+
+	// Blocks is the input of the minor-2 commands (blocks.go).
+	Blocks BlocksRequest
 }
 
 // Decode checks an ioctl's command and argument sizes and decodes its input.
@@ -173,6 +189,10 @@ func Decode(cmd uint32, in []byte, outLen int) (Request, error) {
 		if q.FD < 0 {
 			return r, fmt.Errorf("%w: %d", ErrFD, q.FD)
 		}
+	case OpRegisterCUDA:
+		if err := r.RegisterCUDA.decode(in); err != nil {
+			return r, err
+		}
 	case OpUnregister:
 		r.Unregister.Unmarshal(in)
 		if err := checkVersion(r.Unregister.ABI); err != nil {
@@ -190,6 +210,10 @@ func Decode(cmd uint32, in []byte, outLen int) (Request, error) {
 			return r, fmt.Errorf("%w: %d entries, at most %d", ErrCount, r.Header.Count, c.Max)
 		}
 		r.Entries = in[BatchHeaderSize : BatchHeaderSize+int(r.Header.Count)*EntrySize]
+	default:
+		if err := decodeBlocks(c, in, &r.Blocks); err != nil {
+			return r, err
+		}
 	}
 	return r, nil
 }

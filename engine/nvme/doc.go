@@ -11,7 +11,9 @@
 // them), Sync as an NVMe Flush (writes do not set FUA). The ring and
 // everything around it — the goroutine, the callers' queue, the buffer
 // table, the pool, failure handling — is engine/internal/ringowner's, shared
-// with the uring engine: concurrent Do batches share the queue depth.
+// with the uring engine: EngineOptions.Rings rings (one driver each),
+// concurrent Do batches spread over them and share each ring's queue
+// depth; a Flush on any ring covers the writes completed on all.
 //
 // Invariants: no command moves more than Device.Limits.MaxTransfer bytes;
 // device status comes back per IO as a wrapped *nvme.StatusError; a write

@@ -20,16 +20,24 @@ import (
 
 // EngineOptions configure OpenEngine.
 type EngineOptions struct {
-	// QueueDepth is the most NVMe commands in flight, all callers
-	// together. 0 means 64.
+	// QueueDepth is the most NVMe commands in flight per ring, all its
+	// callers together. 0 means 64.
 	QueueDepth int
+	// Rings is the number of io_uring instances (each its own goroutine
+	// and OS thread, callers spread over them). 0 means
+	// ringowner.AutoRings; at most ringowner.MaxRings.
+	Rings int
 	// FDP is "auto" (or ""): tag writes with placement identifiers when the
 	// namespace's endurance group has FDP enabled; "off": never.
 	FDP string
-	// BufferPool is the size in bytes of the pool registered with the ring
-	// for AllocBuffer (fixed-buffer commands). 0 means 32 MiB; negative
-	// means none.
+	// BufferPool is the size in bytes of the pool registered with every
+	// ring for AllocBuffer (fixed-buffer commands). 0 means 32 MiB;
+	// negative means none.
 	BufferPool int
+	// BufferPoolMax lets the pool grow by segments registered on every
+	// ring up to this many bytes; 0 means 1 GiB (or an eighth of the RAM
+	// when less); at most BufferPool means no growth.
+	BufferPoolMax int
 	// Logger receives the engine's logs; nil means zap.NewNop().
 	Logger *zap.Logger
 }
@@ -52,8 +60,9 @@ type EngineStats struct {
 	Retries       uint64 // EINTR/EAGAIN resubmissions
 	Flushes       uint64
 	// MaxInFlight is the most commands that were in flight at once, over
-	// all callers' batches.
+	// all callers' batches and all rings.
 	MaxInFlight uint64
+	Rings       int // io_uring instances
 	// PlacedBytes counts written bytes per placement handle (index into
 	// FDPInfo.Handles); empty without FDP.
 	PlacedBytes []uint64
@@ -83,8 +92,9 @@ type Engine struct {
 	maxXfer   int
 	placement nvmedev.Placement
 	fdp       *nvmedev.FDPInfo
-	ring      *ringowner.Owner
-	drv       driver
+	ring      *ringowner.Rings
+	drvs      []*driver
+	placed    []atomic.Uint64 // written bytes per placement handle
 
 	closeOnce sync.Once
 	closeErr  error
@@ -100,7 +110,6 @@ type driver struct {
 	nsid   uint32
 	lba    int
 	cmdBuf [nvmedev.CmdSize]byte
-	placed []atomic.Uint64
 }
 
 var (
@@ -162,12 +171,11 @@ func (e *Engine) init(o EngineOptions) error {
 	} else {
 		e.fdp = info
 	}
-	e.drv = driver{e: e, fd: int32(e.dev.Fd()), nsid: e.dev.NSID, lba: e.lba}
 	if e.fdp.Enabled {
 		for _, h := range e.fdp.Handles {
 			e.placement.PIDs = append(e.placement.PIDs, h.PID)
 		}
-		e.drv.placed = make([]atomic.Uint64, len(e.fdp.Handles))
+		e.placed = make([]atomic.Uint64, len(e.fdp.Handles))
 	}
 
 	// URING_CMD takes fixed buffers from kernel 6.1
@@ -185,31 +193,50 @@ func (e *Engine) init(o EngineOptions) error {
 	if noFixed != "" {
 		pool = -1 // a pool is only worth it registered
 	}
-	r, err := ringowner.Start(ringowner.Config{
-		Name:       "nvme",
-		QueueDepth: e.qd,
-		Ring:       uring.Options{SQE128: true, CQE32: true},
-		MaxPiece:   e.maxXfer,
-		MaxRetries: maxRetries,
-		PoolBytes:  min(pool, uring.MaxFixedBuffer),
-		PoolGrain:  e.lba,
-		NoFixed:    noFixed,
-		ExtraSlots: memorySlots,
-		Logger:     e.log,
-	}, &e.drv)
+	poolMax := o.BufferPoolMax
+	if poolMax == 0 {
+		poolMax = ringowner.DefaultPoolMax(defaultBufferPool)
+	}
+	if noFixed != "" {
+		poolMax = -1
+	}
+	r, err := ringowner.StartRings(ringowner.Config{
+		Name:         "nvme",
+		QueueDepth:   e.qd,
+		Ring:         uring.Options{SQE128: true, CQE32: true},
+		MaxPiece:     e.maxXfer,
+		MaxRetries:   maxRetries,
+		PoolBytes:    min(pool, uring.MaxFixedBuffer),
+		PoolMaxBytes: poolMax,
+		PoolGrain:    e.lba,
+		NoFixed:      noFixed,
+		ExtraSlots:   memorySlots,
+		Logger:       e.log,
+	}, o.Rings, func(int) ringowner.Driver {
+		d := &driver{e: e, fd: int32(e.dev.Fd()), nsid: e.dev.NSID, lba: e.lba}
+		e.drvs = append(e.drvs, d)
+		return d
+	})
 	if err != nil {
 		return fmt.Errorf("nvme: io_uring with SQE128/CQE32: %w", err)
 	}
 	e.ring = r
-	e.drv.owner = r
+	// A driver reaches its ring only from its ring goroutine, for I/O that
+	// starts after OpenEngine returns.
+	for i, d := range e.drvs {
+		d.owner = r.Ring(i)
+	}
 
 	e.log.Info("nvme engine open",
 		zap.Uint32("nsid", e.dev.NSID), zap.String("model", e.dev.Ctrl.Model),
 		zap.Int64("bytes", e.size), zap.Int("lba", e.lba), zap.Int("max_transfer", e.maxXfer),
-		zap.Int("queue_depth", e.qd), zap.String("no_fixed", noFixed),
+		zap.Int("queue_depth", e.qd), zap.Int("rings", r.N()), zap.String("no_fixed", noFixed),
 		zap.Bool("fdp", e.fdp.Enabled), zap.Int("handles", len(e.placement.PIDs)), zap.String("fdp_reason", e.fdp.Reason))
 	return nil
 }
+
+// Rings is the number of io_uring instances.
+func (e *Engine) Rings() int { return e.ring.N() }
 
 // Name is "nvme".
 func (e *Engine) Name() string { return "nvme" }
@@ -251,10 +278,10 @@ func (e *Engine) Stats() EngineStats {
 	r := e.ring.Stats()
 	s := EngineStats{
 		IOs: r.IOs, Errors: r.Errors, Bytes: r.Bytes, Commands: r.SQEs, FixedCommands: r.FixedSQEs,
-		Retries: r.Retries, Flushes: r.Syncs, MaxInFlight: r.MaxInFlight,
+		Retries: r.Retries, Flushes: r.Syncs, MaxInFlight: r.MaxInFlight, Rings: e.ring.N(),
 	}
-	for i := range e.drv.placed {
-		s.PlacedBytes = append(s.PlacedBytes, e.drv.placed[i].Load())
+	for i := range e.placed {
+		s.PlacedBytes = append(s.PlacedBytes, e.placed[i].Load())
 	}
 	return s
 }
@@ -320,8 +347,8 @@ func (e *Engine) RegisterMemory(b []byte) (func(), error) {
 // String describes the engine for logs and `kvfs info`.
 func (e *Engine) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "nvme %s nsid %d (%s), %d bytes, lba %d, max transfer %d, qd %d",
-		e.dev.Path, e.dev.NSID, e.dev.Ctrl.Model, e.size, e.lba, e.maxXfer, e.qd)
+	fmt.Fprintf(&b, "nvme %s nsid %d (%s), %d bytes, lba %d, max transfer %d, qd %d per ring, %d rings",
+		e.dev.Path, e.dev.NSID, e.dev.Ctrl.Model, e.size, e.lba, e.maxXfer, e.qd, e.ring.N())
 	if e.fdp.Enabled {
 		fmt.Fprintf(&b, ", FDP config %d with %d handles", e.fdp.ConfigIndex, len(e.placement.PIDs))
 	} else {
@@ -398,8 +425,8 @@ func (d *driver) PrepIO(sqe *uring.SQE, rq *store.IO, buf []byte, off int64, fix
 func (d *driver) CompleteIO(rq *store.IO, at, n int, fixed bool, res int32) (int, bool, error) {
 	switch {
 	case res == 0:
-		if rq.Op == store.OpWrite && len(d.placed) > 0 {
-			d.placed[d.e.placement.Handle(rq.Stream)].Add(uint64(n))
+		if rq.Op == store.OpWrite && len(d.e.placed) > 0 {
+			d.e.placed[d.e.placement.Handle(rq.Stream)].Add(uint64(n))
 		}
 		return n, false, nil
 	case res < 0:

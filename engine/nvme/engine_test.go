@@ -17,9 +17,17 @@ import (
 	"github.com/kvfs/kvfs/store"
 )
 
+// testRings is the ring count of the tests that do not choose one: more
+// than one, so the tests cover the spreading over rings (the rig's guest
+// would get one from AutoRings).
+const testRings = 2
+
 func openTestEngine(t *testing.T, o EngineOptions) *Engine {
 	t.Helper()
 	path := testDevicePath(t)
+	if o.Rings == 0 {
+		o.Rings = testRings
+	}
 	if o.Logger == nil {
 		o.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
 	}
@@ -408,7 +416,16 @@ func wantFDP() string { return os.Getenv("KVFS_FDP") }
 // batches overlap and the high-water mark passes 8. Every read returns
 // what was written.
 func TestEngineConcurrentBatches(t *testing.T) {
-	e := openTestEngine(t, EngineOptions{QueueDepth: 32})
+	for _, rings := range []int{1, 3} {
+		t.Run(fmt.Sprintf("rings=%d", rings), func(t *testing.T) { testConcurrentBatches(t, rings) })
+	}
+}
+
+func testConcurrentBatches(t *testing.T, rings int) {
+	e := openTestEngine(t, EngineOptions{QueueDepth: 32, Rings: rings})
+	if e.Rings() != rings {
+		t.Fatalf("%d rings, want %d", e.Rings(), rings)
+	}
 	lba := e.Align()
 	const perBatch, rounds = 8, 200
 	n := max(lba, 16<<10)

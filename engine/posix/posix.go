@@ -139,7 +139,80 @@ func (p *Engine) Do(ios []store.IO) error {
 	return nil
 }
 
+// VectorReads implements store.VectorReader: reads with IO.Vec are served
+// by preadv(2).
+func (p *Engine) VectorReads() bool { return true }
+
+var _ store.VectorReader = (*Engine)(nil)
+
+// iovMax is the most segments one preadv takes (IOV_MAX).
+const iovMax = 1024
+
+// readv serves a vector read: preadv in pieces of at most iovMax segments,
+// resuming after short transfers.
+func (p *Engine) readv(r *store.IO) error {
+	if r.Op != store.OpRead || r.Buf != nil {
+		return fmt.Errorf("posix: vector %s: %w", r.Op, unix.EINVAL)
+	}
+	if r.Off%int64(p.align) != 0 {
+		return fmt.Errorf("posix: vector read at %d: %w (alignment %d)", r.Off, unix.EINVAL, p.align)
+	}
+	for _, v := range r.Vec {
+		if !store.Aligned(v, p.align) {
+			return fmt.Errorf("posix: vector read segment of %d bytes: %w (alignment %d)", len(v), unix.EINVAL, p.align)
+		}
+	}
+	vec, off := r.Vec, r.Off
+	var head []byte // the rest of a segment a short read ended in
+	iov := make([][]byte, 0, min(len(vec)+1, iovMax))
+	for len(vec) > 0 || len(head) > 0 {
+		iov = iov[:0]
+		if len(head) > 0 {
+			iov = append(iov, head)
+		}
+		for _, v := range vec {
+			if len(iov) == iovMax {
+				break
+			}
+			iov = append(iov, v)
+		}
+		taken := len(iov)
+		if len(head) > 0 {
+			taken--
+		}
+		n, err := unix.Preadv(int(p.f.Fd()), iov, off)
+		if err == unix.EINTR || err == unix.EAGAIN {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("posix: read at %d: %w", off, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("posix: read at %d: %w", off, io.ErrUnexpectedEOF)
+		}
+		off += int64(n)
+		// Skip what was filled.
+		if len(head) > 0 {
+			k := min(n, len(head))
+			head, n = head[k:], n-k
+		}
+		used := 0
+		for used < taken && n >= len(vec[used]) {
+			n -= len(vec[used])
+			used++
+		}
+		vec = vec[used:]
+		if n > 0 {
+			head, vec = vec[0][n:], vec[1:]
+		}
+	}
+	return nil
+}
+
 func (p *Engine) one(r *store.IO) error {
+	if r.Vec != nil {
+		return p.readv(r)
+	}
 	if !store.Aligned(r.Buf, p.align) || r.Off%int64(p.align) != 0 {
 		return fmt.Errorf("posix: %s of %d bytes at %d: %w (alignment %d)", r.Op, len(r.Buf), r.Off, unix.EINVAL, p.align)
 	}

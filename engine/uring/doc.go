@@ -6,10 +6,12 @@
 // READ_FIXED/WRITE_FIXED when the buffer lies inside registered memory
 // (the pool behind AllocBuffer, or RegisterMemory regions), FSYNC with
 // the datasync flag (fdatasync(2) on kernels without it), the file
-// registered as a fixed file where the kernel allows. The ring, its
-// goroutine, the callers' queue, the buffer table, the pool and failure
-// handling are engine/internal/ringowner's (see its documentation for the
-// concurrency design and the memory-safety rule on a ring failure).
+// registered as a fixed file where the kernel allows (on every ring: one
+// driver per ring). The rings (EngineOptions.Rings, each with its
+// goroutine, callers' queue and buffer table), the shared growing pool and
+// failure handling are engine/internal/ringowner's (see its documentation
+// for the concurrency design and the memory-safety rule on a ring
+// failure).
 //
 // Invariants: per-request failures go to IO.Err as wrapped errnos (op and
 // offset in the message), io.ErrUnexpectedEOF for reads that meet the end

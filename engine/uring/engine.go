@@ -16,15 +16,25 @@ import (
 
 // EngineOptions configure OpenEngine.
 type EngineOptions struct {
-	// QueueDepth is the most requests the engine keeps in flight (all
-	// callers together). 0 means 64.
+	// QueueDepth is the most requests each ring keeps in flight (all
+	// callers of that ring together). 0 means 64.
 	QueueDepth int
-	// BufferPool is the size in bytes of the buffer pool registered once
-	// with the ring (AllocBuffer carves from it, and I/O on it uses
+	// Rings is the number of io_uring instances, each with its own
+	// goroutine and OS thread; callers are spread over them (see
+	// ringowner.Rings). 0 means ringowner.AutoRings (one per 4 usable
+	// cores); at most ringowner.MaxRings.
+	Rings int
+	// BufferPool is the size in bytes of the buffer pool registered with
+	// every ring (AllocBuffer carves from it, and I/O on it uses
 	// READ_FIXED / WRITE_FIXED). It is rounded up to 2 MiB and backed by
 	// transparent huge pages where the kernel allows (physically contiguous
 	// buffers: fewer DMA segments). 0 means 64 MiB; negative means none.
 	BufferPool int
+	// BufferPoolMax lets the pool grow by segments of BufferPool, each
+	// registered on every ring, when AllocBuffer finds no room, up to this
+	// many bytes in all; past it AllocBuffer returns plain memory. 0 means
+	// ringowner.DefaultPoolMax; at most BufferPool (or negative) means no growth.
+	BufferPoolMax int
 	// Logger receives the engine's logs; nil means zap.NewNop().
 	Logger *zap.Logger
 	// Direct opens the file O_DIRECT. A filesystem that refuses O_DIRECT
@@ -62,18 +72,23 @@ type EngineStats struct {
 	Enters    uint64 // io_uring_enter calls of the ring goroutine
 	Wakeups   uint64 // times a caller woke the ring goroutine through the eventfd
 	Syncs     uint64
+	// MaxInFlight is the most SQEs in flight at once, over all rings.
+	MaxInFlight uint64
+	Rings       int    // io_uring instances
+	PoolBytes   uint64 // the buffer pool now (it grows by segments)
 }
 
 func (s EngineStats) String() string {
-	return fmt.Sprintf("ios=%d errors=%d bytes=%d sqes=%d fixed=%d resubmits=%d retries=%d enters=%d wakeups=%d syncs=%d",
-		s.IOs, s.Errors, s.Bytes, s.SQEs, s.FixedSQEs, s.Resubmits, s.Retries, s.Enters, s.Wakeups, s.Syncs)
+	return fmt.Sprintf("ios=%d errors=%d bytes=%d sqes=%d fixed=%d resubmits=%d retries=%d enters=%d wakeups=%d syncs=%d max_inflight=%d rings=%d pool=%d",
+		s.IOs, s.Errors, s.Bytes, s.SQEs, s.FixedSQEs, s.Resubmits, s.Retries, s.Enters, s.Wakeups, s.Syncs, s.MaxInFlight, s.Rings, s.PoolBytes)
 }
 
 // Engine is the io_uring store engine: plain READ/WRITE (READ_FIXED /
 // WRITE_FIXED on registered memory) and FSYNC on a file or block device.
-// The ring, its goroutine, the queue of callers, the fixed-buffer table and
-// the buffer pool belong to a ringowner.Owner; the Engine supplies how its
-// requests are checked, prepared and completed (driver).
+// The rings (ringowner.Rings: one or more ringowner.Owner, each with its
+// goroutine, queue of callers and fixed-buffer table) and the shared buffer
+// pool belong to package ringowner; the Engine supplies how its requests
+// are checked, prepared and completed (one driver per ring).
 type Engine struct {
 	path     string
 	fd       int
@@ -82,8 +97,8 @@ type Engine struct {
 	readOnly bool
 	align    int
 	isBlock  bool
-	ring     *ringowner.Owner
-	drv      driver
+	ring     *ringowner.Rings
+	drvs     []*driver
 
 	closeOnce sync.Once
 }
@@ -114,6 +129,9 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	}
 	if o.BufferPool == 0 {
 		o.BufferPool = defaultBufferPool
+	}
+	if o.BufferPoolMax == 0 {
+		o.BufferPoolMax = ringowner.DefaultPoolMax(defaultBufferPool)
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -172,18 +190,18 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	if direct {
 		e.align = dioAlign(fd, e.isBlock)
 	}
-	e.drv = driver{fd: int32(fd), align: e.align, readOnly: o.ReadOnly, log: log}
 	cfg := ringowner.Config{
-		Name:       "uring",
-		QueueDepth: o.QueueDepth,
-		MaxPiece:   o.maxChunk,
-		MaxRetries: maxRetries,
-		PoolBytes:  o.BufferPool,
-		PoolGrain:  e.align,
-		ExtraSlots: o.extraSlots,
-		Logger:     log,
-		Legacy:     o.legacyBuffers,
-		SyncOp:     iouring.OpFsync,
+		Name:         "uring",
+		QueueDepth:   o.QueueDepth,
+		MaxPiece:     o.maxChunk,
+		MaxRetries:   maxRetries,
+		PoolBytes:    o.BufferPool,
+		PoolMaxBytes: o.BufferPoolMax,
+		PoolGrain:    e.align,
+		ExtraSlots:   o.extraSlots,
+		Logger:       log,
+		Legacy:       o.legacyBuffers,
+		SyncOp:       iouring.OpFsync,
 		SyncFallback: func() error {
 			if err := unix.Fdatasync(fd); err != nil {
 				return fmt.Errorf("uring: fdatasync: %w", err)
@@ -192,12 +210,17 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 		},
 		EnterHook: o.enterHook,
 	}
-	r, err := ringowner.Start(cfg, &e.drv)
+	r, err := ringowner.StartRings(cfg, o.Rings, func(int) ringowner.Driver {
+		d := &driver{fd: int32(fd), align: e.align, readOnly: o.ReadOnly, log: log}
+		e.drvs = append(e.drvs, d)
+		return d
+	})
 	if err != nil {
 		return fail(err)
 	}
 	e.ring = r
-	log.Info("uring engine ready", zap.Bool("direct", e.direct), zap.Int("align", e.align), zap.Bool("fixed_file", e.drv.fixedFile))
+	log.Info("uring engine ready", zap.Bool("direct", e.direct), zap.Int("align", e.align),
+		zap.Bool("fixed_file", e.drvs[0].fixedFile), zap.Int("rings", r.N()), zap.Int("queue_depth_per_ring", o.QueueDepth))
 	return e, nil
 }
 
@@ -238,8 +261,12 @@ func (e *Engine) Stats() EngineStats {
 	return EngineStats{
 		IOs: s.IOs, Errors: s.Errors, Bytes: s.Bytes, SQEs: s.SQEs, FixedSQEs: s.FixedSQEs,
 		Resubmits: s.Resubmits, Retries: s.Retries, Enters: s.Enters, Wakeups: s.Wakeups, Syncs: s.Syncs,
+		MaxInFlight: s.MaxInFlight, Rings: e.ring.N(), PoolBytes: s.PoolBytes,
 	}
 }
+
+// Rings is the number of io_uring instances.
+func (e *Engine) Rings() int { return e.ring.N() }
 
 // Size is the file's current size, or the block device's size. It is 0
 // when the size cannot be read (logged).
@@ -261,7 +288,8 @@ func (e *Engine) Size() int64 {
 }
 
 // Do performs the batch; see store.Engine. It is safe for concurrent use:
-// batches of concurrent callers share the ring's queue depth.
+// concurrent callers are spread over the rings, and share each ring's
+// queue depth; a large batch is split over the rings.
 func (e *Engine) Do(ios []store.IO) error { return e.ring.Do(ios) }
 
 // DoAsync starts the batch and returns without waiting for it. done(i) is
@@ -286,8 +314,8 @@ func (e *Engine) Sync() error {
 }
 
 // AllocBuffer returns n bytes of aligned memory, from the registered pool
-// when it has room (so I/O on it uses fixed buffers), else from
-// store.AllocAligned. Give it back with FreeBuffer, unchanged (a pool
+// when it has room or may grow (so I/O on it uses fixed buffers), else
+// from store.AllocAligned. Give it back with FreeBuffer, unchanged (a pool
 // chunk still out at Close keeps the pool mapped until it is freed).
 func (e *Engine) AllocBuffer(n int) ([]byte, error) { return e.ring.AllocBuffer(n) }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
@@ -242,17 +243,19 @@ func openUringT(o EngineOptions) engineOpener {
 
 func TestEngineConformance(t *testing.T) {
 	needURing(t)
-	t.Run("uring-direct", func(t *testing.T) {
-		testEngineConformance(t, diskDir(t), openUringT(EngineOptions{Direct: true, QueueDepth: 16, BufferPool: 1 << 20}))
-	})
-	t.Run("uring-buffered-shm", func(t *testing.T) {
-		dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
-		if err != nil {
-			t.Skipf("skipping: no /dev/shm: %v", err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		testEngineConformance(t, dir, openUringT(EngineOptions{Direct: true, QueueDepth: 4}))
-	})
+	for _, rings := range []int{1, testRings} {
+		t.Run(fmt.Sprintf("uring-direct-rings=%d", rings), func(t *testing.T) {
+			testEngineConformance(t, diskDir(t), openUringT(EngineOptions{Direct: true, QueueDepth: 16, BufferPool: 1 << 20, Rings: rings}))
+		})
+		t.Run(fmt.Sprintf("uring-buffered-shm-rings=%d", rings), func(t *testing.T) {
+			dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
+			if err != nil {
+				t.Skipf("skipping: no /dev/shm: %v", err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			testEngineConformance(t, dir, openUringT(EngineOptions{Direct: true, QueueDepth: 4, Rings: rings}))
+		})
+	}
 	// The suite itself is checked against the posix baseline.
 	t.Run("posix-direct", func(t *testing.T) {
 		testEngineConformance(t, diskDir(t), func(t *testing.T, path string) store.Engine {
@@ -268,9 +271,17 @@ func TestEngineConformance(t *testing.T) {
 
 // ---- uring engine specifics ----
 
+// testRings is the ring count of the tests that do not choose one: more
+// than one, so every test also exercises the spreading over rings (a
+// 2-core machine's AutoRings is 1).
+const testRings = 3
+
 func openEngineT(t *testing.T, path string, o EngineOptions) *Engine {
 	t.Helper()
 	needURing(t)
+	if o.Rings == 0 {
+		o.Rings = testRings
+	}
 	o.Logger = zaptest.NewLogger(t)
 	e, err := OpenEngine(path, o)
 	if err != nil {
@@ -563,7 +574,7 @@ func TestEngineReadOnly(t *testing.T) {
 
 func TestEnginePool(t *testing.T) {
 	p := newFile(t, t.TempDir(), 4096)
-	e := openEngineT(t, p, EngineOptions{BufferPool: 1 << 20}) // rounded up to 2 MiB
+	e := openEngineT(t, p, EngineOptions{BufferPool: 1 << 20, BufferPoolMax: -1}) // rounded up to 2 MiB; no growth
 	if len(e.ring.PoolMem()) != 2<<20 || addrOf(e.ring.PoolMem())%(2<<20) != 0 {
 		t.Fatalf("pool of %d bytes at %#x, want 2 MiB aligned to 2 MiB", len(e.ring.PoolMem()), addrOf(e.ring.PoolMem()))
 	}
@@ -601,7 +612,7 @@ func TestEnginePool(t *testing.T) {
 func TestEngineCloseWhileBusy(t *testing.T) {
 	p := newFile(t, t.TempDir(), 1<<20)
 	needURing(t)
-	e, err := OpenEngine(p, EngineOptions{QueueDepth: 4, BufferPool: -1})
+	e, err := OpenEngine(p, EngineOptions{QueueDepth: 4, BufferPool: -1, Rings: testRings})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -833,5 +844,61 @@ func TestEngineRingFailure(t *testing.T) {
 	}
 	if err := e.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestEnginePoolGrowsRegisteredOnEveryRing: buffers beyond the first pool
+// segment come from grown segments, registered on every ring, so reads into
+// them through any ring are READ_FIXED and land the file's bytes.
+func TestEnginePoolGrowsRegisteredOnEveryRing(t *testing.T) {
+	const size = 8 << 20
+	p := newFile(t, t.TempDir(), size)
+	want := pattern(size, 7)
+	if err := os.WriteFile(p, want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := openEngineT(t, p, EngineOptions{Rings: 3, QueueDepth: 8, BufferPool: 2 << 20, BufferPoolMax: 8 << 20})
+	var bufs [][]byte
+	for i := 0; i < 4; i++ {
+		b, err := e.AllocBuffer(2 << 20)
+		if err != nil || !e.ring.PoolOwns(b) {
+			t.Fatalf("buffer %d: %v, from the pool %v", i, err, e.ring.PoolOwns(b))
+		}
+		bufs = append(bufs, b)
+	}
+	if e.Stats().PoolBytes != 8<<20 {
+		t.Fatalf("pool of %d bytes, want 8 MiB", e.Stats().PoolBytes)
+	}
+	// Registration is asynchronous: three segments on three rings.
+	for deadline := time.Now().Add(10 * time.Second); e.ring.Stats().PoolSegments < 9; {
+		if time.Now().After(deadline) {
+			t.Fatalf("grown segments registered %d times, want 9", e.ring.Stats().PoolSegments)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	before := e.Stats()
+	for round := 0; round < 3; round++ { // round robin: every buffer through every ring
+		for i, b := range bufs {
+			off := int64((i + round) % 4 * (2 << 20))
+			ios := []store.IO{{Op: store.OpRead, Off: off, Buf: b}}
+			if err := e.Do(ios); err != nil || ios[0].Err != nil {
+				t.Fatal(err, ios[0].Err)
+			}
+			if !bytes.Equal(b, want[off:off+2<<20]) {
+				t.Fatalf("buffer %d: wrong bytes", i)
+			}
+		}
+	}
+	after := e.Stats()
+	if sqes, fixed := after.SQEs-before.SQEs, after.FixedSQEs-before.FixedSQEs; sqes != 12 || fixed != 12 {
+		t.Fatalf("%d SQEs, %d of them fixed; want 12 and 12", sqes, fixed)
+	}
+	for i := 0; i < e.ring.N(); i++ {
+		if e.ring.Ring(i).Stats().FixedSQEs == 0 {
+			t.Errorf("ring %d read nothing fixed", i)
+		}
+	}
+	for _, b := range bufs {
+		e.FreeBuffer(b)
 	}
 }

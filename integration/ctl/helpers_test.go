@@ -65,15 +65,15 @@ func (h minor0Handler) Open(uid, gid uint32) (fs.CtlSession, syscall.Errno) {
 type minor0Session struct{ *ctl.Session }
 
 func (s minor0Session) IoctlFrom(pid, cmd uint32, in, out []byte) (int32, syscall.Errno) {
-	if cmd == abi.CmdRegisterFD {
+	if c, err := abi.Lookup(cmd); cmd == abi.CmdRegisterFD || (err == nil && c.Op >= abi.OpRegisterTarget) {
 		return 0, syscall.ENOTTY
 	}
 	r, errno := s.Session.IoctlFrom(pid, cmd, in, out)
 	if cmd == abi.CmdInfo && errno == 0 {
 		var i abi.Info
 		i.Unmarshal(out)
-		i.Caps &^= abi.CapRegisterFD | abi.CapLimits
-		i.MaxPinnedBytes, i.MaxPinnedPerUID, i.PinnedBytes, i.ABIMinor = 0, 0, 0, 0
+		i.Caps &^= abi.CapRegisterFD | abi.CapLimits | abi.CapBlocks
+		i.MaxPinnedBytes, i.MaxPinnedPerUID, i.PinnedBytes, i.ABIMinor, i.MaxBlockEntries = 0, 0, 0, 0, 0
 		i.Marshal(out)
 	}
 	return r, errno

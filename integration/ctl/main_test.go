@@ -110,6 +110,9 @@ func helper(mode string) int {
 			}
 		}
 	}
+	if rc, ok := blocksHelper(mode, c); ok {
+		return rc
+	}
 	fmt.Println("unknown helper", mode)
 	return 2
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"net/http"
@@ -83,10 +84,12 @@ func TestKill9DuringWrites(t *testing.T) {
 	if len(ok) >= n {
 		t.Fatal("every copy succeeded: the kill came too late")
 	}
-	// The dead daemon left a stale mount.
-	var stt syscall.Stat_t
-	if err := syscall.Stat(mnt, &stt); !errors.Is(err, syscall.ENOTCONN) {
-		t.Fatalf("stat of the dead mount: %v, want ENOTCONN", err)
+	// The dead daemon left a stale mount. A plain stat may be answered from
+	// the kernel's attribute cache of the root (the writer refreshed it a
+	// moment ago); a forced statx must ask the daemon.
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, mnt, unix.AT_STATX_FORCE_SYNC, unix.STATX_BASIC_STATS, &stx); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("statx of the dead mount: %v, want ENOTCONN", err)
 	}
 	d2 := startMount(t, st, mnt)
 	for i := range ok {

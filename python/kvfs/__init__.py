@@ -28,6 +28,7 @@ import fcntl
 import mmap
 import os
 import secrets
+import struct
 import threading
 
 from . import abi
@@ -35,7 +36,7 @@ from .abi import (OK, ABSENT, CORRUPT, BAD_REQUEST, IO_ERROR, NO_SPACE,  # noqa:
                   BAD_NONE, BAD_KEY, BAD_BUFFER, BAD_RANGE, BAD_PITCH, BAD_RESERVED,
                   STATUS_NAMES, DETAIL_NAMES, ABI_VERSION)
 
-__all__ = ["Client", "Entry", "Info", "HostBuffer", "KvfsError", "status_name",
+__all__ = ["Client", "Entry", "Info", "HostBuffer", "KvfsError", "status_name", "Target", "BlockEntry",
            "OK", "ABSENT", "CORRUPT", "BAD_REQUEST", "IO_ERROR", "NO_SPACE"]
 
 CTL_PATH = ".kvfs/ctl"
@@ -48,6 +49,19 @@ kind is 0/1 or "K"/"V". pitch 0 means the tile's group_bytes are contiguous;
 otherwise row r starts at offset + r*pitch and is row_bytes long."""
 
 Info = collections.namedtuple("Info", abi.INFO_FIELDS)
+
+Target = collections.namedtuple(
+    "Target", "num_blocks block_stride head_stride row_pitch layer_first layer_count head_first head_count regions")
+Target.__doc__ = """A paged KV cache (docs/abi.md, "Targets"): the tile of cache block c,
+head h of (layer l, kind k) starts at regions[2*(l-layer_first)+k] = (buffer, offset)
++ c*block_stride + (h-head_first)*head_stride, its token row r at + r*row_pitch.
+Client.nhd_target, hnd_target and hf_target fill in the strides."""
+
+BlockEntry = collections.namedtuple(
+    "BlockEntry", "block cache_block layer_first layer_count head_first head_count kinds",
+    defaults=(None, None, None, None, abi.KINDS_BOTH))
+BlockEntry.__doc__ = """One block: block's groups of the layer, head and kind ranges to or
+from cache block cache_block of a target. None ranges mean the target's."""
 
 
 def status_name(s):
@@ -170,6 +184,8 @@ class Client:
         self._local = threading.local()
         self._owned = set()
         self._owned_lock = threading.RLock()
+        self._entry_lock = threading.Lock()
+        self._targets = set()
         try:
             self._info = self._read_info()
         except BaseException:
@@ -326,6 +342,134 @@ class Client:
                 out.extend(buf[hsz + i * esz + so] for i in range(n))
         return out
 
+    # -- KV-cache targets (minor 2) -----------------------------------------
+
+    def _layout(self, kind, blocks_or_seq, regions, layer_first, layers, head_first, heads):
+        i = self._info
+        heads = i.kv_heads - head_first if heads is None else heads
+        layers = i.layers - layer_first if layers is None else layers
+        rb, bt = i.row_bytes, i.block_tokens
+        if kind == "nhd":
+            nb, bs, hs, rp = blocks_or_seq, bt * heads * rb, rb, heads * rb
+        elif kind == "hnd":
+            nb, bs, hs, rp = blocks_or_seq, heads * bt * rb, bt * rb, rb
+        else:
+            nb, bs, hs, rp = blocks_or_seq // bt, bt * rb, blocks_or_seq * rb, rb
+        return Target(nb, bs, hs, rp, layer_first, layers, head_first, heads, list(regions))
+
+    def nhd_target(self, num_blocks, regions, layer_first=0, layers=None, head_first=0, heads=None):
+        """vLLM / FlashAttention [num_blocks, block_tokens, heads, head_dim] per
+        (layer, kind); regions: (buffer_id, offset) per (layer, kind), K first."""
+        return self._layout("nhd", num_blocks, regions, layer_first, layers, head_first, heads)
+
+    def hnd_target(self, num_blocks, regions, layer_first=0, layers=None, head_first=0, heads=None):
+        """FlashInfer [num_blocks, heads, block_tokens, head_dim] per (layer, kind)."""
+        return self._layout("hnd", num_blocks, regions, layer_first, layers, head_first, heads)
+
+    def hf_target(self, seq_tokens, regions, layer_first=0, layers=None, head_first=0, heads=None):
+        """One sequence of a Hugging Face cache, [heads, seq_tokens, head_dim] per
+        (layer, kind); cache block c is tokens [c*block_tokens, (c+1)*block_tokens)."""
+        return self._layout("hf", seq_tokens, regions, layer_first, layers, head_first, heads)
+
+    @staticmethod
+    def region_bytes(info, target):
+        """Bytes one (layer, kind) region of target spans from its offset."""
+        dims = sorted([(target.row_pitch, info.block_tokens), (target.head_stride, target.head_count),
+                       (target.block_stride, target.num_blocks)])
+        return info.row_bytes + sum((n - 1) * s for s, n in dims if n > 1)
+
+    def register_target(self, target):
+        """Register a Target; returns its id. The daemon validates it once."""
+        if not self._info.caps & abi.CAP_BLOCKS:
+            raise KvfsError("register-target", _errno.ENOTTY)
+        if len(target.regions) != 2 * target.layer_count or len(target.regions) > abi.TARGET_MAX_REGIONS:
+            raise KvfsError("register-target", _errno.EINVAL, ": %d regions for %d layers"
+                            % (len(target.regions), target.layer_count))
+        b = bytearray(abi.TARGET_SIZE)
+        abi.TARGET_HDR.pack_into(b, 0, abi.ABI_VERSION, 0, 0, target.num_blocks, target.block_stride,
+                                 target.head_stride, target.row_pitch, self._info.row_bytes, target.layer_first,
+                                 target.layer_count, target.head_first, target.head_count, 0, 0)
+        for i, (buf, off) in enumerate(target.regions):
+            abi.TARGET_REGION.pack_into(b, abi.TARGET_HDR.size + i * abi.TARGET_REGION.size, off, buf, 0)
+        self.ioctl(abi.IOC_REGISTER_TARGET, b, "register-target")
+        tid = struct.unpack_from("<I", b, abi.TARGET_OUT_OFF)[0]
+        with self._owned_lock:
+            self._targets.add(tid)
+        return tid
+
+    def unregister_target(self, target_id):
+        """Drop a target (its buffers can then be unregistered)."""
+        with self._owned_lock:
+            self._targets.discard(target_id)
+        self.ioctl(abi.IOC_UNREGISTER_TARGET, bytearray(abi.UNREGISTER_TARGET.pack(abi.ABI_VERSION, target_id)),
+                   "unregister-target")
+
+    def load_blocks(self, target, entries, details=False):
+        """Load whole blocks (BlockEntry; None ranges = the target's) into a
+        target. Returns one status per entry, or (status, detail, groups_ok)
+        with details=True. target is a Target (for the None ranges) and id
+        pair, or an id when every range is given."""
+        return self._blocks(True, target, entries, details)
+
+    def store_blocks(self, target, entries, details=False):
+        """Store whole blocks from a target, durably. As load_blocks."""
+        return self._blocks(False, target, entries, details)
+
+    def _blocks(self, load, target, entries, details):
+        if isinstance(target, tuple):
+            t, tid = target
+        else:
+            t, tid = None, target
+        op = "load-blocks" if load else "store-blocks"
+        packed = []
+        for e in entries:
+            e = BlockEntry(*e)
+            lf, lc, hf, hc = e.layer_first, e.layer_count, e.head_first, e.head_count
+            if None in (lf, lc, hf, hc):
+                if t is None:
+                    raise ValueError("ranges left to the target need (target, id)")
+                lf = t.layer_first if lf is None else lf
+                lc = t.layer_count if lc is None else lc
+                hf = t.head_first if hf is None else hf
+                hc = t.head_count if hc is None else hc
+            packed.append((e.block, e.cache_block, lf, lc, hf, hc, e.kinds))
+        out = []
+        esz = abi.BLOCK_ENTRY.size
+        if len(packed) <= abi.BLOCKS_INLINE_MAX:
+            b = bytearray(abi.BLOCKS_INLINE_SIZE)
+            abi.BLOCKS.pack_into(b, 0, abi.ABI_VERSION, 0, tid, len(packed), 0, 0, 0, 0, 0, 0, 0)
+            for i, p in enumerate(packed):
+                abi.BLOCK_ENTRY.pack_into(b, abi.BLOCKS.size + i * esz, *p, 0, 0, 0, 0, 0)
+            self.ioctl(abi.IOC_LOAD_BLOCKS_INLINE if load else abi.IOC_STORE_BLOCKS_INLINE, b, op)
+            return self._block_results(b, abi.BLOCKS.size, len(packed), details)
+        with self._owned_lock:
+            arr = getattr(self, "_entry_array", None)
+            if arr is None or arr.mm is None:
+                arr = self._entry_array = self.create_host_buffer(abi.BLOCKS_MAX * esz, "kvfs-block-entries")
+        with self._entry_lock:
+            for lo in range(0, len(packed), abi.BLOCKS_MAX):
+                chunk = packed[lo:lo + abi.BLOCKS_MAX]
+                for i, p in enumerate(chunk):
+                    abi.BLOCK_ENTRY.pack_into(arr.mm, i * esz, *p, 0, 0, 0, 0, 0)
+                h = bytearray(abi.BLOCKS.pack(abi.ABI_VERSION, 0, tid, len(chunk), arr.id, 0, 0, 0, 0, 0, 0))
+                self.ioctl(abi.IOC_LOAD_BLOCKS if load else abi.IOC_STORE_BLOCKS, h, op)
+                out.extend(self._block_results(arr.mm, 0, len(chunk), details))
+        return out
+
+    @staticmethod
+    def _block_results(b, base, n, details):
+        esz = abi.BLOCK_ENTRY.size
+        res = []
+        for i in range(n):
+            o = base + i * esz
+            st = b[o + abi.BLOCK_STATUS_OFF]
+            if details:
+                res.append((st, b[o + abi.BLOCK_DETAIL_OFF],
+                            struct.unpack_from("<I", b, o + abi.BLOCK_GROUPS_OK_OFF)[0]))
+            else:
+                res.append(st)
+        return res
+
     # -- names --------------------------------------------------------------
 
     def group_path(self, mountpoint, block, layer, head, kind):
@@ -338,6 +482,13 @@ class Client:
     def close(self):
         """Close the host buffers this client created or opened, then the
         control file (the daemon drops every registration of it)."""
+        with self._owned_lock:
+            targets, self._targets = list(self._targets), set()
+        for t in targets:
+            try:
+                self.unregister_target(t)
+            except KvfsError:
+                pass
         with self._owned_lock:
             bufs, self._owned = list(self._owned), set()
         for b in bufs:

@@ -1,4 +1,4 @@
-"""The kvfs control ABI, version 1, minor 1 (docs/abi.md, include/kvfs.h).
+"""The kvfs control ABI, version 1, minor 2 (docs/abi.md, include/kvfs.h).
 
 Fixed-size little-endian structs and the ioctl numbers; pure stdlib.
 """
@@ -6,7 +6,7 @@ Fixed-size little-endian structs and the ioctl numbers; pure stdlib.
 import struct
 
 ABI_VERSION = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 IOC_MAGIC = 0xB7
 
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -26,6 +26,8 @@ INFO_FIELDS = (
     "max_registered_bytes", "slots", "used_slots", "uuid", "engine",
     # minor 1 (zero from an older daemon; see CAP_LIMITS)
     "max_pinned_bytes", "max_pinned_per_uid", "pinned_bytes", "abi_minor",
+    # minor 2 (zero from an older daemon; see CAP_BLOCKS)
+    "max_block_entries",
 )
 # struct kvfs_register_host (4096 bytes)
 REGISTER_HOST = struct.Struct("<IIQIIQ4064s")
@@ -61,6 +63,7 @@ CAP_FIXED_BUFFERS = 1 << 3
 CAP_CUDA = 1 << 4
 CAP_REGISTER_FD = 1 << 5
 CAP_LIMITS = 1 << 6
+CAP_BLOCKS = 1 << 7
 
 DTYPES = {1: "bf16", 2: "fp16", 3: "fp32", 4: "fp8"}
 
@@ -78,3 +81,36 @@ DETAIL_NAMES = {BAD_NONE: "", BAD_KEY: "layer, head or kind outside the geometry
 
 assert INFO.size == 192 and REGISTER_HOST.size == 4096 and ENTRY.size == 32 and BATCH_SIZE == 16368
 assert REGISTER_FD.size == 64 and IOC_REGISTER_FD == 0xc040b705
+
+# Minor 2: KV-cache targets and block-granular LOAD/STORE (docs/abi.md "Targets").
+# struct kvfs_target (16320 bytes): a 64-byte header, then 1016 regions of 16:
+# abi flags target num_blocks block_stride head_stride row_pitch row_bytes
+# layer_first layer_count head_first head_count reserved[2]
+TARGET_HDR = struct.Struct("<IIIIQQIIHHHH2Q")
+TARGET_REGION = struct.Struct("<QII")  # offset buffer reserved
+TARGET_MAX_REGIONS = 1016
+TARGET_MAX_LAYERS = TARGET_MAX_REGIONS // 2
+TARGET_SIZE = TARGET_HDR.size + TARGET_MAX_REGIONS * TARGET_REGION.size  # 16320
+TARGET_OUT_OFF = 8
+# struct kvfs_unregister_target (8 bytes)
+UNREGISTER_TARGET = struct.Struct("<II")
+# struct kvfs_blocks (64 bytes): abi flags target count buffer n_ok offset groups reserved[3]
+BLOCKS = struct.Struct("<IIIIIIQQ3Q")
+# struct kvfs_block_entry (32 bytes): block cache_block layer_first layer_count
+# head_first head_count kinds status detail reserved groups_ok reserved1
+BLOCK_ENTRY = struct.Struct("<QIHHHHBBBBII")
+BLOCK_STATUS_OFF, BLOCK_DETAIL_OFF, BLOCK_GROUPS_OK_OFF = 21, 22, 24
+BLOCKS_MAX = 65536
+BLOCKS_INLINE_MAX = (16383 - BLOCKS.size) // BLOCK_ENTRY.size  # 509
+BLOCKS_INLINE_SIZE = BLOCKS.size + BLOCKS_INLINE_MAX * BLOCK_ENTRY.size  # 16352
+KINDS_K, KINDS_V, KINDS_BOTH = 1, 2, 3
+
+IOC_REGISTER_TARGET = _ioc(_IOC_READ | _IOC_WRITE, 0x20, TARGET_SIZE)
+IOC_UNREGISTER_TARGET = _ioc(_IOC_WRITE, 0x21, UNREGISTER_TARGET.size)
+IOC_LOAD_BLOCKS = _ioc(_IOC_READ | _IOC_WRITE, 0x22, BLOCKS.size)
+IOC_STORE_BLOCKS = _ioc(_IOC_READ | _IOC_WRITE, 0x23, BLOCKS.size)
+IOC_LOAD_BLOCKS_INLINE = _ioc(_IOC_READ | _IOC_WRITE, 0x24, BLOCKS_INLINE_SIZE)
+IOC_STORE_BLOCKS_INLINE = _ioc(_IOC_READ | _IOC_WRITE, 0x25, BLOCKS_INLINE_SIZE)
+
+assert TARGET_HDR.size == 64 and TARGET_SIZE == 16320 and BLOCKS.size == 64 and BLOCK_ENTRY.size == 32
+assert IOC_REGISTER_TARGET == 0xffc0b720 and IOC_LOAD_BLOCKS == 0xc040b722 and IOC_LOAD_BLOCKS_INLINE == 0xffe0b724

@@ -255,6 +255,84 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(a.tobytes(), d)
             del a
 
+    def test_blocks(self):
+        """Minor 2: whole blocks written with cp load into NHD, HND and HF
+        targets where each layout's tensor indexing says, guard bytes
+        elsewhere; a shard target takes only its heads; stores read back
+        through the files; more than 509 entries go through an entry array."""
+        i = self.info
+        self.assertTrue(i.caps & abi.CAP_BLOCKS)
+        self.assertEqual(i.abi_minor, abi.ABI_MINOR)
+        self.assertEqual(i.max_block_entries, abi.BLOCKS_MAX)
+        rb, bt, H, L = i.row_bytes, i.block_tokens, i.kv_heads, i.layers
+        data = {}
+        for b in (0x7b00, 0x7b01):
+            for key in self.keys(b):
+                d = rand_bytes(self.rng, self.gb)
+                self.cp(*key, d)
+                data[key] = d
+        nb = 3
+        for name in ("nhd", "hnd", "hf"):
+            for hf, hc in ((0, H), (H - 1, 1)):
+                tensor = nb * bt * hc * rb
+                gap = 512
+                size = gap + 2 * L * (tensor + gap)
+                buf = self.c.create_host_buffer(size)
+                buf.view[:] = bytes([GUARD]) * size
+                regions = [(buf.id, gap + j * (tensor + gap)) for j in range(2 * L)]
+                if name == "nhd":
+                    t = self.c.nhd_target(nb, regions, head_first=hf, heads=hc)
+                    off = lambda c, r, h: ((c * bt + r) * hc + h) * rb  # noqa: E731
+                elif name == "hnd":
+                    t = self.c.hnd_target(nb, regions, head_first=hf, heads=hc)
+                    off = lambda c, r, h: ((c * hc + h) * bt + r) * rb  # noqa: E731
+                else:
+                    t = self.c.hf_target(nb * bt, regions, head_first=hf, heads=hc)
+                    off = lambda c, r, h: (h * nb * bt + c * bt + r) * rb  # noqa: E731
+                self.assertEqual(kvfs.Client.region_bytes(i, t), tensor)
+                tid = self.c.register_target(t)
+                res = self.c.load_blocks((t, tid), [kvfs.BlockEntry(0x7b01, 2), kvfs.BlockEntry(0x7b00, 0),
+                                                    kvfs.BlockEntry(0x7b99, 1)], details=True)
+                self.assertEqual(res, [(kvfs.OK, 0, L * hc * 2), (kvfs.OK, 0, L * hc * 2), (kvfs.ABSENT, 0, 0)])
+                want = bytearray([GUARD]) * size
+                for b, c in ((0x7b01, 2), (0x7b00, 0)):
+                    for (blk, l, h, k) in self.keys(b):
+                        if not hf <= h < hf + hc:
+                            continue
+                        d = data[(blk, l, h, k)]
+                        for r in range(bt):
+                            o = regions[2 * l + k][1] + off(c, r, h - hf)
+                            want[o:o + rb] = d[r * rb:(r + 1) * rb]
+                self.assertTrue(buf.view == want, "%s heads %d+%d" % (name, hf, hc))
+                # A head outside the shard is refused, nothing touched.
+                if hc == 1:
+                    res = self.c.load_blocks(tid, [kvfs.BlockEntry(0x7b00, 1, 0, L, 0, 1)], details=True)
+                    self.assertEqual(res, [(kvfs.BAD_REQUEST, kvfs.BAD_KEY, 0)])
+                    self.assertTrue(buf.view == want)
+                # Store cache block 2 as a new block; it reads back as 0x7b01.
+                self.assertEqual(self.c.store_blocks((t, tid), [kvfs.BlockEntry(0x7c00, 2)]), [kvfs.OK])
+                for (blk, l, h, k) in self.keys(0x7c00):
+                    if hf <= h < hf + hc:
+                        self.assertEqual(self.cat(blk, l, h, k), data[(0x7b01, l, h, k)])
+                self.c.unregister_target(tid)
+                buf.close()
+                for key in self.keys(0x7c00):
+                    p = self.c.group_path(MOUNT, *key)
+                    if os.path.exists(p):
+                        os.unlink(p)
+        # More than BLOCKS_INLINE_MAX entries: an entry array.
+        n = abi.BLOCKS_INLINE_MAX + 3
+        tensor = n * bt * H * rb
+        buf = self.c.create_host_buffer(2 * L * tensor)
+        t = self.c.hnd_target(n, [(buf.id, j * tensor) for j in range(2 * L)])
+        tid = self.c.register_target(t)
+        res = self.c.load_blocks((t, tid), [kvfs.BlockEntry(0x7b00 + (c % 2), c) for c in range(n)])
+        self.assertEqual(res, [kvfs.OK] * n)
+        l, k, h, c = L - 1, 1, H - 1, n - 1
+        o = (2 * l + k) * tensor + ((c * H + h) * bt) * rb
+        self.assertEqual(bytes(buf.view[o:o + self.gb]), data[(0x7b01, l, h, k)])
+        # close() drops the target before its buffer.
+
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[1:])

@@ -29,6 +29,7 @@ type Mem struct {
 	crashAt int // crash on this write (1-based); 0 never
 	crashed bool
 	syncs   int
+	vec     bool
 }
 
 type write struct {
@@ -70,6 +71,21 @@ func (m *Mem) Writes() int {
 	return m.writes
 }
 
+// SetVectorReads makes the engine take vector reads (IO.Vec), as the posix
+// engine does with preadv(2); off by default.
+func (m *Mem) SetVectorReads(on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.vec = on
+}
+
+// VectorReads implements store.VectorReader.
+func (m *Mem) VectorReads() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.vec
+}
+
 func (m *Mem) Name() string { return "mem" }
 func (m *Mem) Size() int64  { return int64(len(m.view)) }
 func (m *Mem) Align() int   { return m.align }
@@ -84,6 +100,10 @@ func (m *Mem) Do(ios []store.IO) error {
 		r.Err = nil
 		if m.crashed {
 			r.Err = ErrCrashed
+			continue
+		}
+		if r.Vec != nil {
+			r.Err = m.readVec(r)
 			continue
 		}
 		if r.Off%int64(m.align) != 0 || len(r.Buf)%m.align != 0 {
@@ -108,6 +128,27 @@ func (m *Mem) Do(ios []store.IO) error {
 		}
 		copy(m.view[r.Off:], r.Buf)
 		m.pending = append(m.pending, write{r.Off, append([]byte(nil), r.Buf...)})
+	}
+	return nil
+}
+
+func (m *Mem) readVec(r *store.IO) error {
+	if !m.vec || r.Op != store.OpRead || r.Buf != nil {
+		return fmt.Errorf("storetest: vector %s not accepted", r.Op)
+	}
+	if r.Off%int64(m.align) != 0 {
+		return fmt.Errorf("storetest: unaligned vector read at %d", r.Off)
+	}
+	n := int64(r.VecLen())
+	if r.Off < 0 || r.Off+n > int64(len(m.view)) {
+		return fmt.Errorf("storetest: read at %d+%d: %w", r.Off, n, io.ErrUnexpectedEOF)
+	}
+	off := r.Off
+	for _, v := range r.Vec {
+		if !store.Aligned(v, m.align) {
+			return fmt.Errorf("storetest: unaligned vector segment of %d", len(v))
+		}
+		off += int64(copy(v, m.view[off:]))
 	}
 	return nil
 }

@@ -19,6 +19,30 @@
 //     every RegisterMemory region, and the one first-fit buffer pool
 //     (2 MiB-aligned, transparent huge pages where allowed).
 //
+// # Rings
+//
+// Rings (rings.go) runs N Owners for one engine (N from the engine's
+// options; AutoRings gives one per 4 usable cores — affinity mask, cgroup
+// cpu.max or cfs quota, at least one per NUMA node — at most MaxRings).
+// Each ring has its own goroutine on its own OS thread and its own Driver
+// (drivers keep per-ring state). Do and DoAsync calls go to the rings
+// round robin; a Do batch of at least 2·4 IOs is split into contiguous
+// parts on several rings and waited for as a whole (every started part is
+// waited for, even when another could not start). Sync goes to one ring (a
+// flush covers every write completed before it). RegisterMemory registers
+// on every ring. The rings share the pool and the count of SQEs in flight
+// (Stats.MaxInFlight is over all rings at once). A failed ring follows the
+// rules below; later calls go to the rings that still work, and fail with
+// the ring error when none does.
+//
+// The pool grows (Config.PoolMaxBytes): when AllocBuffer finds no room,
+// one caller maps a segment (PoolBytes, or the request rounded up to
+// 2 MiB, at most 1 GiB) while the others wait for it, and the segment is
+// registered on every ring without waiting (a sparse-table slot range of
+// its own, apart from RegisterMemory's; until registered, I/O on it uses
+// plain buffers). Segments are not unmapped before Close; past the cap
+// AllocBuffer returns plain memory (never blocks for memory to come back).
+//
 // An engine supplies a Driver: how to check a request, prepare its SQE
 // (plain READ/WRITE(_FIXED)/FSYNC, or URING_CMD NVMe commands) and read
 // its completion. The driver runs on the ring goroutine only.
@@ -49,5 +73,8 @@
 //
 // Owner.mu (the queue, closed, broken, leaked) and pool.mu are leaf locks,
 // never held together and never across a system call other than the
-// eventfd write. Everything else belongs to the ring goroutine.
+// eventfd write. A pool growth maps its segment and enqueues its
+// registrations with pool.mu released (pool.growing makes the other
+// allocators wait on pool.grown). Rings adds no lock: the round-robin
+// counter and the shared in-flight counts are atomics. Everything else belongs to the ring goroutine.
 package ringowner

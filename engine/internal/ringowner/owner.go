@@ -59,6 +59,12 @@ type Config struct {
 	// PoolBytes is the size of the registered first-fit buffer pool
 	// (rounded up to 2 MiB, huge pages where allowed); ≤ 0 means none.
 	PoolBytes int
+	// PoolMaxBytes lets the pool grow, when a request finds no room, by
+	// segments of PoolBytes (or the request, rounded up to 2 MiB, when
+	// larger) registered as fixed buffers, up to PoolMaxBytes in all.
+	// ≤ PoolBytes means the pool never grows. Each segment takes a slot
+	// of the fixed-buffer table besides ExtraSlots.
+	PoolMaxBytes int
 	// PoolGrain is the pool's allocation unit (at least the page size).
 	PoolGrain int
 	// NoFixed, when not empty, says why fixed buffers are not used.
@@ -81,6 +87,38 @@ type Config struct {
 	// DrainTimeout bounds the wait for cancelled requests after a ring
 	// failure; 0 means 5 s.
 	DrainTimeout time.Duration
+
+	// shared is set by StartRings: the pool and the in-flight count of all
+	// the rings of one engine.
+	shared *shared
+}
+
+// shared is what the rings of one engine share: the buffer pool and the
+// count of SQEs in flight over all of them.
+type shared struct {
+	pool        *pool
+	inflight    atomic.Int64
+	maxInFlight atomic.Int64
+}
+
+// maxSegments bounds the pool's segments (fixed-buffer table slots).
+const maxSegments = 64
+
+// poolConfig makes the pool cfg describes; growth needs onGrow set later.
+func poolConfig(cfg Config, name string) (*pool, error) {
+	var poolMem []byte
+	if cfg.PoolBytes > 0 {
+		var err error
+		if poolMem, err = mapPool(cfg.PoolBytes); err != nil {
+			return nil, fmt.Errorf("%s: mmap buffer pool of %d bytes: %w", name, cfg.PoolBytes, err)
+		}
+	}
+	p := newPool(poolMem, max(unix.Getpagesize(), cfg.PoolGrain))
+	if cfg.PoolBytes > 0 && cfg.PoolMaxBytes > len(poolMem) {
+		seg := max(cfg.PoolBytes, cfg.PoolMaxBytes/maxSegments)
+		p.setGrowth(seg, cfg.PoolMaxBytes)
+	}
+	return p, nil
 }
 
 // ErrNoFixed is wrapped by RegisterMemory when the ring has no fixed
@@ -97,12 +135,16 @@ const (
 type Stats struct {
 	IOs, Errors, Bytes, SQEs, FixedSQEs, Resubmits, Retries, Enters, Wakeups, Syncs uint64
 	// MaxInFlight is the most SQEs (of requests and flushes) that were in
-	// flight at once, over all callers.
+	// flight at once, over all callers (and all rings of a Rings).
 	MaxInFlight uint64
+	// PoolBytes is the size of the buffer pool now (it grows by segments);
+	// PoolSegments counts grown segments registered on this ring (summed
+	// over the rings of a Rings).
+	PoolBytes, PoolSegments uint64
 }
 
 type counters struct {
-	ios, errors, bytes, sqes, fixed, resubmits, retries, enters, wakeups, syncs, maxInFlight atomic.Uint64
+	ios, errors, bytes, sqes, fixed, resubmits, retries, enters, wakeups, syncs, segments atomic.Uint64
 }
 
 type callKind uint8
@@ -128,8 +170,9 @@ type call struct {
 	done    chan struct{} // closed when left reaches 0 (nil for DoAsync)
 	cb      func(i int)   // DoAsync: called as each IO completes
 
-	mem   []byte // callRegister
-	regID int    // callRegister result, callUnregister argument
+	mem     []byte // callRegister
+	segment bool   // callRegister of a grown pool segment (its own table slots)
+	regID   int    // callRegister result, callUnregister argument
 }
 
 func newCall(kind callKind, left int) *call {
@@ -183,6 +226,8 @@ type Owner struct {
 	qd     int
 	efd    int
 	pool   *pool
+	sh     *shared
+	ownSh  bool // the shared state is this owner's alone (Start)
 	exited chan struct{}
 	stats  counters
 	closed error // the wrapped store.ErrEngineClosed
@@ -217,9 +262,9 @@ type Owner struct {
 	nextReg       int
 	closing       *call
 	enters        uint64
-	cancelAny     bool // the kernel takes IORING_ASYNC_CANCEL_ANY
-	syncInline    bool // flush through Config.SyncFallback
-	maxInFlight   int
+	cancelAny     bool     // the kernel takes IORING_ASYNC_CANCEL_ANY
+	syncInline    bool     // flush through Config.SyncFallback
+	poolMems      [][]byte // the pool's segments when the ring started
 }
 
 // registration is memory added by RegisterMemory.
@@ -250,18 +295,22 @@ func Start(cfg Config, d Driver) (*Owner, error) {
 		exited: make(chan struct{}), maxPiece: cfg.MaxPiece, maxRetries: cfg.MaxRetries,
 		regs:   map[int]*registration{},
 		closed: fmt.Errorf("%s: %w", cfg.Name, store.ErrEngineClosed),
+		sh:     cfg.shared,
 	}
-	var poolMem []byte
-	if cfg.PoolBytes > 0 {
-		var err error
-		if poolMem, err = mapPool(cfg.PoolBytes); err != nil {
-			return nil, fmt.Errorf("%s: mmap buffer pool of %d bytes: %w", o.name, cfg.PoolBytes, err)
+	if o.sh == nil {
+		p, err := poolConfig(cfg, o.name)
+		if err != nil {
+			return nil, err
 		}
+		o.sh, o.ownSh = &shared{pool: p}, true
+		p.onGrow = o.registerSegment
 	}
-	o.pool = newPool(poolMem, max(unix.Getpagesize(), cfg.PoolGrain))
+	o.pool = o.sh.pool
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	if err != nil {
-		o.pool.retire()
+		if o.ownSh {
+			o.pool.retire()
+		}
 		return nil, fmt.Errorf("%s: eventfd: %w", o.name, err)
 	}
 	o.efd = efd
@@ -281,6 +330,9 @@ func (o *Owner) release() {
 		_ = unix.Close(o.efd)
 		o.efd = -1
 	}
+	if !o.ownSh {
+		return // the Rings retires the shared pool
+	}
 	if used := o.pool.retire(); used > 0 {
 		// Chunks still out may still be in use: the pool stays mapped
 		// until the last one is freed.
@@ -295,16 +347,24 @@ func (o *Owner) Stats() Stats {
 		IOs: s.ios.Load(), Errors: s.errors.Load(), Bytes: s.bytes.Load(), SQEs: s.sqes.Load(),
 		FixedSQEs: s.fixed.Load(), Resubmits: s.resubmits.Load(), Retries: s.retries.Load(),
 		Enters: s.enters.Load(), Wakeups: s.wakeups.Load(), Syncs: s.syncs.Load(),
-		MaxInFlight: s.maxInFlight.Load(),
+		MaxInFlight: uint64(o.sh.maxInFlight.Load()), PoolBytes: uint64(o.pool.size()),
+		PoolSegments: s.segments.Load(),
 	}
 }
 
-// PoolMem is the registered pool (for tests and logs).
+// PoolMem is the pool's first segment (for tests and logs); nil when
+// there is none or it was unmapped.
 func (o *Owner) PoolMem() []byte {
 	o.pool.mu.Lock()
 	defer o.pool.mu.Unlock()
-	return o.pool.mem
+	if len(o.pool.segs) == 0 {
+		return nil
+	}
+	return o.pool.segs[0].mem
 }
+
+// PoolSize is the bytes of all the pool's segments.
+func (o *Owner) PoolSize() int { return o.pool.size() }
 
 // PoolOwns reports whether b was carved out of the pool.
 func (o *Owner) PoolOwns(b []byte) bool { return o.pool.owns(b) }
@@ -314,11 +374,7 @@ func (o *Owner) PoolInUse() int { return o.pool.inUse() }
 
 // PoolFreeExtents is the number of free extents of the pool (1 when
 // fully coalesced).
-func (o *Owner) PoolFreeExtents() int {
-	o.pool.mu.Lock()
-	defer o.pool.mu.Unlock()
-	return len(o.pool.free)
-}
+func (o *Owner) PoolFreeExtents() int { return o.pool.freeExtents() }
 
 // Leaked reports whether a ring failure left requests that could not be
 // reaped (their memory is never unmapped).
@@ -448,6 +504,20 @@ func (o *Owner) RegisterMemory(b []byte) (func(), error) {
 	}, nil
 }
 
+// registerSegment registers a grown pool segment with the ring, without
+// waiting (AllocBuffer may run anywhere, even on a ring goroutine). Until it
+// is registered, I/O on it uses plain buffers. On a closed or failed ring
+// it does nothing: the table went with the ring.
+func (o *Owner) registerSegment(mem []byte) {
+	if o.noFixedCfg() {
+		return
+	}
+	_ = o.enqueue(&call{kind: callRegister, left: 1, mem: mem, segment: true})
+}
+
+// noFixedCfg reports whether the configuration rules out fixed buffers.
+func (o *Owner) noFixedCfg() bool { return o.cfg.NoFixed != "" }
+
 // Close waits for the requests in flight, stops the ring and releases the
 // eventfd and the pool (which stays mapped while chunks are out, or for
 // good after a leak). A second Close returns nil.
@@ -534,7 +604,7 @@ func (o *Owner) setup() error {
 	o.log.Info("ring ready",
 		zap.Int("queue_depth", o.qd), zap.String("ring_flags", fmt.Sprintf("%#x", r.Flags())),
 		zap.Int("sq_entries", r.SQEntries()), zap.Bool("fixed_buffers", !o.noFixed),
-		zap.Bool("buffer_update", o.sparse), zap.Int("pool_bytes", len(o.pool.mem)))
+		zap.Bool("buffer_update", o.sparse), zap.Int("pool_bytes", o.pool.size()))
 	return nil
 }
 
@@ -617,9 +687,12 @@ func (o *Owner) inflight() int { return o.qd - len(o.free) }
 func (o *Owner) getSlot() int {
 	i := o.free[len(o.free)-1]
 	o.free = o.free[:len(o.free)-1]
-	if n := o.inflight(); n > o.maxInFlight {
-		o.maxInFlight = n
-		o.stats.maxInFlight.Store(uint64(n))
+	n := o.sh.inflight.Add(1)
+	for {
+		m := o.sh.maxInFlight.Load()
+		if n <= m || o.sh.maxInFlight.CompareAndSwap(m, n) {
+			break
+		}
 	}
 	return i
 }
@@ -627,6 +700,7 @@ func (o *Owner) getSlot() int {
 func (o *Owner) putSlot(i int) {
 	o.slots[i] = slot{}
 	o.free = append(o.free, i)
+	o.sh.inflight.Add(-1)
 }
 
 // arm keeps a read of the eventfd in flight, so that a caller's write
@@ -703,6 +777,13 @@ func (o *Owner) fill() {
 			}
 			if c.kind == callRegister {
 				c.err = o.register(c)
+				if c.segment { // nobody waits
+					if c.err != nil && !errors.Is(c.err, ErrNoFixed) {
+						o.log.Warn("buffer pool segment not registered; I/O on it uses plain buffers", zap.Int("bytes", len(c.mem)), zap.Error(c.err))
+					} else {
+						o.stats.segments.Add(1)
+					}
+				}
 			} else {
 				c.err = o.unregister(c.regID)
 			}

@@ -8,62 +8,162 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// pool carves aligned chunks out of one mmap'd region (the registered
-// buffer pool). First fit over a sorted, coalesced free list; the chunk
-// size is kept in the returned slice's capacity. It is the only buffer
-// pool of the ring-backed engines.
+// pool carves aligned chunks out of mmap'd segments (the registered buffer
+// pool). First fit over each segment's sorted, coalesced free list; the
+// chunk size is kept in the returned slice's capacity. It is the only
+// buffer pool of the ring-backed engines; the rings of one engine share
+// it.
 //
-// Lifetime: retire (at Close) stops handing out memory and unmaps the
-// region when the last chunk comes back. leak (after a ring failure that
+// Growth: when no segment has room and the pool is below maxBytes, alloc
+// maps one more segment (segBytes, or the request rounded up to 2 MiB when
+// larger, at most 1 GiB: one fixed buffer) and hands it to onGrow, which
+// registers it with every ring as a fixed buffer. One caller maps at a
+// time; the others wait for it rather than map too. Segments are never
+// unmapped before the pool is retired. At the cap alloc reports no room
+// and the engine falls back to plain memory (slower I/O: no fixed buffer).
+//
+// Lifetime: retire (at Close) stops handing out memory and unmaps every
+// segment when the last chunk comes back. leak (after a ring failure that
 // left requests that cannot be reaped) stops handing out memory and never
 // unmaps: the kernel may still write into it.
 type pool struct {
-	mu    sync.Mutex
-	mem   []byte
-	grain int
-	free  []extent // sorted by off, no two adjacent
-	used  int      // bytes handed out
+	mu       sync.Mutex
+	grown    sync.Cond // signalled when a growth ends
+	segs     []*segment
+	grain    int
+	segBytes int // size of a grown segment
+	maxBytes int // cap on the bytes of all segments
+	total    int // bytes of all segments
+	used     int // bytes handed out
+	growing  bool
+	// onGrow, when set, runs (outside mu) after a new segment is mapped and
+	// before the chunk that caused the growth is handed out.
+	onGrow func(mem []byte)
 	// retired: the engine is closed; nothing more is handed out, and the
 	// memory is unmapped when the last chunk comes back.
 	retired bool
 	// leaked: requests that may name the pool were never reaped; the
 	// memory stays mapped for the life of the process.
 	leaked bool
+	// mapFn maps a segment (mapPool; tests may replace it).
+	mapFn func(n int) ([]byte, error)
+}
+
+// segment is one mapped region of the pool.
+type segment struct {
+	mem  []byte
+	free []extent // sorted by off, no two adjacent
+	used int
 }
 
 type extent struct{ off, n int }
 
+// maxSegment is the largest segment: one fixed buffer.
+const maxSegment = 1 << 30
+
+// newPool makes a pool of the segment mem (none when empty) that does not
+// grow.
 func newPool(mem []byte, grain int) *pool {
-	p := &pool{mem: mem, grain: grain}
+	p := &pool{grain: grain, mapFn: mapPool}
+	p.grown.L = &p.mu
 	if len(mem) > 0 {
-		p.free = []extent{{0, len(mem)}}
+		p.addLocked(mem)
 	}
+	p.maxBytes = p.total
 	return p
 }
 
-// alloc returns n bytes (capacity rounded up to the grain) or false when
-// no free extent is large enough.
+// setGrowth lets the pool grow by segments of segBytes up to maxBytes in
+// all.
+func (p *pool) setGrowth(segBytes, maxBytes int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.segBytes = roundHuge(min(max(segBytes, hugePage), maxSegment))
+	p.maxBytes = max(maxBytes, p.total)
+}
+
+func roundHuge(n int) int { return (n + hugePage - 1) &^ (hugePage - 1) }
+
+func (p *pool) addLocked(mem []byte) {
+	p.segs = append(p.segs, &segment{mem: mem, free: []extent{{0, len(mem)}}})
+	p.total += len(mem)
+}
+
+// segments returns the mapped segments.
+func (p *pool) segments() [][]byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([][]byte, len(p.segs))
+	for i, s := range p.segs {
+		out[i] = s.mem
+	}
+	return out
+}
+
+// alloc returns n bytes (capacity rounded up to the grain), growing the
+// pool when it may; false when there is no room.
 func (p *pool) alloc(n int) ([]byte, bool) {
 	if n <= 0 {
 		return nil, false
 	}
 	size := (n + p.grain - 1) / p.grain * p.grain
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.retired {
-		return nil, false
-	}
-	for i, e := range p.free {
-		if e.n < size {
+	for {
+		if p.retired {
+			p.mu.Unlock()
+			return nil, false
+		}
+		if b, ok := p.carveLocked(n, size); ok {
+			p.mu.Unlock()
+			return b, true
+		}
+		if p.growing {
+			p.grown.Wait() // another caller maps a segment: use it
 			continue
 		}
-		if e.n == size {
-			p.free = append(p.free[:i], p.free[i+1:]...)
-		} else {
-			p.free[i] = extent{e.off + size, e.n - size}
+		seg := max(p.segBytes, roundHuge(size))
+		if p.segBytes == 0 || seg > maxSegment || p.total+seg > p.maxBytes {
+			p.mu.Unlock()
+			return nil, false
 		}
-		p.used += size
-		return p.mem[e.off : e.off+n : e.off+size], true
+		p.growing = true
+		p.mu.Unlock()
+		mem, err := p.mapFn(seg)
+		if err == nil && p.onGrow != nil {
+			p.onGrow(mem)
+		}
+		p.mu.Lock()
+		p.growing = false
+		p.grown.Broadcast()
+		if err != nil {
+			p.segBytes = 0 // mapping fails: stop growing
+			p.mu.Unlock()
+			return nil, false
+		}
+		if p.retired && !p.leaked {
+			unmapPool(mem) // closed meanwhile: its rings dropped the registration
+			p.mu.Unlock()
+			return nil, false
+		}
+		p.addLocked(mem)
+	}
+}
+
+func (p *pool) carveLocked(n, size int) ([]byte, bool) {
+	for _, s := range p.segs {
+		for i, e := range s.free {
+			if e.n < size {
+				continue
+			}
+			if e.n == size {
+				s.free = append(s.free[:i], s.free[i+1:]...)
+			} else {
+				s.free[i] = extent{e.off + size, e.n - size}
+			}
+			s.used += size
+			p.used += size
+			return s.mem[e.off : e.off+n : e.off+size], true
+		}
 	}
 	return nil, false
 }
@@ -72,16 +172,21 @@ func (p *pool) alloc(n int) ([]byte, bool) {
 func (p *pool) owns(b []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.ownsLocked(b)
+	return p.segLocked(b) != nil
 }
 
-func (p *pool) ownsLocked(b []byte) bool {
-	if len(p.mem) == 0 || cap(b) == 0 {
-		return false
+func (p *pool) segLocked(b []byte) *segment {
+	if cap(b) == 0 {
+		return nil
 	}
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(p.mem)))
-	a := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	return a >= base && a < base+uintptr(len(p.mem))
+	a := addrOf(b)
+	for _, s := range p.segs {
+		base := addrOf(s.mem)
+		if a >= base && a < base+uintptr(len(s.mem)) {
+			return s
+		}
+	}
+	return nil
 }
 
 // release returns a chunk from alloc; it reports false when b is not the
@@ -89,34 +194,42 @@ func (p *pool) ownsLocked(b []byte) bool {
 func (p *pool) release(b []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.ownsLocked(b) {
+	s := p.segLocked(b)
+	if s == nil {
 		return false
 	}
-	off := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(p.mem))))
+	off := int(addrOf(b) - addrOf(s.mem))
 	size := cap(b)
-	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > off })
+	i := sort.Search(len(s.free), func(i int) bool { return s.free[i].off > off })
 	// Merge with the previous and next free extents when adjacent.
-	prev := i > 0 && p.free[i-1].off+p.free[i-1].n == off
-	next := i < len(p.free) && off+size == p.free[i].off
+	prev := i > 0 && s.free[i-1].off+s.free[i-1].n == off
+	next := i < len(s.free) && off+size == s.free[i].off
 	switch {
 	case prev && next:
-		p.free[i-1].n += size + p.free[i].n
-		p.free = append(p.free[:i], p.free[i+1:]...)
+		s.free[i-1].n += size + s.free[i].n
+		s.free = append(s.free[:i], s.free[i+1:]...)
 	case prev:
-		p.free[i-1].n += size
+		s.free[i-1].n += size
 	case next:
-		p.free[i] = extent{off, size + p.free[i].n}
+		s.free[i] = extent{off, size + s.free[i].n}
 	default:
-		p.free = append(p.free, extent{})
-		copy(p.free[i+1:], p.free[i:])
-		p.free[i] = extent{off, size}
+		s.free = append(s.free, extent{})
+		copy(s.free[i+1:], s.free[i:])
+		s.free[i] = extent{off, size}
 	}
+	s.used -= size
 	p.used -= size
 	if p.retired && !p.leaked && p.used == 0 {
-		unmapPool(p.mem)
-		p.mem, p.free = nil, nil
+		p.unmapLocked()
 	}
 	return true
+}
+
+func (p *pool) unmapLocked() {
+	for _, s := range p.segs {
+		unmapPool(s.mem)
+	}
+	p.segs, p.total = nil, 0
 }
 
 // retire stops handing out memory and unmaps it, now if no chunk is out,
@@ -125,9 +238,9 @@ func (p *pool) retire() (inUse int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.retired = true
+	p.grown.Broadcast()
 	if p.used == 0 && !p.leaked {
-		unmapPool(p.mem)
-		p.mem, p.free = nil, nil
+		p.unmapLocked()
 	}
 	return p.used
 }
@@ -138,13 +251,39 @@ func (p *pool) leak() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.leaked, p.retired = true, true
-	return len(p.mem)
+	return p.total
 }
 
 func (p *pool) inUse() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.used
+}
+
+func (p *pool) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.total
+}
+
+// capBytes is the most the pool grows to.
+func (p *pool) capBytes() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.segBytes == 0 {
+		return p.total
+	}
+	return p.maxBytes
+}
+
+func (p *pool) freeExtents() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, s := range p.segs {
+		n += len(s.free)
+	}
+	return n
 }
 
 // hugePage is the size of a transparent huge page on x86-64 and arm64
@@ -159,7 +298,7 @@ const hugePage = 2 << 20
 // measured 3.8 GB/s against 1.6 GB/s for 1 MiB random reads. Where THP is
 // off, the memory is ordinary pages and everything still works.
 func mapPool(n int) ([]byte, error) {
-	size := (n + hugePage - 1) &^ (hugePage - 1)
+	size := roundHuge(n)
 	p, err := unix.MmapPtr(-1, 0, nil, uintptr(size+hugePage), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		return nil, err

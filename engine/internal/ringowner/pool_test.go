@@ -68,8 +68,8 @@ func TestPoolFirstFit(t *testing.T) {
 	}
 	p.release(a)
 	p.release(c)
-	if len(p.free) != 1 || p.free[0] != (extent{0, 64 << 10}) {
-		t.Fatalf("free list not coalesced: %v", p.free)
+	if len(p.segs[0].free) != 1 || p.segs[0].free[0] != (extent{0, 64 << 10}) {
+		t.Fatalf("free list not coalesced: %v", p.segs[0].free)
 	}
 	if _, ok := p.alloc(64 << 10); !ok {
 		t.Fatal("whole pool after release")

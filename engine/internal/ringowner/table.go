@@ -22,9 +22,13 @@ func (o *Owner) setupBuffers(noFixed string) {
 		o.noFixed, o.fixedDisabled = true, noFixed
 		return
 	}
-	o.poolPieces = uring.SplitBuffers([][]byte{o.pool.mem}, 0)
+	o.poolMems = o.pool.segments()
+	o.poolPieces = uring.SplitBuffers(o.poolMems, 0)
 	if !o.cfg.Legacy {
 		n := len(o.poolPieces) + o.cfg.ExtraSlots
+		if o.cfg.PoolMaxBytes > o.cfg.PoolBytes {
+			n += maxSegments
+		}
 		err := o.ring.RegisterBuffersSparse(n)
 		if err == nil && len(o.poolPieces) > 0 {
 			if err = o.ring.UpdateBuffers(o.poolPieces); err != nil {
@@ -47,7 +51,7 @@ func (o *Owner) setupBuffers(noFixed string) {
 	if len(o.poolPieces) == 0 {
 		return
 	}
-	if _, err := o.ring.RegisterBuffers([][]byte{o.pool.mem}); err != nil {
+	if _, err := o.ring.RegisterBuffers(o.poolMems); err != nil {
 		o.log.Warn("fixed buffers unavailable; using plain buffers", zap.Error(err))
 		o.noFixed, o.fixedDisabled = true, err.Error()
 		return
@@ -102,7 +106,13 @@ func (o *Owner) register(c *call) error {
 	id := o.nextReg
 	o.nextReg++
 	if o.sparse {
-		start := o.freeRun(len(pieces))
+		// RegisterMemory takes slots up to the pool's and ExtraSlots; grown
+		// pool segments take the slots after them.
+		lo, hi := 0, len(o.poolPieces)+o.cfg.ExtraSlots
+		if c.segment {
+			lo, hi = hi, len(o.tableUsed)
+		}
+		start := o.freeRun(len(pieces), lo, min(hi, len(o.tableUsed)))
 		if start < 0 {
 			return fmt.Errorf("%s: fixed buffer table full (%d slots): %w", o.name, len(o.tableUsed), unix.ENOSPC)
 		}
@@ -154,11 +164,11 @@ func (o *Owner) unregister(id int) error {
 	return err
 }
 
-// freeRun finds n consecutive free sparse-table slots.
-func (o *Owner) freeRun(n int) int {
+// freeRun finds n consecutive free sparse-table slots in [lo, hi).
+func (o *Owner) freeRun(n, lo, hi int) int {
 	run := 0
-	for i, used := range o.tableUsed {
-		if used {
+	for i := lo; i < hi; i++ {
+		if o.tableUsed[i] {
 			run = 0
 			continue
 		}
@@ -178,10 +188,7 @@ func (o *Owner) reregister() error {
 		ids = append(ids, id)
 	}
 	sort.Ints(ids)
-	bufs := [][]byte{}
-	if len(o.pool.mem) > 0 {
-		bufs = append(bufs, o.pool.mem)
-	}
+	bufs := append([][]byte{}, o.poolMems...)
 	for _, id := range ids {
 		bufs = append(bufs, o.regs[id].mem)
 	}
@@ -197,10 +204,7 @@ func (o *Owner) reregister() error {
 	if err != nil {
 		return err
 	}
-	src := 0
-	if len(o.pool.mem) > 0 {
-		src = 1
-	}
+	src := len(o.poolMems)
 	for _, p := range pieces {
 		if p.Source < src {
 			o.poolPieces = append(o.poolPieces, p)

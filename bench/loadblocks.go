@@ -1,0 +1,258 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/ctl/abi"
+)
+
+// Layouts of a bench-load --blocks-per-call target.
+var Layouts = []string{"nhd", "hnd", "hf"}
+
+// SweepJobs are the caller counts of a sweep.
+var SweepJobs = []int{1, 2, 4, 8, 16}
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat (100
+// on every Linux architecture Go supports).
+const clockTicks = 100
+
+// ProcessCPU is the CPU time (user + system) process pid has used, from
+// /proc/PID/stat.
+func ProcessCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("bench: daemon cpu: %w", err)
+	}
+	// The command name (field 2) may hold spaces: fields count from the
+	// last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("bench: daemon cpu: malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("bench: daemon cpu: short /proc/%d/stat", pid)
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64) // field 14
+	st, err2 := strconv.ParseUint(f[12], 10, 64) // field 15
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("bench: daemon cpu: /proc/%d/stat: %v %v", pid, err1, err2)
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+// blocksTarget registers, for one job, a target of n cache blocks in the
+// layout named lay, in one host buffer.
+func blocksTarget(c *client.Client, lay string, n int) (client.TargetID, client.Target, *client.HostBuffer, error) {
+	info := c.Info()
+	var t client.Target
+	switch lay {
+	case "nhd":
+		t = info.NHD(n, 0, info.Geometry.KVHeads)
+	case "hnd":
+		t = info.HND(n, 0, info.Geometry.KVHeads)
+	case "hf":
+		t = info.HF(n*info.Geometry.BlockTokens, 0, info.Geometry.KVHeads)
+	default:
+		return 0, t, nil, fmt.Errorf("%w: layout %q (want nhd, hnd or hf)", ErrConfig, lay)
+	}
+	tensor := t.RegionBytes(info)
+	buf, err := c.NewHostBuffer("", 2*int64(info.Geometry.Layers)*tensor)
+	if err != nil {
+		return 0, t, nil, err
+	}
+	for i := range 2 * info.Geometry.Layers {
+		t.Regions = append(t.Regions, client.Region{Buffer: buf.ID, Offset: uint64(int64(i) * tensor)})
+	}
+	id, err := c.RegisterTarget(t)
+	if err != nil {
+		buf.Close()
+		return 0, t, nil, err
+	}
+	return id, t, buf, nil
+}
+
+// runLoadBlocks is RunLoad with LOAD_BLOCKS: each call loads BlocksPerCall
+// random whole blocks into cache blocks 0..BlocksPerCall-1 of the job's own
+// target (inline up to abi.BlocksInlineMax entries, else through the job's
+// entry array).
+func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
+	info := c.Client.Info()
+	g, gb := info.Geometry, info.GroupBytes
+	if c.Layout == "" {
+		c.Layout = "nhd"
+	}
+	n := c.BlocksPerCall
+	callBytes := int64(n * g.GroupsPerBlock() * gb)
+	type job struct {
+		id  client.TargetID
+		t   client.Target
+		buf *client.HostBuffer
+		arr *client.HostBuffer
+	}
+	jobs := make([]job, c.Jobs)
+	defer func() {
+		for _, j := range jobs {
+			if j.buf != nil {
+				c.Client.UnregisterTarget(j.id)
+				j.buf.Close()
+			}
+			if j.arr != nil {
+				j.arr.Close()
+			}
+		}
+	}()
+	for i := range jobs {
+		var err error
+		if jobs[i].id, jobs[i].t, jobs[i].buf, err = blocksTarget(c.Client, c.Layout, n); err != nil {
+			return LoadResult{}, err
+		}
+		if n > abi.BlocksInlineMax {
+			if jobs[i].arr, err = c.Client.NewHostBuffer("", int64(n*abi.BlockEntrySize)); err != nil {
+				return LoadResult{}, err
+			}
+		}
+	}
+
+	lat := make([][]time.Duration, c.Jobs)
+	notOK := make([]int, c.Jobs)
+	errs := make([]error, c.Jobs)
+	var ready, wg sync.WaitGroup
+	gate := make(chan struct{})
+	for j := range c.Jobs {
+		wg.Add(1)
+		ready.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(c.Seed, uint64(j)))
+			jb := &jobs[j]
+			es := make([]client.BlockEntry, n)
+			call := func() (int, error) {
+				for i := range es {
+					es[i] = jb.t.WholeBlock(blocks[rng.IntN(len(blocks))], i)
+				}
+				if jb.arr != nil {
+					return c.Client.BlocksIn(true, jb.id, jb.arr, 0, es)
+				}
+				return c.Client.LoadBlocks(jb.id, es)
+			}
+			for range c.Warmup {
+				if _, err := call(); err != nil {
+					errs[j] = err
+				}
+			}
+			ready.Done()
+			<-gate
+			lat[j] = make([]time.Duration, 0, c.Calls)
+			for range c.Calls {
+				t0 := time.Now()
+				nok, err := call()
+				lat[j] = append(lat[j], time.Since(t0))
+				if err != nil {
+					errs[j] = err
+					return
+				}
+				notOK[j] += len(es) - nok
+			}
+		}()
+	}
+	ready.Wait()
+	d0, dok0 := daemonCPU(c)
+	cpu0 := CPUSeconds()
+	start := time.Now()
+	close(gate)
+	wg.Wait()
+	wall := time.Since(start)
+	clientCPU := CPUSeconds() - cpu0
+	d1, dok1 := daemonCPU(c)
+	if err := errors.Join(errs...); err != nil {
+		return LoadResult{}, err
+	}
+	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: n * g.GroupsPerBlock(),
+		BlocksPerCall: n, Layout: c.Layout, Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), Seconds: wall.Seconds()}
+	all := slices.Concat(lat...)
+	var sum time.Duration
+	for _, d := range all {
+		sum += d
+	}
+	for _, k := range notOK {
+		res.NotOKBlocks += k
+	}
+	slices.Sort(all)
+	res.Bytes = int64(len(all)) * callBytes
+	res.GBps = float64(res.Bytes) / wall.Seconds() / 1e9
+	res.UsPerCall = Micros(sum) / float64(len(all))
+	res.P50us, res.P99us = Micros(Percentile(all, 50)), Micros(Percentile(all, 99))
+	res.UsPerGroup = res.UsPerCall / float64(res.GroupsPerCall)
+	res.UsPerBlock = res.UsPerCall / float64(n)
+	res.ClientCPUs = clientCPU
+	if dok0 && dok1 {
+		res.CPUs = d1 - d0
+		res.CPUsPerGB = PerGB(res.CPUs, res.Bytes)
+	}
+	return res, nil
+}
+
+// daemonCPU is the daemon's CPU seconds so far: ProcessCPU of
+// c.DaemonPID when set (any daemon, old ones too), else the mount's
+// daemon_cpu_seconds; false when neither can be read.
+func daemonCPU(c LoadConfig) (float64, bool) {
+	if c.DaemonPID != 0 {
+		d, err := ProcessCPU(c.DaemonPID)
+		return d.Seconds(), err == nil
+	}
+	return DaemonCPUSeconds(c.Mountpoint)
+}
+
+// RunLoadSweep runs RunLoad once per caller count in jobs (SweepJobs when
+// nil), on the same store and blocks.
+func RunLoadSweep(c LoadConfig, jobs []int) ([]LoadResult, error) {
+	if jobs == nil {
+		jobs = SweepJobs
+	}
+	var out []LoadResult
+	for _, j := range jobs {
+		c.Jobs = j
+		r, err := RunLoad(c)
+		if err != nil {
+			return out, fmt.Errorf("bench: sweep at %d callers: %w", j, err)
+		}
+		out = append(out, r)
+		c.Fill = 0 // filled once
+	}
+	return out, nil
+}
+
+// SweepTable formats a sweep: one row per caller count.
+func SweepTable(rs []LoadResult) string {
+	if len(rs) == 0 {
+		return ""
+	}
+	r0 := rs[0]
+	var b strings.Builder
+	what := fmt.Sprintf("%d groups per LOAD", r0.GroupsPerCall)
+	if r0.BlocksPerCall > 0 {
+		what = fmt.Sprintf("%d blocks (%d groups) per LOAD_BLOCKS into %s targets", r0.BlocksPerCall, r0.GroupsPerCall, r0.Layout)
+	}
+	fmt.Fprintf(&b, "bench-load %s (engine %s): %s, %d calls per caller, %d blocks in the store\n",
+		r0.Mountpoint, r0.Engine, what, r0.Calls, r0.Blocks)
+	fmt.Fprintf(&b, "%8s %9s %12s %10s %10s %12s %14s\n", "callers", "GB/s", "µs/call", "p50 µs", "p99 µs", "µs/group", "core-s/GB")
+	for _, r := range rs {
+		cpu := "-"
+		if r.CPUs > 0 {
+			cpu = fmt.Sprintf("%.3f", r.CPUsPerGB)
+		}
+		fmt.Fprintf(&b, "%8d %9.2f %12.1f %10.1f %10.1f %12.3f %14s\n", r.Jobs, r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, cpu)
+	}
+	return strings.TrimRight(b.String(), "\n")
+}

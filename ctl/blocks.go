@@ -1,0 +1,589 @@
+package ctl
+
+import (
+	"cmp"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// maxGroupsPerCall bounds the groups of one store.Read/store.Write a
+// LOAD_BLOCKS/STORE_BLOCKS issues (besides the staging budget), so the
+// store's per-call working memory stays bounded.
+const maxGroupsPerCall = 16384
+
+// blockEnt is one decoded block entry and its outcome.
+type blockEnt struct {
+	e      abi.BlockEntry
+	valid  bool
+	groups int32 // groups the entry moves
+	ok     uint32
+	st     abi.Status
+	det    abi.Detail
+}
+
+// blockScratch is per-call working memory, pooled: a call allocates
+// nothing proportional to its entries or groups once the pool is warm.
+type blockScratch struct {
+	ents  []blockEnt
+	rreqs []store.ReadReq
+	wreqs []store.WriteReq
+	owner []int32 // entry of each request
+	stage []int32 // per request: staging slot, or -1 when it lands directly
+	order []int32
+	cells []int32
+}
+
+var blockScratchPool = sync.Pool{New: func() any { return new(blockScratch) }}
+
+// blocksIoctl serves the minor-2 commands.
+func (ss *Session) blocksIoctl(req *abi.Request, in, out []byte) (int32, error) {
+	switch req.Op {
+	case abi.OpRegisterTarget:
+		id, err := ss.registerTarget(req.Blocks.Target)
+		if err != nil {
+			return 0, err
+		}
+		copy(out, in)
+		binary.LittleEndian.PutUint32(out[abi.TargetOutOff:], id)
+		return 0, nil
+	case abi.OpUnregisterTarget:
+		return 0, ss.unregisterTarget(req.Blocks.UnregisterTarget.Target)
+	case abi.OpLoadBlocks, abi.OpStoreBlocks:
+		return ss.blocks(req, in, out)
+	}
+	return 0, fmt.Errorf("%w: op %v", abi.ErrCommand, req.Op)
+}
+
+// blocks serves LOAD_BLOCKS and STORE_BLOCKS (and their inline forms):
+// look up the target and the entry array, copy the entries into daemon
+// memory (a client changing them during the call changes nothing), check
+// each in O(1) against the target validated at registration, refuse LOAD
+// entries that share a group of a cache block, then move the groups of the
+// valid entries in as few store calls as the staging budget allows and
+// write each entry's outcome back.
+func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
+	s := ss.srv
+	h := &req.Blocks.Header
+	load := req.Op == abi.OpLoadBlocks
+	if !load && s.opts.ReadOnly {
+		return 0, ErrReadOnly
+	}
+	start := time.Now()
+	defer func() { s.m.batchNs.Add(uint64(time.Since(start))) }()
+	copy(out, in)
+	n := int(h.Count)
+
+	ss.io.RLock()
+	defer ss.io.RUnlock()
+	ss.mu.Lock()
+	if ss.mu.closed {
+		ss.mu.Unlock()
+		return 0, ErrClosed
+	}
+	t := ss.blk.targets[h.Target]
+	var eb *buffer
+	if !req.Inline && n > 0 {
+		eb = ss.mu.bufs[h.Buffer]
+	}
+	ss.mu.Unlock()
+	if t == nil {
+		return 0, fmt.Errorf("%w: %d", ErrNoTarget, h.Target)
+	}
+	var arr []byte // the entry array in the registered buffer
+	if !req.Inline && n > 0 {
+		if eb == nil {
+			return 0, fmt.Errorf("%w: %d", ErrEntryBuffer, h.Buffer)
+		}
+		size := uint64(n) * abi.BlockEntrySize
+		if l := uint64(len(eb.mem)); h.Offset > l || size > l-h.Offset {
+			return 0, fmt.Errorf("%w: %d entries at offset %d of a buffer of %d bytes", abi.ErrEntries, n, h.Offset, l)
+		}
+		if t.inCache(eb, h.Offset, size) {
+			return 0, fmt.Errorf("%w: buffer %d offset %d", abi.ErrEntriesInCache, h.Buffer, h.Offset)
+		}
+		arr = eb.mem[h.Offset : h.Offset+size]
+	}
+
+	sc := blockScratchPool.Get().(*blockScratch)
+	defer blockScratchPool.Put(sc)
+	if cap(sc.ents) < n {
+		sc.ents = make([]blockEnt, n)
+	}
+	ents := sc.ents[:n]
+	src := req.Blocks.Entries
+	if arr != nil {
+		src = arr
+	}
+	if err := ss.guardBufs(t, eb, func() error {
+		for i := range ents {
+			ents[i] = blockEnt{}
+			ents[i].e.Unmarshal(src[i*abi.BlockEntrySize:])
+		}
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	bad := 0
+	for i := range ents {
+		e := &ents[i]
+		g, err := t.lay.CheckBlock(&e.e)
+		if err != nil {
+			e.st, e.det = abi.BadRequest, abi.DetailOf(err)
+			bad++
+			continue
+		}
+		e.valid, e.groups = true, int32(g)
+	}
+	if load {
+		bad += markBlockOverlaps(ents, &t.lay, sc)
+	}
+
+	var err error
+	if load {
+		err = ss.loadBlocks(t, ents, sc)
+	} else {
+		err = ss.storeBlocks(t, ents, sc)
+	}
+	if err != nil {
+		return 0, err
+	}
+
+	nok, groups := 0, uint64(0)
+	put := func(b []byte, e *blockEnt) {
+		b[abi.BlockStatusOff] = uint8(e.st)
+		b[abi.BlockDetailOff] = uint8(e.det)
+		binary.LittleEndian.PutUint32(b[abi.BlockGroupsOKOff:], e.ok)
+	}
+	for i := range ents {
+		if ents[i].st == abi.OK {
+			nok++
+		}
+		groups += uint64(ents[i].ok)
+	}
+	if arr != nil {
+		if err := ss.guardBufs(t, eb, func() error {
+			for i := range ents {
+				put(arr[i*abi.BlockEntrySize:], &ents[i])
+			}
+			return nil
+		}); err != nil {
+			return 0, err
+		}
+	} else {
+		for i := range ents {
+			put(out[abi.BlocksSize+i*abi.BlockEntrySize:], &ents[i])
+		}
+	}
+	binary.LittleEndian.PutUint32(out[abi.BlocksNOKOff:], uint32(nok))
+	binary.LittleEndian.PutUint64(out[abi.BlocksGroupsOff:], groups)
+	s.m.bad.Add(uint64(bad))
+	if load {
+		s.m.loads.Add(1)
+		s.m.loaded.Add(groups)
+	} else {
+		s.m.stores.Add(1)
+		s.m.stored.Add(groups)
+	}
+	return int32(min(nok, 1<<31-1)), nil
+}
+
+// markBlockOverlaps refuses (BadRequest/BadOverlap) every valid LOAD entry
+// that shares a group — a (layer, head, kind) of the same cache block —
+// with another valid entry: both would land in the same tile. The target's
+// tiles are pairwise disjoint (checked at registration), so entries of
+// different cache blocks never overlap. Cost: one pass when the entries
+// come in cache-block order (a sort otherwise); entries sharing a cache
+// block are resolved on a map of that block's groups, linear in their
+// groups.
+func markBlockOverlaps(ents []blockEnt, l *abi.Layout, sc *blockScratch) int {
+	order := sc.order[:0]
+	sorted := true
+	for i := range ents {
+		if !ents[i].valid {
+			continue
+		}
+		if k := len(order); k > 0 && ents[i].e.CacheBlock < ents[order[k-1]].e.CacheBlock {
+			sorted = false
+		}
+		order = append(order, int32(i))
+	}
+	if !sorted {
+		slices.SortFunc(order, func(a, b int32) int {
+			if c := cmp.Compare(ents[a].e.CacheBlock, ents[b].e.CacheBlock); c != 0 {
+				return c
+			}
+			return cmp.Compare(a, b)
+		})
+	}
+	refused := 0
+	for lo := 0; lo < len(order); {
+		hi := lo + 1
+		for hi < len(order) && ents[order[hi]].e.CacheBlock == ents[order[lo]].e.CacheBlock {
+			hi++
+		}
+		if hi-lo > 1 {
+			refused += resolveCacheBlock(ents, order[lo:hi], l, sc)
+		}
+		lo = hi
+	}
+	sc.order = order[:0]
+	return refused
+}
+
+// resolveCacheBlock marks the entries of one cache block that share a
+// group with another of them.
+func resolveCacheBlock(ents []blockEnt, run []int32, l *abi.Layout, sc *blockScratch) int {
+	nh := int(l.HeadEnd - l.HeadFirst)
+	nl := int(l.LayerEnd - l.LayerFirst)
+	cells := sc.cells
+	if cap(cells) < nl*nh*2 {
+		cells = make([]int32, nl*nh*2)
+	}
+	cells = cells[:nl*nh*2]
+	for i := range cells {
+		cells[i] = -1
+	}
+	hit := make(map[int32]bool)
+	for _, k := range run {
+		e := &ents[k].e
+		for layer := uint32(e.LayerFirst); layer < uint32(e.LayerFirst)+uint32(e.LayerCount); layer++ {
+			for kind := range 2 {
+				if e.Kinds&(1<<kind) == 0 {
+					continue
+				}
+				for h := uint32(e.HeadFirst); h < uint32(e.HeadFirst)+uint32(e.HeadCount); h++ {
+					c := &cells[((int(layer-l.LayerFirst)*2+kind)*nh)+int(h-l.HeadFirst)]
+					if *c >= 0 {
+						hit[*c], hit[k] = true, true
+					} else {
+						*c = k
+					}
+				}
+			}
+		}
+	}
+	for k := range hit {
+		e := &ents[k]
+		e.valid, e.st, e.det = false, abi.BadRequest, abi.BadOverlap
+	}
+	sc.cells = cells[:0]
+	return len(hit)
+}
+
+// groupsOf calls f for every group of a valid entry, in slot order (layer,
+// K before V, head), with the group's key and its tile's offset in its
+// region's buffer.
+func groupsOf(t *target, e *abi.BlockEntry, f func(k layout.Key, r *region, off uint64)) {
+	hs := t.lay.HeadStride
+	for layer := uint32(e.LayerFirst); layer < uint32(e.LayerFirst)+uint32(e.LayerCount); layer++ {
+		for kind := range 2 {
+			if e.Kinds&(1<<kind) == 0 {
+				continue
+			}
+			r := t.region(layer, kind)
+			off := r.off + t.lay.TileOffset(e.CacheBlock, uint32(e.HeadFirst))
+			k := layout.Key{Block: e.Block, Layer: int(layer), Kind: layout.Kind(kind)}
+			for h := int(e.HeadFirst); h < int(e.HeadFirst)+int(e.HeadCount); h++ {
+				k.Head = h
+				f(k, r, off)
+				off += hs
+			}
+		}
+	}
+}
+
+// window is the valid entries [lo, hi) of one store call and its staging.
+func nextWindow(ents []blockEnt, lo int, stagePer int, budget int) (hi, groups, stageBytes int) {
+	hi = lo
+	for ; hi < len(ents); hi++ {
+		e := &ents[hi]
+		if !e.valid {
+			continue
+		}
+		need := int(e.groups) * stagePer
+		if groups > 0 && (stageBytes+need > budget || groups+int(e.groups) > maxGroupsPerCall) {
+			break
+		}
+		groups += int(e.groups)
+		stageBytes += need
+	}
+	return hi, groups, stageBytes
+}
+
+// loadBlocks reads the groups of the valid entries. With a packed layout
+// (row pitch = row bytes) tiles are handed to the store as destinations
+// reaching to the end of their mapping, so a run of adjacent tiles in slot
+// order (the heads of an HND cache) lands in one read straight in the
+// client's memory; pitched tiles (NHD) are read into staging and scattered
+// row by row.
+func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) error {
+	s := ss.srv
+	gb := s.gb
+	stagePer := 0
+	if !t.lay.Packed {
+		stagePer = gb
+	}
+	for lo := 0; lo < len(ents); {
+		hi, groups, stageBytes := nextWindow(ents, lo, stagePer, s.opts.MaxStagingBytes)
+		if groups == 0 {
+			lo = hi
+			continue
+		}
+		var stage []byte
+		if stageBytes > 0 {
+			var err error
+			if stage, err = s.stage.get(stageBytes); err != nil {
+				return err
+			}
+		}
+		reqs := sc.rreqs[:0]
+		if cap(reqs) < groups {
+			reqs = make([]store.ReadReq, 0, groups)
+		}
+		reqs = reqs[:groups]
+		k := 0
+		for i := lo; i < hi; i++ {
+			e := &ents[i]
+			if !e.valid {
+				continue
+			}
+			be := &e.e
+			hs, hn := t.lay.HeadStride, int(be.HeadCount)
+			tileOff := t.lay.TileOffset(be.CacheBlock, uint32(be.HeadFirst))
+			for layer := uint32(be.LayerFirst); layer < uint32(be.LayerFirst)+uint32(be.LayerCount); layer++ {
+				for kind := range 2 {
+					if be.Kinds&(1<<kind) == 0 {
+						continue
+					}
+					r := t.region(layer, kind)
+					off := r.off + tileOff
+					key := layout.Key{Block: be.Block, Layer: int(layer), Head: int(be.HeadFirst), Kind: layout.Kind(kind)}
+					for range hn {
+						q := &reqs[k]
+						q.Key = key
+						if stage != nil {
+							o := k * gb
+							q.Buf = stage[o : o+gb : o+gb]
+						} else {
+							q.Buf = r.b.mem[off : off+uint64(gb)]
+						}
+						k++
+						key.Head++
+						off += hs
+					}
+				}
+			}
+		}
+		err := ss.guardBufs(t, nil, func() error {
+			if err := ss.readGroups(reqs); err != nil {
+				return err
+			}
+			k := 0
+			for i := lo; i < hi; i++ {
+				e := &ents[i]
+				if !e.valid {
+					continue
+				}
+				for _, q := range reqs[k : k+int(e.groups)] {
+					if q.Err == nil {
+						e.ok++
+						continue
+					}
+					st, det := loadStatus(q.Err)
+					e.tally(st, det)
+					if st == abi.Corrupt {
+						s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(q.Err))
+					}
+				}
+				k += int(e.groups)
+			}
+			if stage == nil {
+				return nil
+			}
+			// Scatter; a corrupt group's staging was zeroed by the store.
+			k = 0
+			rows, rowBytes, pitch := int(s.tile.Rows), int(s.tile.RowBytes), int(t.lay.RowPitch)
+			for i := lo; i < hi; i++ {
+				e := &ents[i]
+				if !e.valid {
+					continue
+				}
+				groupsOf(t, &e.e, func(_ layout.Key, r *region, off uint64) {
+					q := &reqs[k]
+					k++
+					if q.Err != nil && !errors.Is(q.Err, store.ErrCorrupt) {
+						return
+					}
+					dst := r.b.mem[off:]
+					src := q.Buf
+					for row := range rows {
+						copy(dst[row*pitch:row*pitch+rowBytes], src[row*rowBytes:(row+1)*rowBytes])
+					}
+				})
+			}
+			return nil
+		})
+		clear(reqs) // no references to client memory outlive the call
+		sc.rreqs = reqs[:0]
+		s.stage.put(stage)
+		if err != nil {
+			return err
+		}
+		lo = hi
+	}
+	return nil
+}
+
+// storeBlocks copies the tiles of the valid entries out of the client's
+// memory into staging (so the checksum the store computes is of the bytes
+// it writes), then writes them, durable on return.
+func (ss *Session) storeBlocks(t *target, ents []blockEnt, sc *blockScratch) error {
+	s := ss.srv
+	gb := s.gb
+	for lo := 0; lo < len(ents); {
+		hi, groups, stageBytes := nextWindow(ents, lo, gb, s.opts.MaxStagingBytes)
+		if groups == 0 {
+			lo = hi
+			continue
+		}
+		stage, err := s.stage.get(stageBytes)
+		if err != nil {
+			return err
+		}
+		reqs, owner := sc.wreqs[:0], sc.owner[:0]
+		rows, rowBytes, pitch := int(s.tile.Rows), int(s.tile.RowBytes), int(t.lay.RowPitch)
+		packed := t.lay.Packed
+		err = ss.guardBufs(t, nil, func() error {
+			for i := lo; i < hi; i++ {
+				e := &ents[i]
+				if !e.valid {
+					continue
+				}
+				groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
+					o := len(reqs) * gb
+					dst := stage[o : o+gb : o+gb]
+					if packed {
+						copy(dst, r.b.mem[off:off+uint64(gb)])
+					} else {
+						src := r.b.mem[off:]
+						for row := range rows {
+							copy(dst[row*rowBytes:(row+1)*rowBytes], src[row*pitch:row*pitch+rowBytes])
+						}
+					}
+					reqs = append(reqs, store.WriteReq{Key: k, Data: dst})
+					owner = append(owner, int32(i))
+				})
+			}
+			return nil
+		})
+		if err == nil {
+			werr := ss.writeGroups(reqs)
+			if errors.Is(werr, store.ErrClosed) {
+				err = werr
+			} else {
+				if werr != nil {
+					s.log.Warn("ctl: store-blocks batch failed", zap.Error(werr))
+				}
+				for k := range reqs {
+					st, det := storeStatus(reqs[k].Err)
+					if werr != nil && st == abi.OK {
+						st = abi.IOError // the batch failed as a whole: claim nothing
+					}
+					ents[owner[k]].tally(st, det)
+				}
+			}
+		}
+		clear(reqs)
+		sc.wreqs, sc.owner = reqs[:0], owner[:0]
+		s.stage.put(stage)
+		if err != nil {
+			return err
+		}
+		lo = hi
+	}
+	return nil
+}
+
+// severity orders the statuses an entry's groups can have: the entry
+// reports its most severe group's (OK only when every group is OK).
+func severity(st abi.Status) int {
+	switch st {
+	case abi.OK:
+		return 0
+	case abi.Absent:
+		return 1
+	case abi.NoSpace:
+		return 2
+	case abi.Corrupt:
+		return 3
+	case abi.BadRequest:
+		return 4
+	}
+	return 5 // IOError
+}
+
+func (e *blockEnt) tally(st abi.Status, det abi.Detail) {
+	if st == abi.OK {
+		e.ok++
+		return
+	}
+	if e.st == abi.OK || severity(st) > severity(e.st) {
+		e.st, e.det = st, det
+	}
+}
+
+// readGroups and writeGroups are the two calls into the store; the time
+// they take is what the store costs, the rest of a call is the control
+// path.
+func (ss *Session) readGroups(reqs []store.ReadReq) error {
+	t0 := time.Now()
+	err := ss.srv.st.Read(reqs)
+	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
+	return err
+}
+
+func (ss *Session) writeGroups(reqs []store.WriteReq) error {
+	t0 := time.Now()
+	err := ss.srv.st.Write(reqs)
+	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
+	return err
+}
+
+// guardBufs runs f with faults on memory access turned into panics, and
+// turns a fault inside the target's buffers or the entry array's buffer
+// (eb, may be nil) into ErrFault. Any other panic propagates.
+func (ss *Session) guardBufs(t *target, eb *buffer, f func() error) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		r := recover()
+		if r == nil {
+			return
+		}
+		a, ok := r.(interface{ Addr() uintptr })
+		if !ok {
+			panic(r)
+		}
+		mine := eb != nil && eb.contains(a.Addr())
+		for _, b := range t.bufs {
+			mine = mine || b.contains(a.Addr())
+		}
+		if !mine {
+			panic(r)
+		}
+		ss.srv.m.faults.Add(1)
+		err = fmt.Errorf("%w: at %#x", ErrFault, a.Addr())
+	}()
+	return f()
+}

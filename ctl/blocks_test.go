@@ -1,0 +1,213 @@
+package ctl
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"runtime"
+	"syscall"
+	"testing"
+
+	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
+)
+
+// blocksGeo is the geometry of the v1 measurements in docs/abi.md: 8 layers
+// × 4 kv heads × 128 × 16 tokens bf16 — 4 KiB groups, 64 groups (256 KiB)
+// per block.
+var blocksGeo = layout.Geometry{Layers: 8, KVHeads: 4, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
+
+// blocksFixture is a server on an in-memory store of geo with `stored`
+// blocks (ids 0..stored-1), a session, and a target of nb cache blocks in
+// the given layout in one registered /dev/shm buffer.
+type blocksFixture struct {
+	srv       *Server
+	ss        *Session
+	cache     []byte
+	cachePath string
+	target    uint32
+	arr       []byte // entry array: registered buffer arrID
+	arrID     uint32
+}
+
+func newBlocksFixture(tb testing.TB, geo layout.Geometry, stored, nb int, nhd bool) *blocksFixture {
+	tb.Helper()
+	needShm(tb)
+	m := storetest.NewMem(store.SizeFor(geo, int64(stored)+2), 4096)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		tb.Fatal(err)
+	}
+	st, err := store.Open(m, store.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	gb := geo.GroupBytes()
+	for b := range stored {
+		reqs := make([]store.WriteReq, geo.GroupsPerBlock())
+		for i := range reqs {
+			data := make([]byte, gb)
+			binary.LittleEndian.PutUint64(data, uint64(b)<<16|uint64(i))
+			reqs[i] = store.WriteReq{Key: geo.KeyAt(uint64(b), i), Data: data}
+		}
+		if err := st.Write(reqs); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	srv := NewServer(st, Options{})
+	ss, errno := srv.Open(0, 0)
+	if errno != 0 {
+		tb.Fatal(errno)
+	}
+	tb.Cleanup(func() {
+		ss.Release()
+		srv.Close()
+		st.Close()
+	})
+	rb, T, H := geo.RowBytes(), geo.BlockTokens, geo.KVHeads
+	tensor := nb * T * H * rb
+	n := 2 * geo.Layers * tensor
+	path, mem := newShmPath(tb, n)
+	id, errno := register(tb, ss, path, uint64(n))
+	if errno != 0 {
+		tb.Fatal(errno)
+	}
+	tg := &abi.Target{ABI: abi.Version, NumBlocks: uint32(nb), RowBytes: uint32(rb), LayerCount: uint16(geo.Layers), HeadCount: uint16(H)}
+	if nhd {
+		tg.BlockStride, tg.HeadStride, tg.RowPitch = uint64(T*H*rb), uint64(rb), uint32(H*rb)
+	} else {
+		tg.BlockStride, tg.HeadStride, tg.RowPitch = uint64(H*T*rb), uint64(T*rb), uint32(rb)
+	}
+	for i := range 2 * geo.Layers {
+		tg.Regions[i] = abi.TargetRegion{Buffer: id, Offset: uint64(i * tensor)}
+	}
+	in := make([]byte, abi.TargetSize)
+	tg.Marshal(in)
+	out := make([]byte, abi.TargetSize)
+	if _, errno := ss.Ioctl(abi.CmdRegisterTarget, in, out); errno != 0 {
+		tb.Fatalf("register target: %v", errno)
+	}
+	f := &blocksFixture{srv: srv, ss: ss, cache: mem, cachePath: path, target: binary.LittleEndian.Uint32(out[abi.TargetOutOff:])}
+	apath, amem := newShmPath(tb, abi.BlocksMax*abi.BlockEntrySize)
+	if f.arrID, errno = register(tb, ss, apath, uint64(len(amem))); errno != 0 {
+		tb.Fatal(errno)
+	}
+	f.arr = amem
+	return f
+}
+
+func newShmPath(tb testing.TB, n int) (string, []byte) {
+	tb.Helper()
+	s := newShm(tb, n, 0)
+	return s.path, s.mem
+}
+
+// loadBlocks issues LOAD_BLOCKS of whole blocks ids[i] into cache block i
+// through the entry array and returns n_ok.
+func (f *blocksFixture) loadBlocks(tb testing.TB, geo layout.Geometry, ids []uint64) int {
+	for i, b := range ids {
+		(&abi.BlockEntry{Block: b, CacheBlock: uint32(i), LayerCount: uint16(geo.Layers), HeadCount: uint16(geo.KVHeads),
+			Kinds: abi.KindsBoth}).Marshal(f.arr[i*abi.BlockEntrySize:])
+	}
+	var in, out [abi.BlocksSize]byte
+	(&abi.Blocks{ABI: abi.Version, Target: f.target, Count: uint32(len(ids)), Buffer: f.arrID}).Marshal(in[:])
+	n, errno := f.ss.Ioctl(abi.CmdLoadBlocks, in[:], out[:])
+	if errno != 0 {
+		tb.Fatal(errno)
+	}
+	return int(n)
+}
+
+// TestBlocksInProcess: whole blocks land where the layout says, the entry
+// array gets each outcome, and a shrunk cache file faults the call (EFAULT)
+// while the server goes on.
+func TestBlocksInProcess(t *testing.T) {
+	geo := blocksGeo
+	for _, nhd := range []bool{false, true} {
+		f := newBlocksFixture(t, geo, 4, 8, nhd)
+		ids := []uint64{3, 1, 99, 0}
+		if n := f.loadBlocks(t, geo, ids); n != 3 {
+			t.Fatalf("nhd=%v: %d ok", nhd, n)
+		}
+		rb, T, H := geo.RowBytes(), geo.BlockTokens, geo.KVHeads
+		tensor := 8 * T * H * rb
+		for cb, b := range ids {
+			var e abi.BlockEntry
+			e.Unmarshal(f.arr[cb*abi.BlockEntrySize:])
+			want := abi.OK
+			if b == 99 {
+				want = abi.Absent
+			}
+			if e.Status != want {
+				t.Fatalf("entry %d: %+v", cb, e)
+			}
+			if b == 99 {
+				continue
+			}
+			for i := range geo.GroupsPerBlock() {
+				k := geo.KeyAt(b, i)
+				// Row 0 of the tile starts with the group's tag.
+				off := (2*k.Layer+int(k.Kind))*tensor + ((cb*H+k.Head)*T)*rb
+				if nhd {
+					off = (2*k.Layer+int(k.Kind))*tensor + (cb*T*H+k.Head)*rb
+				}
+				if got := binary.LittleEndian.Uint64(f.cache[off:]); got != b<<16|uint64(i) {
+					t.Fatalf("nhd=%v: %v at cache block %d: tag %#x", nhd, k, cb, got)
+				}
+			}
+		}
+	}
+	// Shrink the cache file under the daemon: the next load faults.
+	f := newBlocksFixture(t, geo, 2, 4, false)
+	if err := os.Truncate(f.cachePath, 0); err != nil {
+		t.Fatal(err)
+	}
+	var in, out [abi.BlocksSize]byte
+	(&abi.Blocks{ABI: abi.Version, Target: f.target, Count: 1, Buffer: f.arrID}).Marshal(in[:])
+	(&abi.BlockEntry{Block: 1, LayerCount: uint16(geo.Layers), HeadCount: uint16(geo.KVHeads), Kinds: abi.KindsBoth}).Marshal(f.arr)
+	if _, errno := f.ss.Ioctl(abi.CmdLoadBlocks, in[:], out[:]); errno != syscall.EFAULT {
+		t.Fatalf("load into a shrunk file: %v", errno)
+	}
+	if f.srv.Metrics().Faults == 0 {
+		t.Fatal("fault not counted")
+	}
+}
+
+// BenchmarkLoadBlocks measures LOAD_BLOCKS of 1,024 whole 64-group blocks
+// per call through an entry array, in process (no FUSE), on an in-memory
+// store. ctl-ns/block is the control path per block entry: the call's time
+// outside store.Read (decode, O(1) checks, overlap, request building,
+// statuses; for NHD also the row scatter out of staging). store-ns/block
+// is store.Read's own (copy and CRC32C of 64 groups).
+func BenchmarkLoadBlocks(b *testing.B) {
+	geo := blocksGeo
+	const perCall, stored = 1024, 64
+	for _, c := range []struct {
+		name string
+		nhd  bool
+	}{{"hnd", false}, {"nhd", true}} {
+		b.Run(fmt.Sprintf("%s/blocks=%d", c.name, perCall), func(b *testing.B) {
+			f := newBlocksFixture(b, geo, stored, perCall, c.nhd)
+			ids := make([]uint64, perCall)
+			for i := range ids {
+				ids[i] = uint64(i % stored)
+			}
+			runtime.GC()
+			m0 := f.srv.Metrics()
+			b.SetBytes(int64(perCall * geo.GroupsPerBlock() * geo.GroupBytes()))
+			b.ResetTimer()
+			for range b.N {
+				if n := f.loadBlocks(b, geo, ids); n != perCall {
+					b.Fatalf("%d ok", n)
+				}
+			}
+			b.StopTimer()
+			m1 := f.srv.Metrics()
+			entries := float64(b.N * perCall)
+			ctlNs := float64((m1.BatchNanos-m0.BatchNanos)-(m1.StoreNanos-m0.StoreNanos)) / entries
+			b.ReportMetric(ctlNs, "ctl-ns/block")
+			b.ReportMetric(float64(m1.StoreNanos-m0.StoreNanos)/entries, "store-ns/block")
+		})
+	}
+}

@@ -1,0 +1,169 @@
+package crc32c
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kvfs/kvfs/gpu/cuda"
+)
+
+// Checker checksums or verifies batches of groups on one stream, keeping
+// its device scratch and pinned host staging between batches, so a batch
+// costs one host-to-device copy (descriptors and expected CRCs), one launch,
+// one device-to-host copy (the CRCs) and one wait on the stream, and no
+// allocation once it has grown to the largest batch. The kernel runs after
+// everything already queued on the stream, so a pipeline can queue a
+// chunk's payload copies and verify them with one wait. A Checker is safe
+// for concurrent use (batches run one at a time).
+type Checker struct {
+	m *Module
+	s cuda.Stream
+
+	mu     sync.Mutex
+	cap    int            // groups the buffers hold
+	dev    cuda.DevicePtr // cap × (GroupSize + 4 + 4): descriptors, want, got
+	host   []byte         // pinned, the same layout
+	closed bool
+}
+
+// NewChecker returns a Checker on stream s of m's context (0: the legacy
+// default stream).
+func (m *Module) NewChecker(s cuda.Stream) *Checker { return &Checker{m: m, s: s} }
+
+const perGroup = GroupSize + 8
+
+// grow makes room for n groups; the caller holds c.mu and the context.
+func (c *Checker) grow(n int) error {
+	if n <= c.cap {
+		return nil
+	}
+	n = max(n, 2*c.cap, 64)
+	if err := c.free(); err != nil {
+		return err
+	}
+	dev, err := cuda.MemAlloc(n * perGroup)
+	if err != nil {
+		return fmt.Errorf("crc32c: checker scratch: %w", err)
+	}
+	host, err := cuda.MemHostAlloc(n*perGroup, cuda.MemHostAllocPortable)
+	if err != nil {
+		_ = cuda.MemFree(dev)
+		return fmt.Errorf("crc32c: checker staging: %w", err)
+	}
+	c.dev, c.host, c.cap = dev, host, n
+	return nil
+}
+
+func (c *Checker) free() error {
+	var err error
+	if c.dev != 0 {
+		err = cuda.MemFree(c.dev)
+	}
+	if c.host != nil {
+		err = errors.Join(err, cuda.MemFreeHost(c.host))
+	}
+	c.dev, c.host, c.cap = 0, nil, 0
+	return err
+}
+
+// run queues the batch and waits for it: descriptors (and want) up, the
+// kernel, got down. got receives the CRCs.
+func (c *Checker) run(groups []Group, want, got []uint32) error {
+	for i, g := range groups {
+		if err := g.Check(); err != nil {
+			return fmt.Errorf("crc32c: group %d: %w", i, err)
+		}
+	}
+	n := len(groups)
+	if n == 0 {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	return c.m.ctx.Do(func() error {
+		if err := c.grow(n); err != nil {
+			return err
+		}
+		// Layout for this batch: n descriptors, n want, n got.
+		le := binary.LittleEndian
+		up := AppendGroups(c.host[:0], groups)
+		for _, w := range want {
+			up = le.AppendUint32(up, w)
+		}
+		descDev := c.dev
+		wantDev := c.dev + cuda.DevicePtr(n*GroupSize)
+		gotDev := wantDev + cuda.DevicePtr(4*n)
+		down := c.host[n*(GroupSize+4) : n*(GroupSize+8)]
+		if err := cuda.MemcpyHtoDAsync(c.dev, up, c.s); err != nil {
+			return fmt.Errorf("crc32c: %w", err)
+		}
+		var err error
+		if want != nil {
+			err = c.m.VerifyAsync(c.s, descDev, n, wantDev, gotDev)
+		} else {
+			err = c.m.SumAsync(c.s, descDev, n, gotDev)
+		}
+		if err != nil {
+			// The upload may still be reading the staging: wait for it
+			// before the buffer can be reused.
+			return errors.Join(err, c.s.Synchronize())
+		}
+		if err := cuda.MemcpyDtoHAsync(down, gotDev, c.s); err != nil {
+			return errors.Join(fmt.Errorf("crc32c: %w", err), c.s.Synchronize())
+		}
+		if err := c.s.Synchronize(); err != nil {
+			return fmt.Errorf("crc32c: %w", err)
+		}
+		for i := range got {
+			got[i] = le.Uint32(down[4*i:])
+		}
+		return nil
+	})
+}
+
+// Sum sets got[i] to the CRC32C of groups[i] (device addresses), computed
+// after the work already queued on the stream.
+func (c *Checker) Sum(groups []Group, got []uint32) error {
+	if len(got) != len(groups) {
+		return fmt.Errorf("crc32c: %d groups, room for %d checksums", len(groups), len(got))
+	}
+	return c.run(groups, nil, got)
+}
+
+// Verify checks groups[i] against want[i] after the work already queued on
+// the stream, zeroes in place every group that differs, and returns their
+// indexes in ascending order. got, if not nil, receives the CRCs the GPU
+// computed.
+func (c *Checker) Verify(groups []Group, want, got []uint32) (bad []int, err error) {
+	if len(want) != len(groups) || (got != nil && len(got) != len(groups)) {
+		return nil, fmt.Errorf("crc32c: %d groups, %d checksums", len(groups), len(want))
+	}
+	if got == nil {
+		got = make([]uint32, len(groups))
+	}
+	if err := c.run(groups, want, got); err != nil {
+		return nil, err
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			bad = append(bad, i)
+		}
+	}
+	return bad, nil
+}
+
+// Close frees the Checker's memory; the stream and the Module stay.
+func (c *Checker) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	return c.m.ctx.Do(c.free)
+}

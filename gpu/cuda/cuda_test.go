@@ -1,0 +1,283 @@
+package cuda
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+	"unsafe"
+)
+
+// requireGPU skips when this machine has no CUDA driver or device.
+func requireGPU(t testing.TB) Context {
+	t.Helper()
+	if err := Load(); err != nil {
+		t.Skipf("no GPU here: %v", err)
+	}
+	n, err := DeviceCount()
+	if err != nil || n == 0 {
+		t.Skipf("no GPU here: %d devices, %v", n, err)
+	}
+	d, err := GetDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := d.PrimaryCtxRetain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.PrimaryCtxRelease() })
+	return c
+}
+
+func TestLoadWithoutDriverIsSentinel(t *testing.T) {
+	_, err := openDriver()
+	if err == nil {
+		t.Skip("a CUDA driver is installed here")
+	}
+	if !errors.Is(err, ErrNoDriver) {
+		t.Fatalf("openDriver without libcuda: %v, want ErrNoDriver", err)
+	}
+	lerr := Load()
+	if !errors.Is(lerr, ErrNoDriver) {
+		t.Fatalf("Load: %v, want ErrNoDriver", lerr)
+	}
+	// Every entry point answers the same error and does not crash.
+	if _, err := DeviceCount(); !errors.Is(err, ErrNoDriver) {
+		t.Fatalf("DeviceCount: %v", err)
+	}
+	if _, err := MemHostAlloc(4096, 0); !errors.Is(err, ErrNoDriver) {
+		t.Fatalf("MemHostAlloc: %v", err)
+	}
+	if _, err := IpcOpenMemHandle(IpcMemHandle{}, 0); !errors.Is(err, ErrNoDriver) {
+		t.Fatalf("IpcOpenMemHandle: %v", err)
+	}
+	if err := (Context(0)).Do(func() error { return nil }); !errors.Is(err, ErrNoDriver) {
+		t.Fatalf("Do: %v", err)
+	}
+	if Available() {
+		t.Fatal("Available() true without a driver")
+	}
+}
+
+func TestErrorMatching(t *testing.T) {
+	e := error(&Error{Op: "cuEventQuery", Code: ErrorNotReady, Name: "CUDA_ERROR_NOT_READY"})
+	if !errors.Is(fmt.Errorf("wrap: %w", e), &Error{Code: ErrorNotReady}) {
+		t.Fatal("errors.Is by code failed")
+	}
+	if errors.Is(e, &Error{Code: ErrorInvalidValue}) {
+		t.Fatal("matched another code")
+	}
+	if !errors.Is(&Error{Code: ErrorNoDevice}, ErrNoDevice) {
+		t.Fatal("no-device code is not ErrNoDevice")
+	}
+	if Code(fmt.Errorf("x: %w", e)) != ErrorNotReady || Code(nil) != Success || Code(errors.New("x")) != -1 {
+		t.Fatal("Code")
+	}
+}
+
+func TestDeviceRoundTrip(t *testing.T) {
+	c := requireGPU(t)
+	err := c.Do(func() error {
+		d, _ := GetDevice(0)
+		name, err := d.Name()
+		if err != nil {
+			return err
+		}
+		mem, _ := d.TotalMem()
+		v, _ := DriverVersion()
+		t.Logf("device 0: %s, %d MiB, driver CUDA %d", name, mem>>20, v)
+		const n = 8 << 20
+		s, err := StreamCreate(StreamNonBlocking)
+		if err != nil {
+			return err
+		}
+		defer s.Destroy()
+		ev, err := EventCreate(EventDisableTiming)
+		if err != nil {
+			return err
+		}
+		defer ev.Destroy()
+		dp, err := MemAlloc(n)
+		if err != nil {
+			return err
+		}
+		defer MemFree(dp)
+		h, err := MemHostAlloc(n, MemHostAllocPortable)
+		if err != nil {
+			return err
+		}
+		defer MemFreeHost(h)
+		for i := range h {
+			h[i] = byte(i*7 + i>>13)
+		}
+		if err := MemcpyHtoDAsync(dp, h, s); err != nil {
+			return err
+		}
+		if err := ev.Record(s); err != nil {
+			return err
+		}
+		if err := ev.Synchronize(); err != nil {
+			return err
+		}
+		if done, err := ev.Done(); !done || err != nil {
+			return fmt.Errorf("event after synchronize: %v %v", done, err)
+		}
+		back := make([]byte, n)
+		if err := MemcpyDtoH(back, dp); err != nil {
+			return err
+		}
+		if !bytes.Equal(back, h) {
+			return errors.New("device round trip differs")
+		}
+		base, size, err := MemGetAddressRange(dp + 4096)
+		if err != nil {
+			return err
+		}
+		if base != dp || size < n {
+			return fmt.Errorf("address range %x+%d, want %x+%d", base, size, dp, n)
+		}
+		ord, err := PointerDeviceOrdinal(dp)
+		if err != nil || ord != 0 {
+			return fmt.Errorf("ordinal %d %v", ord, err)
+		}
+		// A handle cannot be opened by its exporter: the driver says so.
+		ih, err := IpcGetMemHandle(dp)
+		if err != nil {
+			return err
+		}
+		if p, err := IpcOpenMemHandle(ih, IpcMemLazyEnablePeerAccess); err == nil {
+			_ = IpcCloseMemHandle(p)
+			t.Log("note: this driver let the exporter open its own handle")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fillPTX writes v into n uint32s at dst.
+const fillPTX = `
+.version 7.0
+.target sm_52
+.address_size 64
+.visible .entry kvfs_fill(.param .u64 p_dst, .param .u32 p_n, .param .u32 p_v)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<5>;
+	ld.param.u64 %rd1, [p_dst];
+	ld.param.u32 %r1, [p_n];
+	ld.param.u32 %r2, [p_v];
+	mov.u32 %r3, %ctaid.x;
+	mov.u32 %r4, %ntid.x;
+	mov.u32 %r5, %tid.x;
+	mad.lo.s32 %r6, %r3, %r4, %r5;
+	setp.ge.u32 %p1, %r6, %r1;
+	@%p1 bra DONE;
+	cvta.to.global.u64 %rd2, %rd1;
+	mul.wide.u32 %rd3, %r6, 4;
+	add.s64 %rd4, %rd2, %rd3;
+	st.global.u32 [%rd4], %r2;
+DONE:
+	ret;
+}
+`
+
+func TestKernelLaunch(t *testing.T) {
+	c := requireGPU(t)
+	err := c.Do(func() error {
+		m, err := ModuleLoadData([]byte(fillPTX))
+		if err != nil {
+			return err
+		}
+		defer m.Unload()
+		f, err := m.Function("kvfs_fill")
+		if err != nil {
+			return err
+		}
+		const n = 1000
+		dp, err := MemAlloc(n * 4)
+		if err != nil {
+			return err
+		}
+		defer MemFree(dp)
+		cnt, val := uint32(n), uint32(0xC0FFEE)
+		if err := LaunchKernel(f, Dim3{X: (n + 255) / 256}, Dim3{X: 256}, 0, 0,
+			unsafe.Pointer(&dp), unsafe.Pointer(&cnt), unsafe.Pointer(&val)); err != nil {
+			return err
+		}
+		if err := CtxSynchronize(); err != nil {
+			return err
+		}
+		back := make([]byte, n*4)
+		if err := MemcpyDtoH(back, dp); err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			if v := *(*uint32)(unsafe.Pointer(&back[i*4])); v != val {
+				return fmt.Errorf("word %d = %#x", i, v)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkH2DPinned is the reference the GPU load path is measured against:
+// queue-depth-8 async copies from pinned host memory, one event per buffer.
+func BenchmarkH2DPinned(b *testing.B) {
+	for _, size := range []int{256 << 10, 1 << 20, 4 << 20, 16 << 20} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			c := requireGPU(b)
+			err := c.Do(func() error {
+				const depth = 8
+				s, err := StreamCreate(StreamNonBlocking)
+				if err != nil {
+					return err
+				}
+				defer s.Destroy()
+				dp, err := MemAlloc(size * depth)
+				if err != nil {
+					return err
+				}
+				defer MemFree(dp)
+				h, err := MemHostAlloc(size*depth, MemHostAllocPortable)
+				if err != nil {
+					return err
+				}
+				defer MemFreeHost(h)
+				evs := make([]Event, depth)
+				for i := range evs {
+					if evs[i], err = EventCreate(EventDisableTiming); err != nil {
+						return err
+					}
+					defer evs[i].Destroy()
+				}
+				b.SetBytes(int64(size))
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					k := i % depth
+					if i >= depth {
+						if err := evs[k].Synchronize(); err != nil {
+							return err
+						}
+					}
+					if err := MemcpyHtoDAsync(dp+DevicePtr(k*size), h[k*size:(k+1)*size], s); err != nil {
+						return err
+					}
+					if err := evs[k].Record(s); err != nil {
+						return err
+					}
+				}
+				return s.Synchronize()
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}

@@ -1,0 +1,51 @@
+package gpu
+
+import (
+	"errors"
+)
+
+// Sentinel errors.
+var (
+	// ErrCopy: a copy between staging and the GPU failed.
+	ErrCopy = errors.New("gpu: copy failed")
+	// ErrClosed: the pool or device is closed.
+	ErrClosed = errors.New("gpu: closed")
+	// ErrConfig: bad pool or pipeline configuration.
+	ErrConfig = errors.New("gpu: bad configuration")
+)
+
+// Device is what the pipeline needs of one GPU: copies on one ordered queue
+// (a CUDA stream), events recorded on it, and host memory the GPU can DMA.
+// Its methods are safe for concurrent use.
+type Device interface {
+	// CopyH2D queues a copy of src to device address dst.
+	CopyH2D(dst uint64, src []byte) error
+	// CopyD2H queues a copy of len(dst) bytes from device address src.
+	CopyD2H(dst []byte, src uint64) error
+	// NewEvent creates an event on the queue.
+	NewEvent() (Event, error)
+	// Synchronize waits for everything queued (the fallback when an event
+	// cannot be recorded).
+	Synchronize() error
+	// AllocHost returns n bytes of pinned host memory and its release.
+	AllocHost(n int) (mem []byte, free func() error, err error)
+}
+
+// Event marks a point in the device's queue.
+type Event interface {
+	// Record marks everything queued so far.
+	Record() error
+	// Query reports whether the recorded work has completed; the error is
+	// the failure of that work.
+	Query() (done bool, err error)
+	// Wait blocks until the recorded work has completed.
+	Wait() error
+	// Destroy frees the event.
+	Destroy() error
+}
+
+// Registrar registers host memory with the store's engine (fixed buffers);
+// store.MemoryRegistrar implements it.
+type Registrar interface {
+	RegisterMemory(b []byte) (unregister func(), err error)
+}

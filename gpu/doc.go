@@ -1,0 +1,36 @@
+// Package gpu moves KV-cache groups between the store and GPU memory
+// through pinned host staging buffers.
+//
+// A load reads groups from the store into a staging buffer (pinned for the
+// GPU and registered with the store's engine as a fixed buffer, so the
+// storage DMA lands there and the CPU never copies the payload), then
+// queues asynchronous host-to-device copies from it and records the
+// buffer's own event. The next chunk is read while the copies run. A
+// store runs the other way: device-to-host copies into staging, wait for
+// that buffer's event, then the store's batched durable write from it.
+//
+// The GPU is reached through the Device interface (copies on one ordered
+// queue, events, pinned allocations); CUDA implements it over package
+// gpu/cuda, and package gpu/gputest has a fake for tests without a GPU.
+//
+// # Invariants
+//
+//   - A staging buffer is reused (by this batch or returned to the Pool for
+//     another) only after the event recorded after its last copy has been
+//     observed complete. When the event cannot tell (recording failed), the
+//     device is synchronized; when that fails too the buffer is never
+//     reused (leaked, counted in Metrics).
+//   - A group whose checksum failed is never left in the destination as if
+//     good: its staging bytes are zeroed (the store does so too) and copied,
+//     and it is reported ErrCorrupt.
+//   - A load reports a group done only after the event covering its copy
+//     completed without error; a copy that failed makes every group of its
+//     chunk fail with ErrCopy (their destinations are undefined, as after a
+//     failed read into host memory).
+//   - No stream-wide synchronize per read: a batch waits on its own
+//     buffers' events only.
+//
+// # Lock order
+//
+// Pool.mu is a leaf lock, never held across a device call or I/O.
+package gpu

@@ -1,0 +1,296 @@
+// Package gputest has a fake GPU for tests of package gpu and its users on
+// machines without one: device memory is a byte arena, copies run in order
+// on a background goroutine after a delay, events complete when the copies
+// queued before them have, and failures can be injected. A copy reads its
+// source when it runs, not when it is queued, so a staging buffer reused
+// too early shows up as wrong bytes on the "device" (and as a violation).
+package gputest
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/kvfs/kvfs/gpu"
+)
+
+// Base is the device address of the arena's first byte.
+const Base uint64 = 0x7f00_0000_0000
+
+// ErrInjected is the error of an injected failure.
+var ErrInjected = errors.New("gputest: injected failure")
+
+type op struct {
+	h2d  bool
+	dev  uint64
+	host []byte
+	err  error // set when it ran and failed
+}
+
+// Device is a fake gpu.Device.
+type Device struct {
+	// Delay is how long each copy takes (plus up to Jitter at random).
+	Delay, Jitter time.Duration
+	// FailCopy, when set, is asked as copy number i (0-based, in queue
+	// order) runs; an error fails it (the event covering it reports it).
+	FailCopy func(i int) error
+	// FailEnqueue, when set, is asked as copy i is queued; an error is
+	// returned from CopyH2D/CopyD2H and nothing is queued.
+	FailEnqueue func(i int) error
+	// FailRecord, when set, is asked at each event record.
+	FailRecord func() error
+
+	mu       sync.Mutex
+	cond     sync.Cond
+	mem      []byte
+	ops      []op
+	executed int
+	stop     bool
+	done     chan struct{}
+	enq      int
+	viol     []string
+	syncs    int
+	events   int
+}
+
+// NewDevice returns a fake device with size bytes of memory; Close stops it.
+func NewDevice(size int) *Device {
+	d := &Device{mem: make([]byte, size), done: make(chan struct{})}
+	d.cond.L = &d.mu
+	go d.run()
+	return d
+}
+
+// Close stops the copy goroutine after the queue drained.
+func (d *Device) Close() {
+	d.mu.Lock()
+	d.stop = true
+	d.cond.Broadcast()
+	d.mu.Unlock()
+	<-d.done
+}
+
+// Mem is the device memory at addr (n bytes), for checking results.
+func (d *Device) Mem(addr uint64, n int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	off := addr - Base
+	return append([]byte(nil), d.mem[off:off+uint64(n)]...)
+}
+
+// Fill sets device memory at addr.
+func (d *Device) Fill(addr uint64, b []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	copy(d.mem[addr-Base:], b)
+}
+
+// Violations are the misuses seen: host memory written while a queued copy
+// still read or wrote it.
+func (d *Device) Violations() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.viol...)
+}
+
+// Syncs is how many device-wide synchronizes were asked for.
+func (d *Device) Syncs() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.syncs
+}
+
+// Copies is how many copies were queued.
+func (d *Device) Copies() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.ops)
+}
+
+func overlaps(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	pa, pb := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return pa < pb+uintptr(len(b)) && pb < pa+uintptr(len(a))
+}
+
+// HostWrite is called by a fake store before it writes host memory b: a
+// queued copy still using b is a violation (the staging buffer was reused
+// before its event completed).
+func (d *Device) HostWrite(b []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := d.executed; i < len(d.ops); i++ {
+		if overlaps(d.ops[i].host, b) {
+			d.viol = append(d.viol, fmt.Sprintf("host memory written while copy %d (queued, not run) uses it", i))
+			return
+		}
+	}
+}
+
+func (d *Device) run() {
+	defer close(d.done)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for {
+		for d.executed == len(d.ops) && !d.stop {
+			d.cond.Wait()
+		}
+		if d.executed == len(d.ops) && d.stop {
+			return
+		}
+		i := d.executed
+		delay := d.Delay
+		if d.Jitter > 0 {
+			delay += time.Duration(rand.Int64N(int64(d.Jitter)))
+		}
+		d.mu.Unlock()
+		if delay > 0 {
+			time.Sleep(delay)
+		}
+		var err error
+		if d.FailCopy != nil {
+			err = d.FailCopy(i)
+		}
+		d.mu.Lock()
+		o := &d.ops[i]
+		if err != nil {
+			o.err = err
+		} else {
+			off := o.dev - Base
+			if o.h2d {
+				copy(d.mem[off:off+uint64(len(o.host))], o.host)
+			} else {
+				copy(o.host, d.mem[off:off+uint64(len(o.host))])
+			}
+		}
+		d.executed++
+		d.cond.Broadcast()
+	}
+}
+
+func (d *Device) queue(h2d bool, dev uint64, host []byte) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i := d.enq
+	d.enq++
+	if d.FailEnqueue != nil {
+		if err := d.FailEnqueue(i); err != nil {
+			return err
+		}
+	}
+	if dev < Base || dev-Base+uint64(len(host)) > uint64(len(d.mem)) {
+		return fmt.Errorf("gputest: copy of %d bytes at %#x outside device memory", len(host), dev)
+	}
+	if !h2d {
+		// A D2H copy writes host memory too.
+		for k := d.executed; k < len(d.ops); k++ {
+			if overlaps(d.ops[k].host, host) && d.ops[k].h2d {
+				d.viol = append(d.viol, fmt.Sprintf("D2H into host memory copy %d still reads", k))
+				break
+			}
+		}
+	}
+	d.ops = append(d.ops, op{h2d: h2d, dev: dev, host: host})
+	d.cond.Broadcast()
+	return nil
+}
+
+// CopyH2D implements gpu.Device.
+func (d *Device) CopyH2D(dst uint64, src []byte) error { return d.queue(true, dst, src) }
+
+// CopyD2H implements gpu.Device.
+func (d *Device) CopyD2H(dst []byte, src uint64) error { return d.queue(false, src, dst) }
+
+// Synchronize implements gpu.Device.
+func (d *Device) Synchronize() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.syncs++
+	n := len(d.ops)
+	for d.executed < n {
+		d.cond.Wait()
+	}
+	return nil
+}
+
+// AllocHost implements gpu.Device.
+func (d *Device) AllocHost(n int) ([]byte, func() error, error) {
+	return make([]byte, n), func() error { return nil }, nil
+}
+
+// NewEvent implements gpu.Device.
+func (d *Device) NewEvent() (gpu.Event, error) {
+	d.mu.Lock()
+	d.events++
+	d.mu.Unlock()
+	return &event{d: d, seq: -1}, nil
+}
+
+type event struct {
+	d         *Device
+	from, seq int
+}
+
+func (e *event) Record() error {
+	d := e.d
+	if d.FailRecord != nil {
+		if err := d.FailRecord(); err != nil {
+			return err
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e.from = max(e.seq, 0)
+	e.seq = len(d.ops)
+	return nil
+}
+
+func (e *event) errLocked() error {
+	for i := e.from; i < e.seq; i++ {
+		if err := e.d.ops[i].err; err != nil {
+			return fmt.Errorf("gputest: copy %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func (e *event) Query() (bool, error) {
+	d := e.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.executed < e.seq {
+		return false, nil
+	}
+	return true, e.errLocked()
+}
+
+func (e *event) Wait() error {
+	d := e.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for d.executed < e.seq {
+		d.cond.Wait()
+	}
+	return e.errLocked()
+}
+
+func (e *event) Destroy() error { return nil }
+
+var _ gpu.Device = (*Device)(nil)
+
+// Pending reports whether a queued copy that has not run uses host memory b.
+func (d *Device) Pending(b []byte) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := d.executed; i < len(d.ops); i++ {
+		if overlaps(d.ops[i].host, b) {
+			return true
+		}
+	}
+	return false
+}

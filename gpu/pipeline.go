@@ -1,0 +1,438 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// Reader reads groups from the store (store.Store implements it).
+type Reader interface {
+	Read(reqs []store.ReadReq) error
+}
+
+// Writer writes groups durably (store.Store implements it).
+type Writer interface {
+	Write(reqs []store.WriteReq) error
+}
+
+// Item is one group moved between the store and device memory.
+type Item struct {
+	Key layout.Key
+	// Dst is the device address of the tile: the group's rows go to
+	// Dst + r*Pitch (Pitch 0: packed rows, the group contiguous).
+	Dst   uint64
+	Pitch int
+	// Err is the outcome: nil, store.ErrNotFound, store.ErrCorrupt (the
+	// tile was zeroed), ErrCopy (a copy failed; the tile is undefined), or
+	// the store's error for the group.
+	Err error
+}
+
+// Geometry is what the pipeline needs of the store's layout.
+type Geometry struct {
+	GroupBytes int // bytes of one group
+	Rows       int // rows (tokens) of a group
+	RowBytes   int // bytes of one row
+}
+
+// Pipeline moves batches of groups between a store and one device.
+type Pipeline struct {
+	Dev  Device
+	Pool *Pool
+	Geo  Geometry
+	// Depth is the number of staging buffers one batch keeps in flight
+	// (default 4, at most the pool's count).
+	Depth int
+	// Verify, when set, checks loaded groups in place after their copy
+	// (e.g. a GPU checksum); nil leaves the store's CPU verification.
+	// It is called with the chunk's items after their copies completed.
+	Verify func(items []*Item) error
+}
+
+func (p *Pipeline) depth() int {
+	d := p.Depth
+	if d <= 0 {
+		d = 4
+	}
+	return min(d, p.Pool.Count())
+}
+
+// chunkGroups is how many groups one staging buffer carries for a batch of
+// n: enough chunks to keep depth buffers busy, no more than fit.
+func (p *Pipeline) chunkGroups(n int) int {
+	per := p.Pool.BufferSize() / p.Geo.GroupBytes
+	if per < 1 {
+		return 0
+	}
+	want := (n + p.depth() - 1) / p.depth()
+	return max(1, min(per, want))
+}
+
+// chunk is one staging buffer's share of a batch.
+type chunk struct {
+	st     *Staging
+	items  []*Item
+	copied []bool // the item's copy was queued (its outcome waits on the event)
+	failed error  // queueing failed; items not yet final fail with it
+}
+
+// held is a batch's buffers in flight, oldest first.
+type held struct {
+	p      *Pipeline
+	chunks []*chunk
+	owned  int
+}
+
+// acquire returns a buffer for the next chunk: a free one from the pool
+// while the batch holds fewer than depth, else its own oldest once that
+// one's event completed (finish runs on it first). A batch holding none
+// blocks on the pool; one holding some never does, so batches cannot
+// deadlock on each other. Every buffer the batch owns is in h.chunks when
+// acquire runs.
+func (h *held) acquire(finish func(*chunk)) (*Staging, error) {
+	for {
+		if h.owned < h.p.depth() {
+			if h.owned == 0 {
+				st, err := h.p.Pool.Get()
+				if err != nil {
+					return nil, err
+				}
+				h.owned++
+				return st, nil
+			}
+			if st := h.p.Pool.TryGet(); st != nil {
+				h.owned++
+				return st, nil
+			}
+		}
+		c := h.chunks[0]
+		h.chunks = h.chunks[1:]
+		finish(c)
+		if h.p.settle(c) {
+			return c.st, nil
+		}
+		h.owned-- // withdrawn
+	}
+}
+
+// wait blocks until the chunk's event completed; the error is the failure
+// of its copies. After it the buffer is idle (busy cleared) unless the
+// event could not tell and the device could not synchronize.
+func (p *Pipeline) wait(c *chunk) error {
+	if !c.st.busy {
+		return nil
+	}
+	err := c.st.ev.Wait()
+	c.st.busy = false
+	return err
+}
+
+// settle makes sure the chunk's buffer is idle; false: it could not be
+// confirmed and is withdrawn.
+func (p *Pipeline) settle(c *chunk) bool {
+	if !c.st.busy {
+		return true
+	}
+	if err := p.Dev.Synchronize(); err != nil {
+		p.Pool.leak(c.st)
+		return false
+	}
+	c.st.busy = false
+	return true
+}
+
+// record marks the chunk's queued copies with its buffer's event. When the
+// event cannot be recorded the device is synchronized instead.
+func (p *Pipeline) record(c *chunk) {
+	if err := c.st.ev.Record(); err != nil {
+		if c.failed == nil {
+			c.failed = fmt.Errorf("%w: event record: %w", ErrCopy, err)
+		}
+		if serr := p.Dev.Synchronize(); serr == nil {
+			c.st.busy = false
+			return
+		}
+		c.st.busy = true // unconfirmed: settle withdraws it
+		return
+	}
+	c.st.busy = true
+}
+
+// release returns every buffer of the batch to the pool.
+func (h *held) release(finish func(*chunk)) {
+	for _, c := range h.chunks {
+		finish(c)
+		if h.p.settle(c) {
+			_ = h.p.Pool.Put(c.st)
+		}
+	}
+	h.chunks = nil
+}
+
+// Load reads items' groups from r and copies them to the device. Per-item
+// outcomes are in Item.Err; the error is for the batch as a whole (the
+// pool closed, the store closed). Items must have disjoint destinations.
+func (p *Pipeline) Load(r Reader, items []Item) error {
+	gb := p.Geo.GroupBytes
+	per := p.chunkGroups(len(items))
+	if per == 0 {
+		return fmt.Errorf("%w: staging buffers of %d bytes hold no %d-byte group", ErrConfig, p.Pool.BufferSize(), gb)
+	}
+	h := &held{p: p}
+	finish := func(c *chunk) {
+		err := p.wait(c)
+		if err == nil && c.failed != nil {
+			err = c.failed
+		}
+		for i, it := range c.items {
+			if !c.copied[i] {
+				continue
+			}
+			if err != nil {
+				it.Err = copyErr(err)
+			}
+		}
+		if err == nil && p.Verify != nil {
+			var ok []*Item
+			for i, it := range c.items {
+				if c.copied[i] && it.Err == nil {
+					ok = append(ok, it)
+				}
+			}
+			if len(ok) > 0 {
+				if verr := p.Verify(ok); verr != nil {
+					for _, it := range ok {
+						if it.Err == nil {
+							it.Err = verr
+						}
+					}
+				}
+			}
+		}
+	}
+	var batchErr error
+	reached := 0 // items before it were handed to a chunk
+	reqs := make([]store.ReadReq, 0, per)
+	for lo := 0; lo < len(items) && batchErr == nil; lo += per {
+		hi := min(lo+per, len(items))
+		st, err := h.acquire(finish)
+		if err != nil {
+			batchErr = err
+			break
+		}
+		reached = hi
+		c := &chunk{st: st, copied: make([]bool, hi-lo)}
+		reqs = reqs[:0]
+		for i := lo; i < hi; i++ {
+			off := (i - lo) * gb
+			// Capacity to the buffer's end: the store lands adjacent groups
+			// of one slot with one read.
+			reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)]})
+			c.items = append(c.items, &items[i])
+		}
+		if err := r.Read(reqs); err != nil {
+			batchErr = err
+			for _, it := range c.items {
+				it.Err = err
+			}
+			h.chunks = append(h.chunks, c)
+			break
+		}
+		p.queueH2D(c, reqs)
+		p.record(c)
+		h.chunks = append(h.chunks, c)
+	}
+	h.release(finish)
+	if batchErr != nil {
+		for i := reached; i < len(items); i++ {
+			items[i].Err = batchErr
+		}
+	}
+	return batchErr
+}
+
+// queueH2D sets each item's outcome from its read and queues the copies of
+// the groups that go to the device (good ones, and corrupt ones zeroed).
+// Runs of packed groups adjacent in staging and on the device become one
+// copy.
+func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
+	gb, rows, rb := p.Geo.GroupBytes, p.Geo.Rows, p.Geo.RowBytes
+	runStart, runLen := -1, 0
+	var runDst uint64
+	flush := func() error {
+		if runStart < 0 {
+			return nil
+		}
+		src := c.st.Mem[runStart*gb : (runStart+runLen)*gb]
+		err := p.Dev.CopyH2D(runDst, src)
+		runStart, runLen = -1, 0
+		return err
+	}
+	fail := func(err error) {
+		c.failed = copyErr(err)
+	}
+	for i := range reqs {
+		it := c.items[i]
+		rerr := reqs[i].Err
+		switch {
+		case rerr == nil:
+		case errors.Is(rerr, store.ErrCorrupt):
+			// Never leave a failed group in the destination as if good.
+			clear(c.st.Mem[i*gb : (i+1)*gb])
+		default:
+			it.Err = rerr
+			continue
+		}
+		it.Err = rerr
+		if c.failed != nil {
+			it.Err = c.failed
+			continue
+		}
+		c.copied[i] = true
+		if it.Pitch == 0 || it.Pitch == rb {
+			if runStart >= 0 && runStart+runLen == i && runDst+uint64(runLen*gb) == it.Dst {
+				runLen++
+				continue
+			}
+			if err := flush(); err != nil {
+				fail(err)
+				it.Err = c.failed
+				c.copied[i] = false
+				continue
+			}
+			runStart, runLen, runDst = i, 1, it.Dst
+			continue
+		}
+		if err := flush(); err != nil {
+			fail(err)
+			it.Err = c.failed
+			c.copied[i] = false
+			continue
+		}
+		for r := 0; r < rows; r++ {
+			src := c.st.Mem[i*gb+r*rb : i*gb+(r+1)*rb]
+			if err := p.Dev.CopyH2D(it.Dst+uint64(r*it.Pitch), src); err != nil {
+				fail(err)
+				break
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		fail(err)
+	}
+}
+
+func copyErr(err error) error {
+	if errors.Is(err, ErrCopy) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrCopy, err)
+}
+
+// Store copies items' tiles from the device into staging and writes them
+// to w, overlapping one chunk's device-to-host copies with the previous
+// chunk's write. The store checksums the staging bytes it writes, so the
+// checksum is of exactly the bytes stored. Per-item outcomes are in
+// Item.Err (nil once durable); the error is for the batch as a whole.
+func (p *Pipeline) Store(w Writer, items []Item) error {
+	gb, rows, rb := p.Geo.GroupBytes, p.Geo.Rows, p.Geo.RowBytes
+	per := p.chunkGroups(len(items))
+	if per == 0 {
+		return fmt.Errorf("%w: staging buffers of %d bytes hold no %d-byte group", ErrConfig, p.Pool.BufferSize(), gb)
+	}
+	h := &held{p: p}
+	var batchErr error
+	reqs := make([]store.WriteReq, 0, per)
+	// finish waits for the chunk's copies, then writes what arrived.
+	finish := func(c *chunk) {
+		err := p.wait(c)
+		if err == nil && c.failed != nil {
+			err = c.failed
+		}
+		reqs = reqs[:0]
+		var idx []int
+		for i, it := range c.items {
+			if !c.copied[i] {
+				continue
+			}
+			if err != nil {
+				it.Err = copyErr(err)
+				continue
+			}
+			reqs = append(reqs, store.WriteReq{Key: it.Key, Data: c.st.Mem[i*gb : (i+1)*gb]})
+			idx = append(idx, i)
+		}
+		if len(reqs) == 0 || batchErr != nil {
+			for _, i := range idx {
+				c.items[i].Err = batchErr
+			}
+			return
+		}
+		werr := w.Write(reqs)
+		for k, i := range idx {
+			c.items[i].Err = reqs[k].Err
+			if werr != nil && reqs[k].Err == nil {
+				// The write failed as a whole: claim nothing.
+				c.items[i].Err = werr
+			}
+		}
+		if errors.Is(werr, store.ErrClosed) {
+			batchErr = werr
+		}
+		clear(reqs)
+	}
+	reached := 0
+	for lo := 0; lo < len(items) && batchErr == nil; lo += per {
+		hi := min(lo+per, len(items))
+		st, err := h.acquire(finish)
+		if err != nil {
+			batchErr = err
+			break
+		}
+		reached = hi
+		c := &chunk{st: st, copied: make([]bool, hi-lo)}
+		for i := lo; i < hi; i++ {
+			it := &items[i]
+			c.items = append(c.items, it)
+			k := i - lo
+			if c.failed != nil {
+				it.Err = c.failed
+				continue
+			}
+			c.copied[k] = true
+			var err error
+			if it.Pitch == 0 || it.Pitch == rb {
+				err = p.Dev.CopyD2H(st.Mem[k*gb:(k+1)*gb], it.Dst)
+			} else {
+				for r := 0; r < rows && err == nil; r++ {
+					err = p.Dev.CopyD2H(st.Mem[k*gb+r*rb:k*gb+(r+1)*rb], it.Dst+uint64(r*it.Pitch))
+				}
+			}
+			if err != nil {
+				c.failed = copyErr(err)
+			}
+		}
+		p.record(c)
+		h.chunks = append(h.chunks, c)
+		// Keep at most one chunk's copies running ahead of the writes.
+		for len(h.chunks) > 1 {
+			old := h.chunks[0]
+			h.chunks = h.chunks[1:]
+			finish(old)
+			if p.settle(old) {
+				_ = p.Pool.Put(old.st)
+			}
+			h.owned--
+		}
+	}
+	h.release(finish)
+	if batchErr != nil {
+		for i := reached; i < len(items); i++ {
+			items[i].Err = batchErr
+		}
+	}
+	return batchErr
+}

@@ -1,0 +1,493 @@
+package gpu_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvfs/kvfs/gpu"
+	"github.com/kvfs/kvfs/gpu/gputest"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+const (
+	rows     = 4
+	rowBytes = 64
+	gb       = rows * rowBytes
+)
+
+var geo = gpu.Geometry{GroupBytes: gb, Rows: rows, RowBytes: rowBytes}
+
+// fakeStore holds groups in memory; it checks that no queued copy still
+// uses memory it writes (a Read) or reads (a Write).
+type fakeStore struct {
+	dev     *gputest.Device
+	mu      sync.Mutex
+	groups  map[layout.Key][]byte
+	corrupt map[layout.Key]bool
+	viol    []string
+	reads   int
+}
+
+func newFakeStore(dev *gputest.Device) *fakeStore {
+	return &fakeStore{dev: dev, groups: map[layout.Key][]byte{}, corrupt: map[layout.Key]bool{}}
+}
+
+func key(i int) layout.Key {
+	return layout.Key{Block: uint64(i / 8), Layer: i % 8, Head: 0, Kind: layout.K}
+}
+
+func content(i int) []byte {
+	b := make([]byte, gb)
+	r := rand.New(rand.NewPCG(uint64(i), 7))
+	for k := range b {
+		b[k] = byte(r.UintN(256))
+	}
+	return b
+}
+
+func (s *fakeStore) Read(reqs []store.ReadReq) error {
+	s.mu.Lock()
+	s.reads++
+	s.mu.Unlock()
+	for i := range reqs {
+		q := &reqs[i]
+		s.dev.HostWrite(q.Buf)
+		s.mu.Lock()
+		g, ok := s.groups[q.Key]
+		bad := s.corrupt[q.Key]
+		s.mu.Unlock()
+		switch {
+		case !ok:
+			q.Err = store.ErrNotFound
+		case bad:
+			// Leave garbage: the pipeline must zero it itself.
+			for k := range q.Buf {
+				q.Buf[k] = 0xEE
+			}
+			q.Err = fmt.Errorf("fake: %w", store.ErrCorrupt)
+		default:
+			copy(q.Buf, g)
+			q.Err = nil
+		}
+	}
+	return nil
+}
+
+func (s *fakeStore) Write(reqs []store.WriteReq) error {
+	for i := range reqs {
+		q := &reqs[i]
+		if s.dev.Pending(q.Data) {
+			s.mu.Lock()
+			s.viol = append(s.viol, fmt.Sprintf("write of %v while its D2H copy is queued", q.Key))
+			s.mu.Unlock()
+		}
+		s.mu.Lock()
+		s.groups[q.Key] = append([]byte(nil), q.Data...)
+		s.mu.Unlock()
+		q.Err = nil
+	}
+	return nil
+}
+
+type rig struct {
+	dev  *gputest.Device
+	pool *gpu.Pool
+	p    *gpu.Pipeline
+	st   *fakeStore
+}
+
+func newRig(t *testing.T, count, groupsPerBuf, depth int) *rig {
+	t.Helper()
+	dev := gputest.NewDevice(64 << 20)
+	t.Cleanup(dev.Close)
+	dev.Delay, dev.Jitter = 20*time.Microsecond, 80*time.Microsecond
+	pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: count, Size: groupsPerBuf * gb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := pool.Close(); err != nil {
+			t.Errorf("pool close: %v", err)
+		}
+	})
+	return &rig{dev: dev, pool: pool, p: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: geo, Depth: depth}, st: newFakeStore(dev)}
+}
+
+// items puts n groups in the store and returns load items for them at
+// shuffled, non-overlapping destinations (runs of adjacent ones included).
+func (r *rig) items(n int, seed uint64) []gpu.Item {
+	perm := rand.New(rand.NewPCG(seed, 1)).Perm(n)
+	its := make([]gpu.Item, n)
+	for i := range its {
+		r.st.groups[key(i)] = content(i)
+		its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(destSlot(i, perm))*gb}
+	}
+	return its
+}
+
+// destSlot: blocks of 4 items adjacent, the blocks shuffled.
+func destSlot(i int, perm []int) int {
+	return perm[i/4%len(perm)]*4 + i%4
+}
+
+func (r *rig) checkClean(t *testing.T) {
+	t.Helper()
+	if v := r.dev.Violations(); len(v) > 0 {
+		t.Fatalf("device misuse: %v", v)
+	}
+	if len(r.st.viol) > 0 {
+		t.Fatalf("store saw: %v", r.st.viol)
+	}
+	if r.pool.Leaked() != 0 {
+		t.Fatalf("%d staging buffers leaked", r.pool.Leaked())
+	}
+}
+
+func TestLoadRoundTrip(t *testing.T) {
+	r := newRig(t, 4, 8, 4)
+	its := r.items(203, 1)
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		if it.Err != nil {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+		if got := r.dev.Mem(it.Dst, gb); !bytes.Equal(got, content(i)) {
+			t.Fatalf("item %d: device bytes differ", i)
+		}
+	}
+	r.checkClean(t)
+	if c := r.dev.Copies(); c >= len(its) {
+		t.Fatalf("%d copies for %d groups in runs of 4: adjacent groups were not coalesced", c, len(its))
+	}
+	if r.dev.Syncs() != 0 {
+		t.Fatalf("%d device-wide synchronizes in a healthy load", r.dev.Syncs())
+	}
+}
+
+// Staging buffers are reused many times per batch, with slow copies: the
+// fake flags any write into a buffer whose copy has not run, and a copy
+// that ran after its source was overwritten leaves wrong device bytes.
+func TestStagingReusedOnlyAfterEvent(t *testing.T) {
+	for _, tc := range []struct{ count, per, depth int }{{1, 1, 1}, {2, 1, 2}, {3, 2, 8}, {8, 4, 4}} {
+		t.Run(fmt.Sprintf("count%d-per%d-depth%d", tc.count, tc.per, tc.depth), func(t *testing.T) {
+			r := newRig(t, tc.count, tc.per, tc.depth)
+			r.dev.Delay = 100 * time.Microsecond
+			its := r.items(64, 2)
+			if err := r.p.Load(r.st, its); err != nil {
+				t.Fatal(err)
+			}
+			for i, it := range its {
+				if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+					t.Fatalf("item %d: err %v or wrong bytes", i, it.Err)
+				}
+			}
+			r.checkClean(t)
+			if r.st.reads < 64/(tc.per) {
+				t.Fatalf("%d reads: staging was not cycled", r.st.reads)
+			}
+		})
+	}
+}
+
+func TestCorruptMidBatchZeroedAndReported(t *testing.T) {
+	r := newRig(t, 3, 4, 3)
+	its := r.items(40, 3)
+	bad := map[int]bool{5: true, 17: true, 18: true, 39: true}
+	for i := range bad {
+		r.st.corrupt[key(i)] = true
+	}
+	for i := range its { // the destination held something before
+		r.dev.Fill(its[i].Dst, bytes.Repeat([]byte{0xAA}, gb))
+	}
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, gb)
+	for i, it := range its {
+		got := r.dev.Mem(it.Dst, gb)
+		if bad[i] {
+			if !errors.Is(it.Err, store.ErrCorrupt) {
+				t.Fatalf("corrupt item %d: err %v", i, it.Err)
+			}
+			if !bytes.Equal(got, zero) {
+				t.Fatalf("corrupt item %d: destination not zeroed", i)
+			}
+			continue
+		}
+		if it.Err != nil || !bytes.Equal(got, content(i)) {
+			t.Fatalf("item %d: err %v or wrong bytes", i, it.Err)
+		}
+	}
+	r.checkClean(t)
+}
+
+func TestAbsentLeavesDestination(t *testing.T) {
+	r := newRig(t, 2, 4, 2)
+	its := r.items(12, 4)
+	delete(r.st.groups, key(6))
+	old := bytes.Repeat([]byte{0x5A}, gb)
+	r.dev.Fill(its[6].Dst, old)
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(its[6].Err, store.ErrNotFound) || !bytes.Equal(r.dev.Mem(its[6].Dst, gb), old) {
+		t.Fatalf("absent item: err %v; destination changed: %v", its[6].Err, !bytes.Equal(r.dev.Mem(its[6].Dst, gb), old))
+	}
+	for i, it := range its {
+		if i != 6 && it.Err != nil {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+	}
+}
+
+// A copy that fails mid-batch: no item whose bytes did not arrive is
+// reported done, the failing one is ErrCopy, and the batch goes on.
+func TestCopyFailsMidBatch(t *testing.T) {
+	for _, mode := range []string{"run", "enqueue"} {
+		t.Run(mode, func(t *testing.T) {
+			r := newRig(t, 3, 4, 3)
+			its := r.items(48, 5)
+			for i := range its {
+				r.dev.Fill(its[i].Dst, make([]byte, gb))
+			}
+			fail := func(i int) error {
+				if i == 5 {
+					return gputest.ErrInjected
+				}
+				return nil
+			}
+			if mode == "run" {
+				r.dev.FailCopy = fail
+			} else {
+				r.dev.FailEnqueue = fail
+			}
+			if err := r.p.Load(r.st, its); err != nil {
+				t.Fatal(err)
+			}
+			nfail, nok := 0, 0
+			for i, it := range its {
+				got := r.dev.Mem(it.Dst, gb)
+				switch {
+				case it.Err == nil:
+					nok++
+					if !bytes.Equal(got, content(i)) {
+						t.Fatalf("item %d reported done but its bytes did not arrive", i)
+					}
+				case errors.Is(it.Err, gpu.ErrCopy):
+					nfail++
+				default:
+					t.Fatalf("item %d: %v", i, it.Err)
+				}
+			}
+			if nfail == 0 {
+				t.Fatal("an injected copy failure was not reported")
+			}
+			if nok < len(its)/2 {
+				t.Fatalf("only %d of %d items done: one failed copy sank the batch", nok, len(its))
+			}
+			if !errors.Is(firstErr(its), gputest.ErrInjected) {
+				t.Fatalf("error does not carry the cause: %v", firstErr(its))
+			}
+			r.checkClean(t)
+		})
+	}
+}
+
+func firstErr(its []gpu.Item) error {
+	for _, it := range its {
+		if it.Err != nil {
+			return it.Err
+		}
+	}
+	return nil
+}
+
+// When an event cannot be recorded the pipeline synchronizes the device
+// before reusing the buffer, and reports the chunk's copies unconfirmed.
+func TestRecordFailureFallsBackToSynchronize(t *testing.T) {
+	r := newRig(t, 2, 2, 2)
+	var n int
+	var mu sync.Mutex
+	r.dev.FailRecord = func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		if n == 3 {
+			return gputest.ErrInjected
+		}
+		return nil
+	}
+	its := r.items(16, 6)
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	if r.dev.Syncs() == 0 {
+		t.Fatal("no synchronize after a failed record")
+	}
+	nf := 0
+	for i, it := range its {
+		if it.Err == nil && !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+			t.Fatalf("item %d done with wrong bytes", i)
+		}
+		if errors.Is(it.Err, gpu.ErrCopy) {
+			nf++
+		}
+	}
+	if nf == 0 {
+		t.Fatal("the chunk whose event failed was reported done")
+	}
+	r.checkClean(t)
+}
+
+func TestPitchedLoadAndStore(t *testing.T) {
+	r := newRig(t, 2, 4, 2)
+	const pitch = 3 * rowBytes
+	its := make([]gpu.Item, 10)
+	for i := range its {
+		r.st.groups[key(i)] = content(i)
+		its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(i)*rows*pitch, Pitch: pitch}
+	}
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		if it.Err != nil {
+			t.Fatal(it.Err)
+		}
+		for row := 0; row < rows; row++ {
+			got := r.dev.Mem(it.Dst+uint64(row*pitch), rowBytes)
+			if !bytes.Equal(got, content(i)[row*rowBytes:(row+1)*rowBytes]) {
+				t.Fatalf("item %d row %d differs", i, row)
+			}
+		}
+	}
+	// Store them back under other keys and compare.
+	st2 := newFakeStore(r.dev)
+	for i := range its {
+		its[i].Key = key(100 + i)
+		its[i].Err = nil
+	}
+	if err := r.p.Store(st2, its); err != nil {
+		t.Fatal(err)
+	}
+	for i := range its {
+		if its[i].Err != nil || !bytes.Equal(st2.groups[key(100+i)], content(i)) {
+			t.Fatalf("stored item %d: %v", i, its[i].Err)
+		}
+	}
+	r.checkClean(t)
+}
+
+func TestStoreRoundTripAndCopyFailure(t *testing.T) {
+	r := newRig(t, 3, 4, 3)
+	its := r.items(50, 7)
+	for i := range its {
+		r.dev.Fill(its[i].Dst, content(1000+i))
+	}
+	r.dev.FailCopy = func(i int) error {
+		if i == 20 {
+			return gputest.ErrInjected
+		}
+		return nil
+	}
+	out := newFakeStore(r.dev)
+	if err := r.p.Store(out, its); err != nil {
+		t.Fatal(err)
+	}
+	nf := 0
+	for i, it := range its {
+		g, written := out.groups[it.Key]
+		switch {
+		case it.Err == nil:
+			if !bytes.Equal(g, content(1000+i)) {
+				t.Fatalf("item %d stored with wrong bytes", i)
+			}
+		case errors.Is(it.Err, gpu.ErrCopy):
+			nf++
+			if written {
+				t.Fatalf("item %d written although its copy failed", i)
+			}
+		default:
+			t.Fatal(it.Err)
+		}
+	}
+	if nf == 0 {
+		t.Fatal("failed D2H copy not reported")
+	}
+	if len(out.viol) > 0 {
+		t.Fatal(out.viol)
+	}
+	r.checkClean(t)
+}
+
+// Several batches share one pool (fewer buffers than they would like).
+func TestConcurrentBatchesSharePool(t *testing.T) {
+	r := newRig(t, 3, 2, 4)
+	var wg sync.WaitGroup
+	errs := make(chan error, 6)
+	for k := 0; k < 6000; k++ {
+		if k%1000 < 30 {
+			r.st.groups[key(k)] = content(k)
+		}
+	}
+	for b := 0; b < 6; b++ {
+		its := make([]gpu.Item, 30)
+		for i := range its {
+			k := b*1000 + i
+			its[i] = gpu.Item{Key: key(k), Dst: gputest.Base + uint64(k)*gb}
+		}
+		wg.Add(1)
+		go func(b int, its []gpu.Item) {
+			defer wg.Done()
+			if err := r.p.Load(r.st, its); err != nil {
+				errs <- err
+				return
+			}
+			for i, it := range its {
+				if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(b*1000+i)) {
+					errs <- fmt.Errorf("batch %d item %d: %v", b, i, it.Err)
+					return
+				}
+			}
+		}(b, its)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	r.checkClean(t)
+}
+
+func TestPoolRefusesBusyBuffer(t *testing.T) {
+	dev := gputest.NewDevice(1 << 20)
+	defer dev.Close()
+	pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 1, Size: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := pool.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pool.TryGet() != nil {
+		t.Fatal("TryGet handed out a buffer that is in use")
+	}
+	if err := pool.Put(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Get(); !errors.Is(err, gpu.ErrClosed) {
+		t.Fatalf("Get after Close: %v", err)
+	}
+}

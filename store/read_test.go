@@ -1,0 +1,617 @@
+package store_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"runtime/debug"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
+)
+
+// nhdGeo has 512-byte token rows (head_dim 256, bf16), so rows can be
+// scattered with O_DIRECT-like 512-byte alignment: 2 layers × 4 heads × 2
+// kinds = 16 groups of 16 rows (8 KiB).
+var nhdGeo = layout.Geometry{Layers: 2, KVHeads: 4, HeadDim: 256, BlockTokens: 16, DType: layout.BF16, Align: 512}
+
+// counting wraps a Mem engine and records, for every read, whether it
+// landed in memory inside dst (the caller's destination) or elsewhere
+// (store memory: a bounce buffer).
+type counting struct {
+	*storetest.Mem
+	mu                sync.Mutex
+	dst               []byte
+	inDst, outside    int // read bytes by where they landed
+	vecReads, bufRead int
+}
+
+func (c *counting) Do(ios []store.IO) error {
+	c.mu.Lock()
+	for i := range ios {
+		if ios[i].Op != store.OpRead {
+			continue
+		}
+		segs := ios[i].Vec
+		if segs == nil {
+			segs = [][]byte{ios[i].Buf}
+			c.bufRead++
+		} else {
+			c.vecReads++
+		}
+		for _, v := range segs {
+			if c.contains(v) {
+				c.inDst += len(v)
+			} else {
+				c.outside += len(v)
+			}
+		}
+	}
+	c.mu.Unlock()
+	return c.Mem.Do(ios)
+}
+
+func (c *counting) contains(v []byte) bool {
+	if len(c.dst) == 0 || len(v) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(&c.dst[0]))
+	p := uintptr(unsafe.Pointer(&v[0]))
+	return p >= lo && p+uintptr(len(v)) <= lo+uintptr(len(c.dst))
+}
+
+// nhdFixture writes one block of nhdGeo and returns a store on a counting
+// engine.
+func nhdFixture(t *testing.T, vec bool, o store.Options) (*store.Store, *counting) {
+	t.Helper()
+	m := storetest.NewMem(store.SizeFor(nhdGeo, 4), 512)
+	m.SetVectorReads(vec)
+	if _, err := store.Format(m, nhdGeo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := &counting{Mem: m}
+	s := openStore(t, c, o)
+	n := nhdGeo.GroupsPerBlock()
+	w := make([]store.WriteReq, n)
+	for i := range w {
+		k := nhdGeo.KeyAt(1, i)
+		w[i] = store.WriteReq{Key: k, Data: groupData(nhdGeo, k, 1)}
+	}
+	if err := s.Write(w); err != nil {
+		t.Fatal(err)
+	}
+	return s, c
+}
+
+// nhdLoad reads block 1 into an NHD cache ([layer×kind][token][head][row]),
+// every byte the groups do not own set to a guard value, and checks every
+// byte. It returns the cache.
+func nhdLoad(t *testing.T, s *store.Store, c *counting) []byte {
+	t.Helper()
+	geo := nhdGeo
+	rb, gb := geo.RowBytes(), geo.GroupBytes()
+	pitch := geo.KVHeads * rb
+	tile := gb * geo.KVHeads // one (layer, kind)
+	// A guard tile before and after the cache proper.
+	mem, err := store.AllocAligned((geo.Layers*2 + 2) * tile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.FreeAligned(mem) })
+	const guard = 0xA5
+	for i := range mem {
+		mem[i] = guard
+	}
+	cache := mem[tile : len(mem)-tile]
+	c.mu.Lock()
+	c.dst, c.inDst, c.outside, c.vecReads, c.bufRead = cache, 0, 0, 0, 0
+	c.mu.Unlock()
+	n := geo.GroupsPerBlock()
+	reqs := make([]store.ReadReq, n)
+	// Leave head 3 out: its rows must keep the guard.
+	var asked []int
+	for i := range n {
+		k := geo.KeyAt(1, i)
+		if k.Head == 3 {
+			continue
+		}
+		off := (k.Layer*2+int(k.Kind))*tile + k.Head*rb
+		reqs[len(asked)] = store.ReadReq{Key: k, Buf: cache[off : off+(geo.BlockTokens-1)*pitch+rb], Pitch: pitch, RowBytes: rb}
+		asked = append(asked, i)
+	}
+	reqs = reqs[:len(asked)]
+	if err := s.Read(reqs); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Repeat([]byte{guard}, len(mem))
+	for j, i := range asked {
+		if reqs[j].Err != nil {
+			t.Fatalf("%v: %v", reqs[j].Key, reqs[j].Err)
+		}
+		k := geo.KeyAt(1, i)
+		d := groupData(geo, k, 1)
+		off := tile + (k.Layer*2+int(k.Kind))*tile + k.Head*rb
+		for r := range geo.BlockTokens {
+			copy(want[off+r*pitch:], d[r*rb:(r+1)*rb])
+		}
+	}
+	if !bytes.Equal(mem, want) {
+		for i := range mem {
+			if mem[i] != want[i] {
+				t.Fatalf("byte %d of the cache (guard tile first): %#x, want %#x", i, mem[i], want[i])
+			}
+		}
+	}
+	return cache
+}
+
+// TestReadPitchedNoBounce proves that a pitched (NHD) read whose rows are
+// at least ScatterMin lands with no bounce copy: every byte the engine reads
+// goes straight into the caller's cache, with vector reads.
+func TestReadPitchedNoBounce(t *testing.T) {
+	s, c := nhdFixture(t, true, store.Options{ScatterMin: 512})
+	before := s.Metrics().Bounced
+	nhdLoad(t, s, c)
+	gb := nhdGeo.GroupBytes()
+	groups := nhdGeo.GroupsPerBlock() * 3 / 4
+	if c.outside != 0 || c.inDst != groups*gb || c.bufRead != 0 || c.vecReads == 0 {
+		t.Fatalf("reads: %d bytes into the cache, %d elsewhere, %d vector and %d plain reads; want %d, 0, >0, 0",
+			c.inDst, c.outside, c.vecReads, c.bufRead, groups*gb)
+	}
+	if got := s.Metrics().Bounced - before; got != 0 {
+		t.Fatalf("%d bytes bounced", got)
+	}
+}
+
+// TestReadPitchedBounceOnce: rows below ScatterMin, or an engine without
+// vector reads, bounce once: the engine reads the data exactly once, into
+// store memory, and it is copied once (Bounced = the data).
+func TestReadPitchedBounceOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vec  bool
+		min  int
+	}{{"small-rows", true, 0}, {"no-vector-engine", false, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, c := nhdFixture(t, tc.vec, store.Options{ScatterMin: tc.min})
+			before := s.Metrics().Bounced
+			nhdLoad(t, s, c)
+			data := nhdGeo.GroupsPerBlock() * 3 / 4 * nhdGeo.GroupBytes()
+			if c.inDst != 0 || c.vecReads != 0 {
+				t.Fatalf("%d bytes read into the cache, %d vector reads", c.inDst, c.vecReads)
+			}
+			// Head 3 is not asked for, so runs are 3 groups: 3/4 of the data.
+			if c.outside != data {
+				t.Fatalf("%d bytes read into store memory, want %d (the data, once)", c.outside, data)
+			}
+			if got := s.Metrics().Bounced - before; got != uint64(data) {
+				t.Fatalf("%d bytes bounced, want %d", got, data)
+			}
+		})
+	}
+}
+
+// TestReadPitchedCorrupt: a corrupt group's rows are zeroed in place, the
+// bytes between them (other heads) untouched, in both landing modes.
+func TestReadPitchedCorrupt(t *testing.T) {
+	for _, vec := range []bool{false, true} {
+		s, c := nhdFixture(t, vec, store.Options{ScatterMin: 512})
+		k := nhdGeo.KeyAt(1, 5)
+		gi, err := s.Stat(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb := s.Superblock()
+		off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + nhdGeo.Offset(5)
+		img := c.Mem.Image()
+		c.Mem.Poke(off+100, []byte{img[off+100] ^ 1})
+		rb := nhdGeo.RowBytes()
+		pitch := nhdGeo.KVHeads * rb
+		buf := bytes.Repeat([]byte{0xA5}, (nhdGeo.BlockTokens-1)*pitch+rb+pitch)
+		buf, _ = alignedCopy(t, buf)
+		dst := buf[:(nhdGeo.BlockTokens-1)*pitch+rb]
+		reqs := []store.ReadReq{{Key: k, Buf: dst, Pitch: pitch, RowBytes: rb}}
+		if err := s.Read(reqs); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(reqs[0].Err, store.ErrCorrupt) {
+			t.Fatalf("vec %v: %v, want ErrCorrupt", vec, reqs[0].Err)
+		}
+		for i, b := range buf {
+			inRow := i%pitch < rb && i < len(dst)
+			if (inRow && b != 0) || (!inRow && b != 0xA5) {
+				t.Fatalf("vec %v: byte %d is %#x (row byte: %v)", vec, i, b, inRow)
+			}
+		}
+	}
+}
+
+func alignedCopy(t *testing.T, b []byte) ([]byte, func()) {
+	t.Helper()
+	m, err := store.AllocAligned(len(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(m, b)
+	t.Cleanup(func() { store.FreeAligned(m) })
+	return m, nil
+}
+
+// TestReadPitchedInvalid: bad pitch descriptions are refused per request.
+func TestReadPitchedInvalid(t *testing.T) {
+	s, _ := nhdFixture(t, true, store.Options{})
+	rb, gb := nhdGeo.RowBytes(), nhdGeo.GroupBytes()
+	k := nhdGeo.KeyAt(1, 0)
+	big := make([]byte, 4*gb)
+	for _, tc := range []struct {
+		name     string
+		buf      []byte
+		pitch, r int
+		want     error
+	}{
+		{"pitch below row", big[:gb], rb - 1, rb, store.ErrInvalid},
+		{"row not dividing group", big[:gb], rb * 2, rb + 1, store.ErrInvalid},
+		{"no row length", big[:gb], rb * 2, 0, store.ErrInvalid},
+		{"short", big[:15*2*rb], rb * 2, rb, store.ErrSize},
+		{"long", big[:15*2*rb+rb+1], rb * 2, rb, store.ErrSize},
+		{"huge pitch", big[:gb], 1 << 62, rb, store.ErrInvalid},
+		{"contiguous wrong size", big[:gb-1], 0, 0, store.ErrSize},
+	} {
+		reqs := []store.ReadReq{{Key: k, Buf: tc.buf, Pitch: tc.pitch, RowBytes: tc.r}}
+		if err := s.Read(reqs); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(reqs[0].Err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, reqs[0].Err, tc.want)
+		}
+	}
+}
+
+// TestReadAllocs: Read allocates nothing per group, for hits and misses.
+// Allocations per call are allowed; the number must not grow with the
+// groups in the call.
+func TestReadAllocs(t *testing.T) {
+	geo := layout.Geometry{Layers: 16, KVHeads: 8, HeadDim: 16, BlockTokens: 16, DType: layout.BF16, Align: 512}
+	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, m, store.Options{})
+	n := geo.GroupsPerBlock() // 256
+	gb := geo.GroupBytes()
+	w := make([]store.WriteReq, n)
+	for i := range w {
+		w[i] = store.WriteReq{Key: geo.KeyAt(1, i), Data: make([]byte, gb)}
+	}
+	if err := s.Write(w); err != nil {
+		t.Fatal(err)
+	}
+	buf, err := store.AllocAligned(n * gb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.FreeAligned(buf)
+	for _, tc := range []struct {
+		name  string
+		block uint64
+		scat  bool // destinations apart from each other: bounce
+	}{{"hits", 1, false}, {"hits-bounced", 1, true}, {"misses", 2, false}} {
+		allocs := func(groups int) float64 {
+			reqs := make([]store.ReadReq, groups)
+			return testing.AllocsPerRun(50, func() {
+				for i := range reqs {
+					j := i
+					if tc.scat {
+						j = (i * 2) % groups
+						if groups == n {
+							j = (i*2)%n + (i*2)/n // a permutation
+						}
+					}
+					reqs[i] = store.ReadReq{Key: geo.KeyAt(tc.block, i), Buf: buf[j*gb : (j+1)*gb]}
+				}
+				if err := s.Read(reqs); err != nil {
+					t.Fatal(err)
+				}
+				if tc.block == 1 && reqs[0].Err != nil {
+					t.Fatal(reqs[0].Err)
+				}
+			})
+		}
+		few, many := allocs(8), allocs(n)
+		t.Logf("%s: %.1f allocations per call of 8 groups, %.1f of %d", tc.name, few, many, n)
+		if many > few {
+			t.Errorf("%s: %.1f allocations for %d groups, %.1f for 8: allocations per group", tc.name, many, n, few)
+		}
+	}
+}
+
+// allocCounter is a Mem engine that hands out the store's buffers
+// (BufferAllocator) and tracks how many bytes are out at once.
+type allocCounter struct {
+	*storetest.Mem
+	mu        sync.Mutex
+	out, peak int
+}
+
+func (a *allocCounter) AllocBuffer(n int) ([]byte, error) {
+	a.mu.Lock()
+	a.out += n
+	a.peak = max(a.peak, a.out)
+	a.mu.Unlock()
+	return store.AllocAligned(n)
+}
+
+func (a *allocCounter) FreeBuffer(b []byte) {
+	a.mu.Lock()
+	a.out -= len(b)
+	a.mu.Unlock()
+	store.FreeAligned(b)
+}
+
+// TestBounceSizedToData: a read of 511 groups of 2 KiB, none adjacent to
+// the next (so every one is its own run, and every run bounces), uses
+// bounce memory of about the data's size (1 MiB), not a MaxIO buffer per
+// run (that was 511 MiB); so does the write of 512 such groups.
+func TestBounceSizedToData(t *testing.T) {
+	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 64, BlockTokens: 16, DType: layout.BF16, Align: 512}
+	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := &allocCounter{Mem: m}
+	s := openStore(t, a, store.Options{})
+	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
+	var w []store.WriteReq
+	for blk := uint64(1); blk <= 2; blk++ {
+		for i := 0; i < per; i += 2 {
+			k := geo.KeyAt(blk, i)
+			w = append(w, store.WriteReq{Key: k, Data: groupData(geo, k, 1)})
+		}
+	}
+	a.mu.Lock()
+	a.peak = a.out
+	wbase := a.out
+	a.mu.Unlock()
+	if err := s.Write(w); err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	wused := a.peak - wbase
+	a.mu.Unlock()
+	// The write's payloads too: 512 groups, each its own run.
+	t.Logf("write: %d bytes of bounce and header memory for %d bytes of data", wused, len(w)*gb)
+	if limit := len(w)*gb + 2<<20; wused > limit {
+		t.Fatalf("write: %d bytes of bounce memory for %d bytes of data (limit %d)", wused, len(w)*gb, limit)
+	}
+	// Reopen: no idle bounce buffers left from the write.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, a, store.Options{})
+	const n = 511
+	reqs := make([]store.ReadReq, n)
+	dst := make([]byte, n*gb+1)
+	for i := range reqs {
+		// Every other group (no run of two), destinations unaligned
+		// (every run bounces).
+		reqs[i] = store.ReadReq{Key: w[i].Key, Buf: dst[1+i*gb : 1+(i+1)*gb]}
+	}
+	a.mu.Lock()
+	a.peak = a.out
+	base := a.out
+	a.mu.Unlock()
+	if err := s.Read(reqs); err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		if reqs[i].Err != nil || !bytes.Equal(reqs[i].Buf, w[i].Data) {
+			t.Fatalf("%v: %v", reqs[i].Key, reqs[i].Err)
+		}
+	}
+	a.mu.Lock()
+	used := a.peak - base
+	a.mu.Unlock()
+	data := n * gb
+	t.Logf("%d bytes of bounce memory for %d bytes of data", used, data)
+	if limit := data + 2<<20; used > limit {
+		t.Fatalf("%d bytes of bounce memory for %d bytes of data (limit %d)", used, data, limit)
+	}
+}
+
+// TestReadFaultPanicsInCaller: a read large enough to be verified on
+// several goroutines, into a caller's mapping whose file was truncated (as
+// a client may do to a daemon), with panic-on-fault set by the caller:
+// the fault surfaces as a panic in the calling goroutine (so a caller like
+// ctl turns it into EFAULT), and the store is left consistent (no pin
+// left behind: the invariants check runs at Close).
+func TestReadFaultPanicsInCaller(t *testing.T) {
+	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
+	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, m, store.Options{})
+	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
+	const blocks = 3 // 6 MiB: more than one verification piece
+	var reqs []store.ReadReq
+	for blk := uint64(1); blk <= blocks; blk++ {
+		w := make([]store.WriteReq, per)
+		for i := range w {
+			w[i] = store.WriteReq{Key: geo.KeyAt(blk, i), Data: make([]byte, gb)}
+		}
+		if err := s.Write(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.CreateTemp(t.TempDir(), "dst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	size := blocks*per*gb + 4096
+	if err := f.Truncate(int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for blk := uint64(1); blk <= blocks; blk++ {
+		for i := range per {
+			o := 1 + ((int(blk)-1)*per+i)*gb // unaligned: every run bounces
+			reqs = append(reqs, store.ReadReq{Key: geo.KeyAt(blk, i), Buf: mem[o : o+gb]})
+		}
+	}
+	if err := f.Truncate(0); err != nil {
+		t.Fatal(err)
+	}
+	var caught any
+	func() {
+		old := debug.SetPanicOnFault(true)
+		defer func() {
+			debug.SetPanicOnFault(old)
+			caught = recover()
+		}()
+		_ = s.Read(reqs)
+	}()
+	a, ok := caught.(interface{ Addr() uintptr })
+	if !ok {
+		t.Fatalf("Read into a truncated mapping: recovered %v, want a fault", caught)
+	}
+	lo := uintptr(unsafe.Pointer(&mem[0]))
+	if p := a.Addr(); p < lo || p >= lo+uintptr(size) {
+		t.Fatalf("fault at %#x, outside the mapping", p)
+	}
+	// The store still serves reads.
+	buf := make([]byte, gb)
+	r := []store.ReadReq{{Key: geo.KeyAt(1, 0), Buf: buf}}
+	if err := s.Read(r); err != nil || r[0].Err != nil {
+		t.Fatalf("read after the fault: %v %v", err, r[0].Err)
+	}
+}
+
+// TestReadLargeCorrupt: in a read verified on several goroutines (three
+// whole blocks, 6 MiB, landing directly), a group corrupt on the device in
+// the last piece is reported and zeroed, and every other group is served.
+func TestReadLargeCorrupt(t *testing.T) {
+	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
+	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, m, store.Options{})
+	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
+	const blocks = 3
+	for blk := uint64(1); blk <= blocks; blk++ {
+		w := make([]store.WriteReq, per)
+		for i := range w {
+			k := geo.KeyAt(blk, i)
+			w[i] = store.WriteReq{Key: k, Data: groupData(geo, k, 1)}
+		}
+		if err := s.Write(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bad := geo.KeyAt(3, 300)
+	gi, err := s.Stat(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := s.Superblock()
+	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + geo.Offset(300)
+	m.Poke(off+9, []byte{^m.Image()[off+9]})
+	buf, err := store.AllocAligned(blocks * per * gb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.FreeAligned(buf)
+	reqs := make([]store.ReadReq, 0, blocks*per)
+	for blk := uint64(1); blk <= blocks; blk++ {
+		for i := range per {
+			o := ((int(blk)-1)*per + i) * gb
+			reqs = append(reqs, store.ReadReq{Key: geo.KeyAt(blk, i), Buf: buf[o : o+gb]})
+		}
+	}
+	if err := s.Read(reqs); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, gb)
+	for _, r := range reqs {
+		if r.Key == bad {
+			if !errors.Is(r.Err, store.ErrCorrupt) || !bytes.Equal(r.Buf, zero) {
+				t.Fatalf("corrupt group: %v, zeroed %v", r.Err, bytes.Equal(r.Buf, zero))
+			}
+			continue
+		}
+		if r.Err != nil || !bytes.Equal(r.Buf, groupData(geo, r.Key, 1)) {
+			t.Fatalf("%v: %v", r.Key, r.Err)
+		}
+	}
+	if m := s.Metrics(); m.Corrupt != 1 {
+		t.Fatalf("%d corrupt groups counted", m.Corrupt)
+	}
+}
+
+// TestReadVecContiguousApart: contiguous destinations that do not follow
+// each other in memory (tiles of a paged cache, here in reverse order)
+// land with one vector read per run and no bounce copy; with segments
+// below ScatterMin they bounce once.
+func TestReadVecContiguousApart(t *testing.T) {
+	for _, smin := range []int{0, 512} { // default (4 KiB) and lower: 8 KiB groups pass both
+		s, c := nhdFixture(t, true, store.Options{ScatterMin: smin})
+		n, gb := nhdGeo.GroupsPerBlock(), nhdGeo.GroupBytes() // 8 KiB groups
+		buf, err := store.AllocAligned(n * gb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.FreeAligned(buf)
+		c.mu.Lock()
+		c.dst, c.inDst, c.outside, c.vecReads, c.bufRead = buf, 0, 0, 0, 0
+		c.mu.Unlock()
+		reqs := make([]store.ReadReq, n)
+		for i := range reqs {
+			o := (n - 1 - i) * gb
+			reqs[i] = store.ReadReq{Key: nhdGeo.KeyAt(1, i), Buf: buf[o : o+gb]}
+		}
+		before := s.Metrics().Bounced
+		if err := s.Read(reqs); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range reqs {
+			if r.Err != nil || !bytes.Equal(r.Buf, groupData(nhdGeo, r.Key, 1)) {
+				t.Fatalf("%v: %v", r.Key, r.Err)
+			}
+		}
+		if c.inDst != n*gb || c.outside != 0 || c.vecReads != 1 {
+			t.Fatalf("ScatterMin %d: %d bytes read into place, %d elsewhere, %d vector reads", smin, c.inDst, c.outside, c.vecReads)
+		}
+		if b := s.Metrics().Bounced - before; b != 0 {
+			t.Fatalf("%d bytes bounced", b)
+		}
+	}
+	// Segments below ScatterMin: one bounce.
+	s, c := nhdFixture(t, true, store.Options{ScatterMin: 16 << 10})
+	gb := nhdGeo.GroupBytes()
+	buf, err := store.AllocAligned(2 * gb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.FreeAligned(buf)
+	c.mu.Lock()
+	c.dst, c.inDst, c.outside, c.vecReads, c.bufRead = buf, 0, 0, 0, 0
+	c.mu.Unlock()
+	reqs := []store.ReadReq{{Key: nhdGeo.KeyAt(1, 0), Buf: buf[gb:]}, {Key: nhdGeo.KeyAt(1, 1), Buf: buf[:gb]}}
+	if err := s.Read(reqs); err != nil || reqs[0].Err != nil || reqs[1].Err != nil {
+		t.Fatal(err, reqs[0].Err, reqs[1].Err)
+	}
+	if c.vecReads != 0 || c.inDst != 0 || s.Metrics().Bounced != uint64(2*gb) {
+		t.Fatalf("small segments: %d vector reads, %d bytes into place, %d bounced", c.vecReads, c.inDst, s.Metrics().Bounced)
+	}
+}
