@@ -7,9 +7,11 @@
 //
 //   - fs keeps no copy of the store's state beyond one operation (lookups,
 //     listings, attributes and reads ask the store), except the pending
-//     block directories, which live in memory only, and the read-ahead
-//     cache, whose snapshots are served only while the index still names
-//     them.
+//     block and head directories and the staged files, which live in
+//     memory only, and the read-ahead cache, whose snapshots are served
+//     only while the index still names them.
+//   - A staged file never reaches the store by itself: only a rename onto
+//     K or V stores it, with the checks of a close of K or V.
 //   - No byte reaches a reader that store.Read did not verify; one read(2)
 //     returns bytes of one version, never older than the version current
 //     when its READ arrived.
@@ -32,8 +34,11 @@
 //   - A layer directory lists the blocks that have at least one group in
 //     that layer (not every block of the store), plus the pending block
 //     directories of that layer (below).
-//   - A block directory lists every head of the geometry.
-//   - A head directory lists the groups present: K, V, both or neither.
+//   - A block directory lists the heads that have a group in that layer,
+//     plus the pending head directories (below); so a fresh block
+//     directory is empty and cp -r of a saved block can make its heads.
+//   - A head directory lists the groups present (K, V, both or neither)
+//     and its staged files (below).
 //   - A group's size is the group size, its mtime (= atime = ctime) the time
 //     it was written; a block or head directory's mtime is the block's
 //     latest write. Inode numbers are a hash of the name (see ino.go), so
@@ -67,11 +72,16 @@
 // Attributes of groups and of block and head directories are never cached
 // (timeout 0), and neither are missing names (negative timeout 0): stat
 // shows a rewrite's mtime at once, and a group or block written through the
-// ioctl path is visible at once. Existing names (entries) may be cached
-// for Options.EntryTimeout (1 s): that only lets the kernel skip a LOOKUP,
-// because Getattr, Open, Readdir and the lookups below a name all ask the
-// store again and answer ENOENT for what is gone. The static directories
-// (root, layer-<L>, .kvfs) cache their attributes for EntryTimeout too.
+// ioctl path is visible at once. Existing names of groups, head directories
+// and the static directories may be cached for Options.EntryTimeout (1 s):
+// that only lets the kernel skip a LOOKUP, because Getattr, Open, Readdir
+// and the lookups below a name all ask the store again and answer ENOENT
+// for what is gone. Names that a rename moves in place (block
+// directories, staged files) are not cached at all: after rename(2) the kernel
+// keeps the moved node under the new name, and only a fresh LOOKUP
+// replaces it with the node of what the name holds now (a LOOKUP asks the
+// in-memory index: one round trip, no I/O). The static directories (root,
+// layer-<L>, .kvfs) cache their attributes for EntryTimeout too.
 // Read-only handles are FOPEN_NOFLUSH (close sends no FLUSH). mmap of a
 // group is not supported (direct I/O).
 //
@@ -86,10 +96,11 @@
 // # Writing
 //
 //   - mkdir -p layer-<L>/block-<id>/head-<H> makes a pending block
-//     directory: it lives in memory only (lost at unmount, at most
-//     Options.MaxPending of them, ENOSPC beyond), is listed empty, and
-//     becomes a real block when a group is written into it. rmdir removes
-//     it. The head directories of a block always exist (mkdir: EEXIST).
+//     directory and a pending head directory in it: they live in memory
+//     only (lost at unmount, at most Options.MaxPending block directories,
+//     ENOSPC beyond), are listed empty, and become real when a group is
+//     written into them. rmdir removes them. mkdir of a head that holds a
+//     group, or is pending, is EEXIST.
 //   - Opening K or V for writing (O_CREAT|O_TRUNC, as cp and dd do) gives
 //     a handle that buffers its own bytes; Flush (close(2)) stores them with
 //     one durable store.Write when they are exactly one group, and its
@@ -100,17 +111,49 @@
 //     handle opened without O_TRUNC starts from the group's current bytes,
 //     so dd conv=notrunc patches a group in place; O_RDWR reads its own
 //     unstored bytes. truncate(2) by path is allowed only to the group size.
-//   - rm of a group deletes it (durably). A block directory emptied this
-//     way stays, empty and pending, until rmdir, as any directory would;
-//     so rm -r layer-<L>/block-<id> deletes that layer's groups of the
-//     block and then the directory, without error. A block that loses its
-//     groups any other way (eviction, the ioctl path) disappears at once.
-//     rmdir of a head directory succeeds once it has no groups; rmdir of a
-//     block directory with groups is ENOTEMPTY.
-//   - Anything else is refused: other names, symlinks, hard links, mknod,
-//     rename (EPERM); chmod or chown to other values than the current
-//     ones (EPERM; setting times is accepted and ignored); setxattr and
-//     removexattr (EPERM).
+//   - Any other name created in a head directory is a staged file
+//     (staged.go): rsync's .K.XXXXXX, editors' and installers' temporary
+//     names. Its bytes (at most one group; EFBIG beyond) stay in memory;
+//     a rename onto K or V of any head directory stores them as that group
+//     (exactly the group size, else the rename fails with ERANGE and
+//     stores nothing); unlink drops it; one never renamed disappears
+//     Options.StageLinger (5 s) after its last close (rsync closes, sets
+//     times, then renames), or at unmount. At most Options.MaxStaged
+//     (1024) at once, ENOSPC beyond.
+//   - rm of a group deletes it (durably). A head or block directory
+//     emptied this way stays, empty and pending, until rmdir, as any
+//     directory would; so rm -r layer-<L>/block-<id> (and rm -rf, and find
+//     -delete) deletes that layer's groups of the block and then the
+//     directories, without error. A block that loses its groups any other
+//     way (eviction, the ioctl path) disappears at once. rmdir of a head
+//     directory succeeds once it has no groups and no staged files; rmdir
+//     of a block directory with groups or head directories is ENOTEMPTY.
+//   - rename: layer-<L>/block-<A> onto block-<B> in the same layer
+//     re-keys the block in the store (store.RenameBlock: one header write
+//     and sync, no payload moved, crash-safe); a block holds every layer,
+//     so it moves in every layer; ENOTEMPTY when B is a block already. A
+//     group (onto K or V anywhere, its own head's other kind included), a
+//     head directory, or a block to another layer is EXDEV, so mv copies
+//     and deletes instead (for a group: one group's bytes through the
+//     write path, then the delete; a crash between leaves both). A group
+//     onto a temporary name, or a layer directory, is EPERM.
+//     RENAME_NOREPLACE is honoured; RENAME_EXCHANGE is EINVAL. After a
+//     rename the kernel keeps the moved node under the new name; names of
+//     block directories and staged files are therefore never cached
+//     (entry timeout 0, see below), so the next use of the name asks again
+//     and gets the node of what it holds now.
+//   - chmod, chown and setting times are accepted and ignored on every
+//     group, staged file and directory: nothing is stored (a group is
+//     always mode 0644, owned by the mount's user, with its write time as
+//     every time), so cp -a, tar x and rsync -a restore without errors.
+//     While a group is being written, its attributes exist by path too
+//     (tar and cp -a set times by path before they close).
+//   - Anything else is refused: other names outside head directories,
+//     symlinks, hard links, mknod (EPERM); setxattr (accepted and ignored
+//     for user.kvfs.* on groups, which are computed and which backups made
+//     with cp -a or rsync -X carry; EPERM for other user.* names;
+//     EOPNOTSUPP for other namespaces, as a file system without them
+//     answers); removexattr (EPERM for user.kvfs.*, ENODATA otherwise).
 //
 // # Extended attributes
 //
@@ -136,13 +179,17 @@
 //
 // Store and layout errors become errnos in one function, toErrno
 // (errno.go): not found ENOENT, checksum mismatch EIO, store full ENOSPC,
-// store closed ESHUTDOWN, bad size or request EINVAL; anything else is
-// logged and becomes EIO. No input makes the daemon exit.
+// store closed ESHUTDOWN, bad size or request EINVAL, a rename onto an
+// existing block ENOTEMPTY; anything else is logged and becomes EIO. No
+// input makes the daemon exit.
 //
 // # Locks
 //
-// FS.mu guards only the pending directories; it is a leaf, never held
-// while calling the store. groupHandle.mu guards one handle's buffer and
-// snapshot and may be held across store calls (Flush stores under it), so
-// the order is groupHandle.mu → store's locks → FS.mu.
+// FS.mu guards only the pending directories, the staged files' names and
+// lifetimes, and the table of handles writing each group; it is a leaf,
+// never held while calling the store. groupHandle.mu guards one handle's
+// buffer and snapshot and may be held across store calls (Flush stores
+// under it), as may staged.mu (a rename stores under it), so the order is
+// groupHandle.mu or staged.mu → store's locks → FS.mu. groupFile.mu (the
+// group a renamed node stands for) is a leaf.
 package fs

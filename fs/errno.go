@@ -35,6 +35,8 @@ func (f *FS) toErrno(op string, err error) syscall.Errno {
 		return syscall.EIO
 	case errors.Is(err, store.ErrSize), errors.Is(err, store.ErrInvalid):
 		return syscall.EINVAL
+	case errors.Is(err, store.ErrBlockExists):
+		return syscall.ENOTEMPTY // rename onto a block: a non-empty directory
 	case errors.Is(err, store.ErrFull):
 		return syscall.ENOSPC
 	case errors.Is(err, store.ErrClosed):

@@ -53,6 +53,8 @@ const (
 	DefaultCtlMode      = 0o600
 	DefaultReadAhead    = 1 << 20
 	DefaultCacheBytes   = 32 << 20
+	DefaultStageLinger  = 5 * time.Second
+	DefaultMaxStaged    = 1024
 	// MaxWrite is the FUSE max_write (and max_read): reads and writes up
 	// to 1 MiB travel in one request, and ioctls up to the restricted
 	// limit of 16383 bytes fit (they need max_pages ≥ their size).
@@ -74,11 +76,13 @@ type Options struct {
 	// UID and GID own every node; nil means the mounting process's ids.
 	UID, GID *uint32
 	// EntryTimeout is how long the kernel may cache names (directory
-	// entries) that exist (default 1 s; negative means 0), and the
-	// attributes of the directories that never change (root, layer-<L>,
-	// .kvfs). Attributes of groups, block and head directories are never
-	// cached, and neither are names that do not exist: see the package
-	// documentation for why that keeps every answer current.
+	// entries) of groups, head directories and the directories that never
+	// change (root, layer-<L>, .kvfs), and those directories' attributes
+	// (default 1 s; negative means 0). Attributes of groups, block and
+	// head directories are never cached, and neither are names that do
+	// not exist or that a rename moves in place (block directories, staged
+	// files): see the package documentation for why that keeps every
+	// answer current.
 	EntryTimeout time.Duration
 	// ReadAhead is the largest layer extent (K and V of every head of one
 	// block and layer) a read of one group reads with it (default 1 MiB;
@@ -90,6 +94,14 @@ type Options struct {
 	// MaxPending bounds the empty block directories kept in memory
 	// (made by mkdir, or left by rm of their last group); default 65536.
 	MaxPending int
+	// StageLinger is how long a staged file (a temporary name in a head
+	// directory, see staged.go) outlives its last close, so that a tool
+	// that closes and then renames it (rsync) finds it (default 5 s;
+	// negative means it disappears at its last close).
+	StageLinger time.Duration
+	// MaxStaged bounds the staged files held at once (default 1024;
+	// ENOSPC beyond). Each holds at most one group's bytes in memory.
+	MaxStaged int
 	// AllowOther lets other users use the mount (mount option
 	// allow_other). The kernel then checks permissions
 	// (default_permissions).
@@ -131,6 +143,15 @@ func (o *Options) ensureDefaults() {
 	if o.MaxPending <= 0 {
 		o.MaxPending = DefaultMaxPending
 	}
+	if o.StageLinger == 0 {
+		o.StageLinger = DefaultStageLinger
+	}
+	if o.StageLinger < 0 {
+		o.StageLinger = 0
+	}
+	if o.MaxStaged <= 0 {
+		o.MaxStaged = DefaultMaxStaged
+	}
 	if o.FsName == "" {
 		o.FsName = "kvfs"
 	}
@@ -164,7 +185,13 @@ type FS struct {
 
 	mu struct {
 		sync.Mutex
-		pending map[blockDirKey]time.Time // empty block directories → creation time
+		// pending holds the block and head directories that exist
+		// without a group in the store (made by mkdir, or left by rm of
+		// their last group), until rmdir or unmount.
+		pending map[blockDirKey]*pendingDir
+		staged  map[stagedKey]*staged         // temporary files in head directories
+		stagedN uint64                        // staged files made, for inode numbers
+		writers map[layout.Key][]*groupHandle // handles open for writing, by group
 	}
 	m counters
 }
@@ -172,7 +199,7 @@ type FS struct {
 type counters struct {
 	lookups, opens, reads, readBytes, stored, storedBytes, deletes,
 	rejected, corrupt, errors, panics, ioctls, ctlOpen, ctlSessions,
-	cacheHits, cacheMisses atomic.Uint64
+	cacheHits, cacheMisses, stagedStored, renames atomic.Uint64
 }
 
 // Metrics is a snapshot of the file system's own counters (the store keeps
@@ -194,7 +221,10 @@ type Metrics struct {
 	Ioctls       uint64 // ioctls on .kvfs/ctl
 	CtlOpen      uint64 // ctl sessions open now
 	CtlSessions  uint64 // ctl sessions opened in total
-	PendingDirs  uint64 // empty block directories held in memory
+	PendingDirs  uint64 // block directories held in memory without a group
+	Staged       uint64 // staged (temporary) files held now
+	StagedStored uint64 // staged files stored as a group by a rename
+	Renames      uint64 // renames done (staged files, groups, blocks)
 	MountSeconds float64
 }
 
@@ -215,7 +245,9 @@ func New(st *store.Store, o Options) *FS {
 		f.ctlG = *o.CtlGID
 	}
 	f.align = max(st.Engine().Align(), 8)
-	f.mu.pending = map[blockDirKey]time.Time{}
+	f.mu.pending = map[blockDirKey]*pendingDir{}
+	f.mu.staged = map[stagedKey]*staged{}
+	f.mu.writers = map[layout.Key][]*groupHandle{}
 	f.cache = newSnapCache(o.CacheBytes)
 	return f
 }
@@ -238,6 +270,7 @@ func (f *FS) groupOpenFlags(flags uint32) uint32 {
 func (f *FS) Metrics() Metrics {
 	f.mu.Lock()
 	pending := len(f.mu.pending)
+	staged := len(f.mu.staged)
 	f.mu.Unlock()
 	return Metrics{
 		Lookups: f.m.lookups.Load(), Opens: f.m.opens.Load(), Reads: f.m.reads.Load(),
@@ -246,6 +279,7 @@ func (f *FS) Metrics() Metrics {
 		Errors: f.m.errors.Load(), Panics: f.m.panics.Load(),
 		CacheHits: f.m.cacheHits.Load(), CacheMisses: f.m.cacheMisses.Load(), Ioctls: f.m.ioctls.Load(), CtlOpen: f.m.ctlOpen.Load(),
 		CtlSessions: f.m.ctlSessions.Load(), PendingDirs: uint64(pending),
+		Staged: uint64(staged), StagedStored: f.m.stagedStored.Load(), Renames: f.m.renames.Load(),
 		MountSeconds: f.opts.Now().Sub(f.start).Seconds(),
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -23,6 +24,8 @@ type groupFile struct {
 	fs  *FS
 	key layout.Key
 }
+
+func (g *groupFile) k() layout.Key { return g.key }
 
 var (
 	_ = (gofs.NodeGetattrer)((*groupFile)(nil))
@@ -49,33 +52,39 @@ func (f *FS) groupAttr(a *fuse.Attr, k layout.Key, mtime time.Time, size int64) 
 }
 
 func (g *groupFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	f := g.fs
-	gi, err := f.st.Stat(g.key)
+	f, key := g.fs, g.k()
+	gi, err := f.st.Stat(key)
 	if err == nil {
-		f.groupAttr(&out.Attr, g.key, gi.MTime, int64(gi.Size))
+		f.groupAttr(&out.Attr, key, gi.MTime, int64(gi.Size))
 		return 0
 	}
-	// A group being written for the first time exists for the writer.
-	if h, ok := fh.(*groupHandle); ok && h.write && errors.Is(err, store.ErrNotFound) {
-		f.groupAttr(&out.Attr, g.key, f.opts.Now(), int64(h.pendingSize()))
-		return 0
+	// A group being written for the first time exists while a handle
+	// writes it: for that handle, and by path (cp -a and tar set times by
+	// path before they close).
+	if errors.Is(err, store.ErrNotFound) {
+		h, ok := fh.(*groupHandle)
+		if !ok || !h.write {
+			h = f.writerOf(key)
+		}
+		if h != nil {
+			f.groupAttr(&out.Attr, key, f.opts.Now(), int64(h.pendingSize()))
+			return 0
+		}
 	}
 	return f.toErrno("getattr", err)
 }
 
 // Setattr: truncate through a write handle sets the size of what the handle
-// will store; mode and owner can only be "changed" to what they are; times
-// are ignored.
+// will store; mode, owner and times are accepted and ignored (a group has
+// mode 0644, the mount's owner, and its write time as every time), so
+// cp -a, tar x and rsync -a can restore into the mount.
 func (g *groupFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	f := g.fs
-	if errno := f.checkOwnership(in, 0o644); errno != 0 {
-		return errno
-	}
 	if size, ok := in.GetSize(); ok {
 		h, _ := fh.(*groupHandle)
 		if h == nil || !h.write {
 			// truncate(2) by path: only to the size the group has.
-			if gi, err := f.st.Stat(g.key); err != nil || uint64(gi.Size) != size {
+			if gi, err := f.st.Stat(g.k()); err != nil || uint64(gi.Size) != size {
 				return syscall.EPERM
 			}
 		} else if errno := h.truncate(size); errno != 0 {
@@ -89,14 +98,14 @@ func (g *groupFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Se
 // writing, buffers what is written until close. Every group handle is
 // FOPEN_DIRECT_IO: the kernel keeps no page cache for groups.
 func (g *groupFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	f := g.fs
+	f, key := g.fs, g.k()
 	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
-		if _, err := f.st.Stat(g.key); err != nil {
+		if _, err := f.st.Stat(key); err != nil {
 			return nil, 0, f.toErrno("open", err)
 		}
 	}
 	f.m.opens.Add(1)
-	return f.newHandle(g.key, flags), f.groupOpenFlags(flags), 0
+	return f.newHandle(key, flags), f.groupOpenFlags(flags), 0
 }
 
 // Extended attributes -------------------------------------------------------
@@ -116,7 +125,7 @@ var xattrList = func() []byte {
 }()
 
 func (g *groupFile) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	f, k := g.fs, g.key
+	f, k := g.fs, g.k()
 	gi, err := f.st.Stat(k)
 	if err != nil {
 		return 0, f.toErrno("getxattr", err)
@@ -156,11 +165,11 @@ func (g *groupFile) Listxattr(ctx context.Context, dest []byte) (uint32, syscall
 }
 
 func (g *groupFile) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return syscall.EPERM
+	return setxattrErrno(attr, true)
 }
 
 func (g *groupFile) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	return syscall.EPERM
+	return removexattrErrno(attr, slices.Contains(xattrNames, attr))
 }
 
 func (g *groupFile) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
@@ -219,6 +228,11 @@ var (
 func (f *FS) newHandle(k layout.Key, flags uint32) *groupHandle {
 	acc := flags & syscall.O_ACCMODE
 	h := &groupHandle{fs: f, key: k, write: acc != syscall.O_RDONLY}
+	if h.write {
+		f.mu.Lock()
+		f.mu.writers[k] = append(f.mu.writers[k], h)
+		f.mu.Unlock()
+	}
 	if h.write && flags&(syscall.O_TRUNC|syscall.O_CREAT) != 0 {
 		// O_TRUNC, or a file created by this open: the handle starts
 		// empty and must be filled with exactly one group.
@@ -233,6 +247,16 @@ func (f *FS) alignedBuf(n int) []byte {
 	b := make([]byte, n+f.align)
 	off := (f.align - int(uintptr(unsafe.Pointer(&b[0])))%f.align) % f.align
 	return b[off : off+n : off+n]
+}
+
+// writerOf is a handle open for writing group k, or nil.
+func (f *FS) writerOf(k layout.Key) *groupHandle {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ws := f.mu.writers[k]; len(ws) > 0 {
+		return ws[len(ws)-1]
+	}
+	return nil
 }
 
 func (h *groupHandle) pendingSize() int {
@@ -407,7 +431,7 @@ func (h *groupHandle) storeLocked() syscall.Errno {
 	h.snap = nil
 	f.m.stored.Add(1)
 	f.m.storedBytes.Add(uint64(len(h.buf)))
-	f.dropPending(h.key.Layer, h.key.Block)
+	f.storedGroup(h.key)
 	return 0
 }
 
@@ -422,6 +446,17 @@ func (h *groupHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 }
 
 func (h *groupHandle) Release(ctx context.Context) syscall.Errno {
+	if h.write {
+		f := h.fs
+		f.mu.Lock()
+		ws := slices.DeleteFunc(f.mu.writers[h.key], func(w *groupHandle) bool { return w == h })
+		if len(ws) == 0 {
+			delete(f.mu.writers, h.key)
+		} else {
+			f.mu.writers[h.key] = ws
+		}
+		f.mu.Unlock()
+	}
 	h.mu.Lock()
 	h.buf, h.snap = nil, nil
 	h.mu.Unlock()

@@ -22,6 +22,7 @@ const (
 	tagBlock uint64 = iota + 1
 	tagHead
 	tagGroup
+	tagStaged
 )
 
 func mix64(x uint64) uint64 {

@@ -240,7 +240,7 @@ func TestOnlyGroupsAndBlockDirsCanBeCreated(t *testing.T) {
 	head := filepath.Dir(e.path(k))
 	for _, p := range []string{
 		filepath.Join(e.dir, "file"), filepath.Join(e.dir, "layer-1", "file"), filepath.Join(blk, "file"),
-		filepath.Join(head, "X"), filepath.Join(head, "k"), filepath.Join(e.dir, ".kvfs", "new"),
+		filepath.Join(e.dir, ".kvfs", "new"),
 	} {
 		_, err := os.Create(p)
 		wantErrno(t, "create "+p, err, syscall.EPERM, syscall.EINVAL)
@@ -252,17 +252,14 @@ func TestOnlyGroupsAndBlockDirsCanBeCreated(t *testing.T) {
 		wantErrno(t, "mkdir "+p, os.Mkdir(p, 0o755), syscall.EPERM, syscall.EINVAL)
 	}
 	wantErrno(t, "mkdir layer", os.Mkdir(filepath.Join(e.dir, "layer-1"), 0o755), syscall.EEXIST)
-	wantErrno(t, "mkdir head", os.Mkdir(filepath.Join(blk, "head-1"), 0o755), syscall.EEXIST)
+	wantErrno(t, "mkdir head", os.Mkdir(filepath.Join(blk, "head-0"), 0o755), syscall.EEXIST)
 	wantErrno(t, "symlink", os.Symlink("K", filepath.Join(head, "V")), syscall.EPERM, syscall.EINVAL)
 	wantErrno(t, "symlink root", os.Symlink("x", filepath.Join(e.dir, "s")), syscall.EPERM, syscall.EINVAL)
 	wantErrno(t, "link", os.Link(e.path(k), filepath.Join(head, "V")), syscall.EPERM, syscall.EINVAL)
 	wantErrno(t, "mknod", unix.Mknod(filepath.Join(head, "V"), unix.S_IFIFO|0o644, 0), syscall.EPERM, syscall.EINVAL)
-	wantErrno(t, "rename", os.Rename(e.path(k), filepath.Join(head, "V")), syscall.EPERM, syscall.EINVAL)
-	wantErrno(t, "rename dir", os.Rename(blk, e.blockPath(1, 0x78)), syscall.EPERM, syscall.EINVAL)
-	wantErrno(t, "chmod", os.Chmod(e.path(k), 0o600), syscall.EPERM)
-	if err := os.Chmod(e.path(k), 0o644); err != nil {
-		t.Fatalf("chmod to the same mode: %v", err)
-	}
+	wantErrno(t, "rename onto a temporary name", os.Rename(e.path(k), filepath.Join(head, "X")), syscall.EPERM)
+	wantErrno(t, "rename to another layer", os.Rename(blk, e.blockPath(2, 0x77)), syscall.EXDEV)
+	wantErrno(t, "rename a layer", os.Rename(filepath.Join(e.dir, "layer-1"), filepath.Join(e.dir, "layer-5")), syscall.EPERM)
 	wantErrno(t, "rmdir layer", os.Remove(filepath.Join(e.dir, "layer-1")), syscall.EPERM, syscall.ENOTEMPTY)
 	wantErrno(t, "rm ctl", os.Remove(filepath.Join(e.dir, ".kvfs", "ctl")), syscall.EPERM)
 	// The store holds only the one group.

@@ -11,6 +11,7 @@ need python3 python3       # the Python client's tests
 need cc gcc                # the ABI test compiles include/kvfs.h
 need hexdump bsdextrautils # hexdump in the FUSE tests
 need fio fio               # kvfs bench --vs-fio and its tests
+need rsync rsync           # rsync round trips through the mount (integration/fuse tools tests)
 if [ ${#want[@]} -eq 0 ]; then exit 0; fi
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 echo "deps: installing ${want[*]}" >&2

@@ -95,9 +95,10 @@
 // header sync → acknowledgement unchanged), and the others find their calls
 // done.
 //
-// Store.wmu (serialises writers: Write, Delete, DeleteBlock, Fsck, Close,
-// CheckInvariants) is taken before Store.mu (index, slot states, LRU, free
-// list, counters of pins and readers), which is never held across I/O.
+// Store.wmu (serialises writers: Write, Delete, DeleteBlock, RenameBlock,
+// Fsck, Close, CheckInvariants) is taken before Store.mu (index, slot
+// states, LRU, free list, counters of pins and readers), which is never
+// held across I/O.
 // Readers take only mu, to pin the slots they read: a pinned slot is not
 // evicted, reused or overwritten in place. Store.bounce (the idle I/O
 // buffers), Store.scratch (Read's idle working memory) and Store.wq (the

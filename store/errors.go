@@ -24,3 +24,7 @@ var (
 	// that disagrees with itself or with the device: a bug in the store.
 	ErrInvariant = errors.New("store: invariant violated")
 )
+
+// ErrBlockExists is RenameBlock's refusal: the target id is already a
+// block.
+var ErrBlockExists = errors.New("store: block already exists")

@@ -62,7 +62,7 @@ type slotState struct {
 // Store is an open slot store. All methods are safe for concurrent use.
 //
 // Lock order: wmu before mu. wmu serialises every operation that writes
-// (Write, Delete, DeleteBlock, Fsck); mu guards the index, the slot states,
+// (Write, Delete, DeleteBlock, RenameBlock, Fsck); mu guards the index, the slot states,
 // the LRU and the free list, and is never held across I/O.
 type Store struct {
 	e    Engine
