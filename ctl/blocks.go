@@ -321,31 +321,27 @@ func nextWindow(ents []blockEnt, lo int, stagePer int, budget int) (hi, groups, 
 	return hi, groups, stageBytes
 }
 
-// loadBlocks reads the groups of the valid entries. With a packed layout
-// (row pitch = row bytes) tiles are handed to the store as destinations
-// reaching to the end of their mapping, so a run of adjacent tiles in slot
-// order (the heads of an HND cache) lands in one read straight in the
-// client's memory; pitched tiles (NHD) are read into staging and scattered
-// row by row.
+// loadBlocks reads the groups of the valid entries straight into the
+// client's tiles. Packed tiles (row pitch = row bytes) are handed to the
+// store as destinations reaching to the end of their mapping, so a run of
+// adjacent tiles in slot order (the heads of an HND cache) lands in one
+// read; pitched tiles (NHD) are handed over with their pitch, and the store
+// lands them row by row (vectored where the engine reads into segments,
+// else verified in its bounce memory and copied while the group is still
+// in cache). No staging copy is made here.
 func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) error {
 	s := ss.srv
 	gb := s.gb
-	stagePer := 0
+	rows, rowBytes, pitch := int(s.tile.Rows), int(s.tile.RowBytes), int(t.lay.RowPitch)
+	span := uint64(gb)
 	if !t.lay.Packed {
-		stagePer = gb
+		span = uint64((rows-1)*pitch + rowBytes)
 	}
 	for lo := 0; lo < len(ents); {
-		hi, groups, stageBytes := nextWindow(ents, lo, stagePer, s.opts.MaxStagingBytes)
+		hi, groups, _ := nextWindow(ents, lo, 0, s.opts.MaxStagingBytes)
 		if groups == 0 {
 			lo = hi
 			continue
-		}
-		var stage []byte
-		if stageBytes > 0 {
-			var err error
-			if stage, err = s.stage.get(stageBytes); err != nil {
-				return err
-			}
 		}
 		reqs := sc.rreqs[:0]
 		if cap(reqs) < groups {
@@ -372,11 +368,12 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 					for range hn {
 						q := &reqs[k]
 						q.Key = key
-						if stage != nil {
-							o := k * gb
-							q.Buf = stage[o : o+gb : o+gb]
+						q.Buf = r.b.mem[off : off+span]
+						q.Err = nil
+						if !t.lay.Packed {
+							q.Pitch, q.RowBytes = pitch, rowBytes
 						} else {
-							q.Buf = r.b.mem[off : off+uint64(gb)]
+							q.Pitch, q.RowBytes = 0, 0
 						}
 						k++
 						key.Head++
@@ -408,35 +405,10 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 				}
 				k += int(e.groups)
 			}
-			if stage == nil {
-				return nil
-			}
-			// Scatter; a corrupt group's staging was zeroed by the store.
-			k = 0
-			rows, rowBytes, pitch := int(s.tile.Rows), int(s.tile.RowBytes), int(t.lay.RowPitch)
-			for i := lo; i < hi; i++ {
-				e := &ents[i]
-				if !e.valid {
-					continue
-				}
-				groupsOf(t, &e.e, func(_ layout.Key, r *region, off uint64) {
-					q := &reqs[k]
-					k++
-					if q.Err != nil && !errors.Is(q.Err, store.ErrCorrupt) {
-						return
-					}
-					dst := r.b.mem[off:]
-					src := q.Buf
-					for row := range rows {
-						copy(dst[row*pitch:row*pitch+rowBytes], src[row*rowBytes:(row+1)*rowBytes])
-					}
-				})
-			}
 			return nil
 		})
 		clear(reqs) // no references to client memory outlive the call
 		sc.rreqs = reqs[:0]
-		s.stage.put(stage)
 		if err != nil {
 			return err
 		}
