@@ -1,0 +1,419 @@
+package ctl
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu/cuda"
+	"github.com/kvfs/kvfs/gpu/gputest"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// fakeGPU is a gputest.Device whose "IPC handles" name allocations of its
+// arena: bytes 0..8 the base, 8..16 the size, 16..24 a magic.
+type fakeGPU struct {
+	*gputest.Device
+	mu     sync.Mutex
+	opened int // mappings open now
+	closed bool
+}
+
+const fakeMagic = 0x6b766673_67707521
+
+func fakeHandle(base, size uint64) [64]byte {
+	var h [64]byte
+	binary.LittleEndian.PutUint64(h[0:], base)
+	binary.LittleEndian.PutUint64(h[8:], size)
+	binary.LittleEndian.PutUint64(h[16:], fakeMagic)
+	return h
+}
+
+type fakeMem struct {
+	g          *fakeGPU
+	base, size uint64
+	once       sync.Once
+}
+
+func (m *fakeMem) Range() (uint64, uint64) { return m.base, m.size }
+
+func (m *fakeMem) Close() error {
+	m.once.Do(func() {
+		_ = m.g.Synchronize()
+		m.g.mu.Lock()
+		m.g.opened--
+		m.g.mu.Unlock()
+	})
+	return nil
+}
+
+func (g *fakeGPU) OpenIPC(h [64]byte) (GPUMemory, error) {
+	if binary.LittleEndian.Uint64(h[16:]) != fakeMagic {
+		return nil, errors.New("fake: invalid handle")
+	}
+	g.mu.Lock()
+	g.opened++
+	g.mu.Unlock()
+	return &fakeMem{g: g, base: binary.LittleEndian.Uint64(h[0:]), size: binary.LittleEndian.Uint64(h[8:])}, nil
+}
+
+func (g *fakeGPU) Close() error {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	return nil
+}
+
+func (g *fakeGPU) open() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.opened
+}
+
+const fakeArena = 1 << 20
+
+// gpuFixture is a server whose devices 0 and 1 are fakes.
+func gpuFixture(t *testing.T, devs int) (*fixture, []*fakeGPU) {
+	t.Helper()
+	fakes := make([]*fakeGPU, devs)
+	for i := range fakes {
+		fakes[i] = &fakeGPU{Device: gputest.NewDevice(fakeArena)}
+		t.Cleanup(fakes[i].Device.Close)
+	}
+	f := newFixture(t, 16, Options{GPU: GPUOptions{
+		Open: func(o int) (GPU, error) {
+			if o >= len(fakes) {
+				return nil, fmt.Errorf("fake: %w: %d", cuda.ErrNoDevice, o)
+			}
+			return fakes[o], nil
+		},
+		Available:    func() bool { return true },
+		StagingCount: 4, StagingSize: 4 * testGeo.GroupBytes(),
+	}})
+	return f, fakes
+}
+
+func registerCUDA(ss *Session, tid uint32, r abi.RegisterCUDA) (abi.RegisterCUDA, syscall.Errno) {
+	in := make([]byte, abi.RegisterCUDASize)
+	if r.ABI == 0 {
+		r.ABI = abi.Version
+	}
+	r.Marshal(in)
+	out := make([]byte, abi.RegisterCUDASize)
+	_, errno := ss.IoctlFrom(tid, abi.CmdRegisterCUDA, in, out)
+	var got abi.RegisterCUDA
+	got.Unmarshal(out)
+	return got, errno
+}
+
+func mustRegisterCUDA(t *testing.T, ss *Session, dev uint32, base, size, off, n uint64) uint32 {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	got, errno := registerCUDA(ss, uint32(unix.Gettid()), abi.RegisterCUDA{Handle: fakeHandle(base, size), Offset: off, Length: n, Device: dev})
+	if errno != 0 {
+		t.Fatalf("register-cuda: %v", errno)
+	}
+	if got.Buffer == 0 || got.Length != n {
+		t.Fatalf("register-cuda reply %+v", got)
+	}
+	return got.Buffer
+}
+
+func TestRegisterCUDAWithoutGPU(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    GPUOptions
+	}{
+		{"disabled", GPUOptions{Disable: true}},
+		{"no driver", GPUOptions{
+			Open:      func(int) (GPU, error) { return nil, fmt.Errorf("x: %w", cuda.ErrNoDriver) },
+			Available: func() bool { return false },
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, 4, Options{GPU: tc.o})
+			ss := f.open(0, 0)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			_, errno := registerCUDA(ss, uint32(unix.Gettid()), abi.RegisterCUDA{Handle: fakeHandle(gputest.Base, 4096), Length: 4096})
+			if errno != syscall.ENODEV {
+				t.Fatalf("register-cuda without a GPU: %v, want ENODEV", errno)
+			}
+			info := make([]byte, abi.InfoSize)
+			if _, errno := ss.Ioctl(abi.CmdInfo, nil, info); errno != 0 {
+				t.Fatal(errno)
+			}
+			var i abi.Info
+			i.Unmarshal(info)
+			if i.Caps&abi.CapCUDA != 0 {
+				t.Fatalf("INFO reports KVFS_CAP_CUDA without a GPU")
+			}
+			if ss.Buffers() != 0 {
+				t.Fatalf("a failed registration left %d buffers", ss.Buffers())
+			}
+			// Host registrations and loads are unaffected.
+			f.put(blockKeys(1), 1)
+			s := newShm(t, f.gb, 0)
+			id := mustRegister(t, ss, s)
+			got := mustBatch(t, ss, true, []abi.Entry{entry(blockKeys(1)[0], id, 0, 0)})
+			if got[0].Status != abi.OK || !bytes.Equal(s.mem[:f.gb], groupData(blockKeys(1)[0], 1)) {
+				t.Fatalf("host load beside a GPU-less server: %v", got[0].Status)
+			}
+		})
+	}
+}
+
+func TestRegisterCUDAHostile(t *testing.T) {
+	f, fakes := gpuFixture(t, 1)
+	ss := f.open(0, 0)
+	base := gputest.Base + 4096
+	good := abi.RegisterCUDA{Handle: fakeHandle(base, 8192), Offset: 0, Length: 8192}
+	for _, tc := range []struct {
+		name   string
+		caller bool
+		mod    func(r *abi.RegisterCUDA)
+		want   syscall.Errno
+	}{
+		{"unknown caller", false, nil, syscall.ESRCH},
+		{"bad handle", true, func(r *abi.RegisterCUDA) { r.Handle = [64]byte{1, 2, 3} }, syscall.EINVAL},
+		{"past the allocation", true, func(r *abi.RegisterCUDA) { r.Offset = 4096; r.Length = 4097 }, syscall.ERANGE},
+		{"offset past the end", true, func(r *abi.RegisterCUDA) { r.Offset = 8193; r.Length = 1 }, syscall.ERANGE},
+		{"overflowing range", true, func(r *abi.RegisterCUDA) { r.Offset = 1 << 63; r.Length = 1 << 63 }, syscall.ERANGE},
+		{"zero length", true, func(r *abi.RegisterCUDA) { r.Length = 0 }, syscall.ERANGE},
+		{"flags", true, func(r *abi.RegisterCUDA) { r.Flags = 1 }, syscall.EINVAL},
+		{"reserved", true, func(r *abi.RegisterCUDA) { r.Reserved[3] = 1 }, syscall.EINVAL},
+		{"buffer set on input", true, func(r *abi.RegisterCUDA) { r.Buffer = 7 }, syscall.EINVAL},
+		{"no such device", true, func(r *abi.RegisterCUDA) { r.Device = 5 }, syscall.ENODEV},
+		{"huge device ordinal", true, func(r *abi.RegisterCUDA) { r.Device = 1 << 31 }, syscall.ENODEV},
+		{"old ABI", true, func(r *abi.RegisterCUDA) { r.ABI = 99 }, syscall.EPROTO},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			tid := uint32(unix.Gettid())
+			if !tc.caller {
+				tid = 0
+			}
+			r := good
+			if tc.mod != nil {
+				tc.mod(&r)
+			}
+			if _, errno := registerCUDA(ss, tid, r); errno != tc.want {
+				t.Fatalf("errno %v, want %v", errno, tc.want)
+			}
+			if ss.Buffers() != 0 || fakes[0].open() != 0 {
+				t.Fatalf("refused registration left %d buffers, %d mappings", ss.Buffers(), fakes[0].open())
+			}
+		})
+	}
+	// A registration is closed by UNREGISTER and by the session's release.
+	id := mustRegisterCUDA(t, ss, 0, base, 8192, 512, 4096)
+	if fakes[0].open() != 1 {
+		t.Fatalf("mappings open: %d", fakes[0].open())
+	}
+	if errno := unregister(ss, id); errno != 0 {
+		t.Fatal(errno)
+	}
+	mustRegisterCUDA(t, ss, 0, base, 8192, 0, 8192)
+	mustRegisterCUDA(t, ss, 0, base, 8192, 0, 8192)
+	if fakes[0].open() != 2 {
+		t.Fatalf("mappings open: %d", fakes[0].open())
+	}
+	ss.Release()
+	if fakes[0].open() != 0 {
+		t.Fatalf("release left %d mappings open", fakes[0].open())
+	}
+}
+
+func TestLoadStoreCUDA(t *testing.T) {
+	f, fakes := gpuFixture(t, 1)
+	dev := fakes[0]
+	ss := f.open(0, 0)
+	gb := uint64(f.gb)
+	keys := blockKeys(3)
+	f.put(keys, 1)
+	bad := keys[5]
+	f.corrupt(bad)
+	base := gputest.Base
+	n := uint64(len(keys)) * gb * 2
+	id := mustRegisterCUDA(t, ss, 0, base, n, 0, n)
+	dev.Fill(base, bytes.Repeat([]byte{0xAB}, int(n)))
+
+	// Packed tiles in the first half, one pitched tile (pitch 2 rows) at
+	// the start of the second half.
+	var es []abi.Entry
+	for i, k := range keys {
+		es = append(es, entry(k, id, uint64(i)*gb, 0))
+	}
+	rowBytes := uint64(testGeo.RowBytes())
+	pitched := entry(keys[1], id, n/2, uint32(2*rowBytes))
+	es = append(es, pitched)
+	got := mustBatch(t, ss, true, es)
+	for i, k := range keys {
+		tile := dev.Mem(base+uint64(i)*gb, int(gb))
+		if k == bad {
+			if got[i].Status != abi.Corrupt || !bytes.Equal(tile, make([]byte, gb)) {
+				t.Fatalf("corrupt group: status %v, tile zeroed %v", got[i].Status, bytes.Equal(tile, make([]byte, gb)))
+			}
+			continue
+		}
+		if got[i].Status != abi.OK || !bytes.Equal(tile, groupData(k, 1)) {
+			t.Fatalf("entry %d: status %v, bytes equal %v", i, got[i].Status, bytes.Equal(tile, groupData(k, 1)))
+		}
+	}
+	if st := got[len(keys)].Status; st != abi.OK {
+		t.Fatalf("pitched entry: %v", st)
+	}
+	want := groupData(keys[1], 1)
+	for r := uint64(0); r < uint64(testGeo.BlockTokens); r++ {
+		row := dev.Mem(base+n/2+r*2*rowBytes, int(rowBytes))
+		if !bytes.Equal(row, want[r*rowBytes:(r+1)*rowBytes]) {
+			t.Fatalf("pitched row %d wrong", r)
+		}
+		if gap := dev.Mem(base+n/2+r*2*rowBytes+rowBytes, int(rowBytes)); r+1 < uint64(testGeo.BlockTokens) && !bytes.Equal(gap, bytes.Repeat([]byte{0xAB}, int(rowBytes))) {
+			t.Fatalf("pitched load wrote between rows (row %d)", r)
+		}
+	}
+
+	// STORE the device tiles (packed, and the pitched one) as block 9.
+	var ses []abi.Entry
+	var skeys []layout.Key
+	for i, k := range keys {
+		if k == bad {
+			continue
+		}
+		k2 := k
+		k2.Block = 9
+		ses = append(ses, entry(k2, id, uint64(i)*gb, 0))
+		skeys = append(skeys, k)
+	}
+	got = mustBatch(t, ss, false, ses)
+	for i := range got {
+		if got[i].Status != abi.OK {
+			t.Fatalf("store entry %d: %v", i, got[i].Status)
+		}
+	}
+	for _, k := range skeys {
+		k2 := k
+		k2.Block = 9
+		buf := make([]byte, gb)
+		rr := []store.ReadReq{{Key: k2, Buf: buf}}
+		if err := f.st.Read(rr); err != nil || rr[0].Err != nil {
+			t.Fatal(err, rr[0].Err)
+		}
+		if !bytes.Equal(buf, groupData(k, 1)) {
+			t.Fatalf("stored group %v differs from the device tile", k)
+		}
+	}
+	if v := dev.Violations(); len(v) != 0 {
+		t.Fatalf("fake device violations: %v", v)
+	}
+
+	// Entries past the registered range, and overlapping ones, are refused
+	// without touching the device.
+	got, _ = batch(t, ss, true, []abi.Entry{
+		entry(keys[0], id, n-gb+1, 0),
+		entry(keys[0], id, 0, 0), entry(keys[2], id, gb/2, 0),
+	})
+	if got[0].Status != abi.BadRequest || got[1].Status != abi.BadRequest || got[2].Status != abi.BadRequest {
+		t.Fatalf("bad entries: %v %v %v", got[0].Status, got[1].Status, got[2].Status)
+	}
+}
+
+// TestLoadCUDATwoDevices: one batch with tiles on two devices; device 0's
+// copies cannot finish until device 1's have run, which deadlocks (and the
+// test fails after a minute) if the devices are served one after the other.
+func TestLoadCUDATwoDevices(t *testing.T) {
+	f, fakes := gpuFixture(t, 2)
+	ss := f.open(0, 0)
+	gb := uint64(f.gb)
+	keys := blockKeys(4)
+	f.put(keys, 2)
+	half := len(keys) / 2
+	released := make(chan struct{})
+	var once sync.Once
+	fakes[1].FailCopy = func(int) error {
+		once.Do(func() { close(released) })
+		return nil
+	}
+	fakes[0].FailCopy = func(int) error {
+		select {
+		case <-released:
+			return nil
+		case <-time.After(time.Minute):
+			return errors.New("device 0 waited on device 1's batch")
+		}
+	}
+	n := uint64(half) * gb
+	id0 := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+	id1 := mustRegisterCUDA(t, ss, 1, gputest.Base, n, 0, n)
+	var es []abi.Entry
+	for i, k := range keys {
+		id := id0
+		if i >= half {
+			id = id1
+		}
+		es = append(es, entry(k, id, uint64(i%half)*gb, 0))
+	}
+	got := mustBatch(t, ss, true, es)
+	for i, k := range keys {
+		d := fakes[0]
+		if i >= half {
+			d = fakes[1]
+		}
+		if got[i].Status != abi.OK || !bytes.Equal(d.Mem(gputest.Base+uint64(i%half)*gb, int(gb)), groupData(k, 2)) {
+			t.Fatalf("entry %d on device %d: %v", i, i/half, got[i].Status)
+		}
+	}
+}
+
+// TestLoadCUDACopyFails: a copy failing mid-batch fails the entries of its
+// staging buffer (IOError), never reports them OK, and the others succeed.
+func TestLoadCUDACopyFails(t *testing.T) {
+	f, fakes := gpuFixture(t, 1)
+	ss := f.open(0, 0)
+	gb := uint64(f.gb)
+	keys := blockKeys(5)
+	f.put(keys, 3)
+	fakes[0].FailCopy = func(i int) error {
+		if i == 13 { // in the last staging buffer's copies
+			return gputest.ErrInjected
+		}
+		return nil
+	}
+	n := uint64(len(keys)) * gb * 2
+	id := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+	var es []abi.Entry
+	for i, k := range keys {
+		es = append(es, entry(k, id, uint64(i)*2*gb, 0)) // not contiguous: one copy each
+	}
+	got := mustBatch(t, ss, true, es)
+	ok, failed := 0, 0
+	for i, k := range keys {
+		switch got[i].Status {
+		case abi.OK:
+			ok++
+			if !bytes.Equal(fakes[0].Mem(gputest.Base+uint64(i)*2*gb, int(gb)), groupData(k, 3)) {
+				t.Fatalf("entry %d reported OK with wrong bytes", i)
+			}
+		case abi.IOError:
+			failed++
+		default:
+			t.Fatalf("entry %d: %v", i, got[i].Status)
+		}
+	}
+	if failed == 0 || ok == 0 {
+		t.Fatalf("ok %d, failed %d: want the failed copy's chunk failed and the rest loaded", ok, failed)
+	}
+}
