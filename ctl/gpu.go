@@ -12,6 +12,7 @@ import (
 	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/gpu/cuda"
+	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -333,4 +334,66 @@ func (ss *Session) gpuBatch(ents []ent, load bool) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// gpuBlocks serves LOAD_BLOCKS and STORE_BLOCKS on a target in CUDA memory:
+// every group of the valid entries becomes one pipeline item (its tile's
+// device address and the target's row pitch), moved by the target's device
+// pipeline in one call; each entry then reports its groups' outcomes as on
+// the host path.
+func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool) error {
+	s := ss.srv
+	n := 0
+	for i := range ents {
+		if ents[i].valid {
+			n += int(ents[i].groups)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	pitch := 0
+	if !t.lay.Packed {
+		pitch = int(t.lay.RowPitch)
+	}
+	items := make([]gpu.Item, 0, n)
+	owner := make([]int32, 0, n)
+	for i := range ents {
+		e := &ents[i]
+		if !e.valid {
+			continue
+		}
+		groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
+			items = append(items, gpu.Item{Key: k, Dst: r.b.cuda.addr + off, Pitch: pitch})
+			owner = append(owner, int32(i))
+		})
+	}
+	t0 := time.Now()
+	var err error
+	if load {
+		err = t.dev.pipe.Load(s.st, items)
+	} else {
+		err = t.dev.pipe.Store(s.st, items)
+	}
+	s.m.storeNs.Add(uint64(time.Since(t0)))
+	if errors.Is(err, store.ErrClosed) {
+		return err
+	}
+	if err != nil {
+		s.log.Warn("ctl: GPU blocks batch failed", zap.Int("device", t.dev.ordinal), zap.Bool("load", load), zap.Error(err))
+	}
+	for k := range items {
+		var st abi.Status
+		var det abi.Detail
+		if load {
+			st, det = loadStatus(items[k].Err)
+			if st == abi.Corrupt {
+				s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", t.dev.ordinal), zap.Error(items[k].Err))
+			}
+		} else {
+			st, det = storeStatus(items[k].Err)
+		}
+		ents[owner[k]].tally(st, det)
+	}
+	return nil
 }

@@ -417,3 +417,104 @@ func TestLoadCUDACopyFails(t *testing.T) {
 		t.Fatalf("ok %d, failed %d: want the failed copy's chunk failed and the rest loaded", ok, failed)
 	}
 }
+
+// TestBlocksCUDA: LOAD_BLOCKS into an NHD target in (fake) device memory
+// lands every group where the layout says, STORE_BLOCKS from it stores the
+// same bytes, and a target mixing host and CUDA regions is refused.
+func TestBlocksCUDA(t *testing.T) {
+	f, fakes := gpuFixture(t, 1)
+	dev := fakes[0]
+	ss := f.open(0, 0)
+	geo := testGeo
+	rb, T, H, L := geo.RowBytes(), geo.BlockTokens, geo.KVHeads, geo.Layers
+	const nb = 3
+	tensor := nb * T * H * rb
+	n := uint64(2 * L * tensor)
+	id := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+	for _, b := range []uint64{1, 2} {
+		f.put(blockKeys(b), int(b))
+	}
+	tg := &abi.Target{ABI: abi.Version, NumBlocks: nb, RowBytes: uint32(rb), LayerCount: uint16(L), HeadCount: uint16(H),
+		BlockStride: uint64(T * H * rb), HeadStride: uint64(rb), RowPitch: uint32(H * rb)}
+	for i := range 2 * L {
+		tg.Regions[i] = abi.TargetRegion{Buffer: id, Offset: uint64(i * tensor)}
+	}
+	regTarget := func(tg *abi.Target) (uint32, syscall.Errno) {
+		in, out := make([]byte, abi.TargetSize), make([]byte, abi.TargetSize)
+		tg.Marshal(in)
+		_, errno := ss.Ioctl(abi.CmdRegisterTarget, in, out)
+		return binary.LittleEndian.Uint32(out[abi.TargetOutOff:]), errno
+	}
+	tid, errno := regTarget(tg)
+	if errno != 0 {
+		t.Fatalf("register target in CUDA memory: %v", errno)
+	}
+	blocks := func(cmd uint32, es []abi.BlockEntry) []abi.BlockEntry {
+		t.Helper()
+		in := make([]byte, abi.BlocksInlineSize)
+		(&abi.Blocks{ABI: abi.Version, Target: tid, Count: uint32(len(es))}).Marshal(in)
+		for i := range es {
+			es[i].Marshal(in[abi.BlocksSize+i*abi.BlockEntrySize:])
+		}
+		out := make([]byte, len(in))
+		if _, errno := ss.Ioctl(cmd, in, out); errno != 0 {
+			t.Fatalf("blocks ioctl: %v", errno)
+		}
+		got := make([]abi.BlockEntry, len(es))
+		for i := range got {
+			got[i].Unmarshal(out[abi.BlocksSize+i*abi.BlockEntrySize:])
+		}
+		return got
+	}
+	whole := func(b uint64, cb uint32) abi.BlockEntry {
+		return abi.BlockEntry{Block: b, CacheBlock: cb, LayerCount: uint16(L), HeadCount: uint16(H), Kinds: abi.KindsBoth}
+	}
+	got := blocks(abi.CmdLoadBlocksInline, []abi.BlockEntry{whole(2, 0), whole(1, 2)})
+	for i, e := range got {
+		if e.Status != abi.OK || int(e.GroupsOK) != geo.GroupsPerBlock() {
+			t.Fatalf("entry %d: %+v", i, e)
+		}
+	}
+	tileOf := func(k layout.Key, cb int) []byte {
+		b := make([]byte, 0, f.gb)
+		for r := range T {
+			off := (2*k.Layer+int(k.Kind))*tensor + (cb*T*H+r*H+k.Head)*rb
+			b = append(b, dev.Mem(gputest.Base+uint64(off), rb)...)
+		}
+		return b
+	}
+	for cb, b := range map[int]uint64{0: 2, 2: 1} {
+		for _, k := range blockKeys(b) {
+			if !bytes.Equal(tileOf(k, cb), groupData(k, int(b))) {
+				t.Fatalf("%v in cache block %d differs", k, cb)
+			}
+		}
+	}
+	// Store cache block 2 as block 7 and read it back from the store.
+	got = blocks(abi.CmdStoreBlocksInline, []abi.BlockEntry{whole(7, 2)})
+	if got[0].Status != abi.OK {
+		t.Fatalf("store-blocks: %+v", got[0])
+	}
+	for _, k := range blockKeys(7) {
+		buf := make([]byte, f.gb)
+		rr := []store.ReadReq{{Key: k, Buf: buf}}
+		if err := f.st.Read(rr); err != nil || rr[0].Err != nil {
+			t.Fatal(err, rr[0].Err)
+		}
+		k1 := k
+		k1.Block = 1
+		if !bytes.Equal(buf, groupData(k1, 1)) {
+			t.Fatalf("stored %v differs", k)
+		}
+	}
+	// A target mixing host and CUDA regions is refused.
+	s := newShm(t, tensor, 0)
+	hid := mustRegister(t, ss, s)
+	tg.Regions[1] = abi.TargetRegion{Buffer: hid}
+	if _, errno := regTarget(tg); errno != syscall.EINVAL {
+		t.Fatalf("mixed target: %v, want EINVAL", errno)
+	}
+	if v := dev.Violations(); len(v) != 0 {
+		t.Fatal(v)
+	}
+}
