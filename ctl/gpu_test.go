@@ -424,6 +424,7 @@ func TestLoadCUDACopyFails(t *testing.T) {
 func TestBlocksCUDA(t *testing.T) {
 	f, fakes := gpuFixture(t, 1)
 	dev := fakes[0]
+	dev.Enable2D = true // NHD tiles: one 2D copy each
 	ss := f.open(0, 0)
 	geo := testGeo
 	rb, T, H, L := geo.RowBytes(), geo.BlockTokens, geo.KVHeads, geo.Layers
@@ -506,6 +507,9 @@ func TestBlocksCUDA(t *testing.T) {
 		if !bytes.Equal(buf, groupData(k1, 1)) {
 			t.Fatalf("stored %v differs", k)
 		}
+	}
+	if dev.Copies2D() != 3*geo.GroupsPerBlock() {
+		t.Fatalf("%d 2D copies for 3 NHD blocks moved", dev.Copies2D())
 	}
 	// A target mixing host and CUDA regions is refused.
 	s := newShm(t, tensor, 0)

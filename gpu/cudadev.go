@@ -74,6 +74,23 @@ func (g *CUDA) CopyD2H(dst []byte, src uint64) error {
 	return g.ctx.Do(func() error { return cuda.MemcpyDtoHAsync(dst, cuda.DevicePtr(src), g.stream) })
 }
 
+// Can2D implements Copier2D: the driver has cuMemcpy2DAsync.
+func (g *CUDA) Can2D() bool { return cuda.Has2D() }
+
+// CopyH2D2D implements Copier2D.
+func (g *CUDA) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error {
+	return g.ctx.Do(func() error {
+		return cuda.Memcpy2DHtoDAsync(cuda.DevicePtr(dst), dstPitch, src, srcPitch, width, rows, g.stream)
+	})
+}
+
+// CopyD2H2D implements Copier2D.
+func (g *CUDA) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
+	return g.ctx.Do(func() error {
+		return cuda.Memcpy2DDtoHAsync(dst, dstPitch, cuda.DevicePtr(src), srcPitch, width, rows, g.stream)
+	})
+}
+
 // Synchronize implements Device.
 func (g *CUDA) Synchronize() error {
 	return g.ctx.Do(g.stream.Synchronize)

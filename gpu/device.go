@@ -31,6 +31,16 @@ type Device interface {
 	AllocHost(n int) (mem []byte, free func() error, err error)
 }
 
+// Copier2D is implemented by devices that copy a pitched tile (rows of
+// width bytes, rows apart by a pitch on each side) with one operation
+// (CUDA: cuMemcpy2DAsync). The pipeline uses it when Can2D reports true,
+// and copies row by row otherwise.
+type Copier2D interface {
+	Can2D() bool
+	CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error
+	CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error
+}
+
 // Event marks a point in the device's queue.
 type Event interface {
 	// Record marks everything queued so far.

@@ -312,6 +312,12 @@ func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
 			c.copied[i] = false
 			continue
 		}
+		if c2 := p.copier2D(); c2 != nil {
+			if err := c2.CopyH2D2D(it.Dst, it.Pitch, c.st.Mem[i*gb:(i+1)*gb], rb, rb, rows); err != nil {
+				fail(err)
+			}
+			continue
+		}
 		for r := 0; r < rows; r++ {
 			src := c.st.Mem[i*gb+r*rb : i*gb+(r+1)*rb]
 			if err := p.Dev.CopyH2D(it.Dst+uint64(r*it.Pitch), src); err != nil {
@@ -323,6 +329,14 @@ func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
 	if err := flush(); err != nil {
 		fail(err)
 	}
+}
+
+// copier2D is the device's one-operation pitched copy, nil when it has none.
+func (p *Pipeline) copier2D() Copier2D {
+	if c, ok := p.Dev.(Copier2D); ok && c.Can2D() {
+		return c
+	}
+	return nil
 }
 
 func copyErr(err error) error {
@@ -406,6 +420,8 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 			var err error
 			if it.Pitch == 0 || it.Pitch == rb {
 				err = p.Dev.CopyD2H(st.Mem[k*gb:(k+1)*gb], it.Dst)
+			} else if c2 := p.copier2D(); c2 != nil {
+				err = c2.CopyD2H2D(st.Mem[k*gb:(k+1)*gb], rb, it.Dst, it.Pitch, rb, rows)
 			} else {
 				for r := 0; r < rows && err == nil; r++ {
 					err = p.Dev.CopyD2H(st.Mem[k*gb+r*rb:k*gb+(r+1)*rb], it.Dst+uint64(r*it.Pitch))

@@ -348,7 +348,14 @@ func TestRecordFailureFallsBackToSynchronize(t *testing.T) {
 }
 
 func TestPitchedLoadAndStore(t *testing.T) {
+	for _, twoD := range []bool{false, true} {
+		t.Run(fmt.Sprintf("2d=%v", twoD), func(t *testing.T) { testPitched(t, twoD) })
+	}
+}
+
+func testPitched(t *testing.T, twoD bool) {
 	r := newRig(t, 2, 4, 2)
+	r.dev.Enable2D = twoD
 	const pitch = 3 * rowBytes
 	its := make([]gpu.Item, 10)
 	for i := range its {
@@ -382,6 +389,9 @@ func TestPitchedLoadAndStore(t *testing.T) {
 		if its[i].Err != nil || !bytes.Equal(st2.groups[key(100+i)], content(i)) {
 			t.Fatalf("stored item %d: %v", i, its[i].Err)
 		}
+	}
+	if n := r.dev.Copies2D(); twoD != (n == 2*len(its)) || !twoD && n != 0 {
+		t.Fatalf("%d 2D copies for %d pitched tiles loaded and stored (2D %v)", n, len(its), twoD)
 	}
 	r.checkClean(t)
 }
