@@ -44,16 +44,16 @@ fio_disk() { # file bs qd
 		--time_based --runtime=3 --output-format=terse --terse-version=3 | awk -F';' '{printf "%.2f", $7*1024/1e9}'
 }
 
-# load DIR LABEL JOBS CALLS INTO [extra]: one bench-load line, JSON kept.
+# load LABEL JOBS CALLS INTO BLOCKS_PER_CALL [LAYOUT]: one bench-load line, JSON kept.
 load() {
-	local label=$1 jobs=$2 calls=$3 into=$4 bpc=$5
-	local f="$R/load-$label-$into-j$jobs.json"
-	if "$KVFS" bench-load "$MNT" --blocks-per-call "$bpc" --layout hnd --calls "$calls" --warmup 1 --jobs "$jobs" \
+	local label=$1 jobs=$2 calls=$3 into=$4 bpc=$5 lay=${6:-hnd}
+	local f="$R/load-$label-$into-$lay-j$jobs-b$bpc.json"
+	if "$KVFS" bench-load "$MNT" --blocks-per-call "$bpc" --layout "$lay" --calls "$calls" --warmup 1 --jobs "$jobs" \
 		--into "$into" --daemon-pid "$pid" --json >"$f" 2>"$f.err"; then
 		python3 - "$f" "$label" <<'PY' | tee -a "$SUM"
 import json, sys
 r = json.load(open(sys.argv[1]))
-line = f"load {sys.argv[2]:5s} into={r.get('into','host'):7s} jobs={r['jobs']:2d} blocks/call={r['blocks_per_call']} {r['gbps']:7.2f} GB/s {r['us_per_block']:8.2f} us/block daemon {r['cpu_s_per_gb']:.3f} core-s/GB not_ok={r.get('not_ok_blocks',0)}"
+line = f"load {sys.argv[2]:5s} {r['layout']} into={r.get('into','host'):7s} jobs={r['jobs']:2d} blocks/call={r['blocks_per_call']} {r['gbps']:7.2f} GB/s {r['us_per_block']:8.2f} us/block daemon {r['cpu_s_per_gb']:.3f} core-s/GB not_ok={r.get('not_ok_blocks',0)}"
 for d in r.get("per_device") or []:
     line += f" | cuda:{d['device']} {d['gbps']:.2f} GB/s, pinned H2D {d['h2d_gbps']:.2f} GB/s at {d['h2d_chunk']} B, ratio {d['gbps']/d['h2d_gbps']:.2f}"
 print(line)
@@ -80,6 +80,10 @@ for dir in /dev/shm /var/tmp; do
 			load tmpfs $j $calls host 1024
 			load tmpfs $j $calls cuda 1024
 		done
+		# vLLM's NHD layout: one 2D copy per group (HND: one copy per
+		# (layer, kind) of a block).
+		load tmpfs 8 1 host 256 nhd
+		load tmpfs 8 1 cuda 256 nhd
 	else
 		for round in 1 2; do
 			load disk 1 2 host 1000
