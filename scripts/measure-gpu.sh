@@ -14,7 +14,14 @@ mkdir -p "$R"
 SUM=$R/summary.txt
 : >"$SUM"
 say() { echo "$*" | tee -a "$SUM"; }
-MNT=/mnt/kvfs-gpu
+MNT=${MNT:-/mnt/kvfs-gpu}
+# Sizes (defaults: the H200 run): store file, blocks filled, blocks per call.
+SIZE=${SIZE:-6GiB}
+FILL=${FILL:-2048}
+BPC=${BPC:-1024}
+DISKBPC=${DISKBPC:-1000}
+NHDBPC=${NHDBPC:-256}
+DIRS=${DIRS:-/dev/shm /var/tmp}
 mkdir -p "$MNT"
 
 echo "== machine"
@@ -63,35 +70,35 @@ PY
 	fi
 }
 
-for dir in /dev/shm /var/tmp; do
+for dir in $DIRS; do
 	label=tmpfs
 	[ "$dir" = /var/tmp ] && label=disk
 	store=$dir/kvfs-gpu.kvfs
 	rm -f "$store"
 	echo "== store in $dir ($label)"
-	"$KVFS" format "$store" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 >/dev/null || { say "format $dir failed"; continue; }
+	"$KVFS" format "$store" --size "$SIZE" --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 >/dev/null || { say "format $dir failed"; continue; }
 	out=$("$KVFS" mount "$store" "$MNT" --daemon --gpu-staging-buffers 32 --gpu-staging-size 4MiB --gpu-depth 16) || { say "mount failed: $out"; continue; }
 	echo "$out"
 	pid=$(echo "$out" | sed -n 's/.*(pid \([0-9]*\),.*/\1/p')
-	"$KVFS" bench-load "$MNT" --groups-per-call 511 --calls 1 --warmup 0 --fill 2048 >/dev/null || say "fill failed"
+	"$KVFS" bench-load "$MNT" --groups-per-call 511 --calls 1 --warmup 0 --fill "$FILL" >/dev/null || say "fill failed"
 	if [ "$label" = tmpfs ]; then
 		for j in 1 8 16; do
 			calls=$((j == 1 ? 6 : (j == 8 ? 2 : 1)))
-			load tmpfs $j $calls host 1024
-			load tmpfs $j $calls cuda 1024
+			load tmpfs $j $calls host "$BPC"
+			load tmpfs $j $calls cuda "$BPC"
 		done
 		# vLLM's NHD layout: one 2D copy per group (HND: one copy per
 		# (layer, kind) of a block).
-		load tmpfs 8 1 host 256 nhd
-		load tmpfs 8 1 cuda 256 nhd
+		load tmpfs 8 1 host "$NHDBPC" nhd
+		load tmpfs 8 1 cuda "$NHDBPC" nhd
 	else
 		for round in 1 2; do
-			load disk 1 2 host 1000
-			load disk 1 2 cuda 1000
+			load disk 1 2 host "$DISKBPC"
+			load disk 1 2 cuda "$DISKBPC"
 			say "fio disk bs=2M QD32 O_DIRECT: $(fio_disk "$store" 2M 32) GB/s"
 		done
-		load disk 8 1 host 1000
-		load disk 8 1 cuda 1000
+		load disk 8 1 host "$DISKBPC"
+		load disk 8 1 cuda "$DISKBPC"
 		say "fio disk bs=2M QD128 O_DIRECT: $(fio_disk "$store" 2M 128) GB/s"
 	fi
 	cp "$(sed -n 's/.*log \(.*\))$/\1/p' <<<"$out")" "$R/daemon-$label.log" 2>/dev/null
