@@ -1,8 +1,10 @@
 package gpu
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
@@ -77,6 +79,7 @@ type chunk struct {
 	items  []*Item
 	copied []bool // the item's copy was queued (its outcome waits on the event)
 	failed error  // queueing failed; items not yet final fail with it
+	runs   []run
 }
 
 // held is a batch's buffers in flight, oldest first.
@@ -256,23 +259,17 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 
 // queueH2D sets each item's outcome from its read and queues the copies of
 // the groups that go to the device (good ones, and corrupt ones zeroed).
-// Runs of packed groups adjacent in staging and on the device become one
-// copy.
+// Packed groups adjacent in staging and on the device become one run, and
+// runs become copies (copyRuns); a pitched group is one 2D copy (or one
+// copy per row without Copier2D).
 func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
 	gb, rows, rb := p.Geo.GroupBytes, p.Geo.Rows, p.Geo.RowBytes
-	runStart, runLen := -1, 0
-	var runDst uint64
-	flush := func() error {
-		if runStart < 0 {
-			return nil
-		}
-		src := c.st.Mem[runStart*gb : (runStart+runLen)*gb]
-		err := p.Dev.CopyH2D(runDst, src)
-		runStart, runLen = -1, 0
-		return err
-	}
+	c2 := p.copier2D()
+	runs := c.runs[:0]
 	fail := func(err error) {
-		c.failed = copyErr(err)
+		if c.failed == nil {
+			c.failed = copyErr(err)
+		}
 	}
 	for i := range reqs {
 		it := c.items[i]
@@ -293,42 +290,83 @@ func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
 		}
 		c.copied[i] = true
 		if it.Pitch == 0 || it.Pitch == rb {
-			if runStart >= 0 && runStart+runLen == i && runDst+uint64(runLen*gb) == it.Dst {
-				runLen++
+			if n := len(runs); n > 0 && runs[n-1].src+runs[n-1].n == i*gb && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
+				runs[n-1].n += gb
 				continue
 			}
-			if err := flush(); err != nil {
-				fail(err)
-				it.Err = c.failed
-				c.copied[i] = false
-				continue
-			}
-			runStart, runLen, runDst = i, 1, it.Dst
+			runs = append(runs, run{src: i * gb, dst: it.Dst, n: gb})
 			continue
 		}
-		if err := flush(); err != nil {
+		var err error
+		if c2 != nil {
+			err = c2.CopyH2D2D(it.Dst, it.Pitch, c.st.Mem[i*gb:(i+1)*gb], rb, rb, rows)
+		} else {
+			for r := 0; r < rows && err == nil; r++ {
+				err = p.Dev.CopyH2D(it.Dst+uint64(r*it.Pitch), c.st.Mem[i*gb+r*rb:i*gb+(r+1)*rb])
+			}
+		}
+		if err != nil {
 			fail(err)
-			it.Err = c.failed
-			c.copied[i] = false
-			continue
-		}
-		if c2 := p.copier2D(); c2 != nil {
-			if err := c2.CopyH2D2D(it.Dst, it.Pitch, c.st.Mem[i*gb:(i+1)*gb], rb, rb, rows); err != nil {
-				fail(err)
-			}
-			continue
-		}
-		for r := 0; r < rows; r++ {
-			src := c.st.Mem[i*gb+r*rb : i*gb+(r+1)*rb]
-			if err := p.Dev.CopyH2D(it.Dst+uint64(r*it.Pitch), src); err != nil {
-				fail(err)
-				break
-			}
 		}
 	}
-	if err := flush(); err != nil {
-		fail(err)
+	if c.failed == nil {
+		if err := p.copyRuns(c, runs, c2); err != nil {
+			fail(err)
+		}
 	}
+	c.runs = runs[:0]
+}
+
+// run is a contiguous span of staging going to a contiguous span of device
+// memory.
+type run struct {
+	src int    // offset in the staging buffer
+	dst uint64 // device address
+	n   int
+}
+
+// maxPitch bounds the pitches of a merged 2D copy (devices cap them; the
+// H100/H200 at 2^31-1).
+const maxPitch = 1 << 30
+
+// copyRuns queues the chunk's runs. With a Copier2D, runs of equal length
+// whose sources and destinations advance by constant strides (in device
+// order) become one 2D copy: the heads of one (layer, kind) of consecutive
+// cache blocks of an HND target, which lie a block apart in staging and
+// next to each other on the device, move in one copy.
+func (p *Pipeline) copyRuns(c *chunk, runs []run, c2 Copier2D) error {
+	if c2 == nil || len(runs) < 2 {
+		for _, r := range runs {
+			if err := p.Dev.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.dst, b.dst) })
+	for lo := 0; lo < len(runs); {
+		r0 := runs[lo]
+		hi := lo + 1
+		if hi < len(runs) && runs[hi].n == r0.n && runs[hi].src > r0.src && runs[hi].src-r0.src >= r0.n &&
+			runs[hi].src-r0.src <= maxPitch && runs[hi].dst-r0.dst <= maxPitch {
+			ss, ds := runs[hi].src-r0.src, runs[hi].dst-r0.dst
+			for hi < len(runs) && runs[hi].n == r0.n && runs[hi].src == r0.src+(hi-lo)*ss && runs[hi].dst == r0.dst+uint64(hi-lo)*ds {
+				hi++
+			}
+		}
+		var err error
+		if h := hi - lo; h == 1 {
+			err = p.Dev.CopyH2D(r0.dst, c.st.Mem[r0.src:r0.src+r0.n])
+		} else {
+			ss, ds := runs[lo+1].src-r0.src, int(runs[lo+1].dst-r0.dst)
+			err = c2.CopyH2D2D(r0.dst, ds, c.st.Mem[r0.src:r0.src+(h-1)*ss+r0.n], ss, r0.n, h)
+		}
+		if err != nil {
+			return err
+		}
+		lo = hi
+	}
+	return nil
 }
 
 // copier2D is the device's one-operation pitched copy, nil when it has none.

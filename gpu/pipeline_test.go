@@ -501,3 +501,42 @@ func TestPoolRefusesBusyBuffer(t *testing.T) {
 		t.Fatalf("Get after Close: %v", err)
 	}
 }
+
+// TestRunsMergeInto2D: groups laid out as an HND target's (per region,
+// consecutive cache blocks adjacent on the device, a block apart in
+// staging) move with one 2D copy per region and chunk when the device has
+// them, and land the same either way.
+func TestRunsMergeInto2D(t *testing.T) {
+	const blocks, regions = 4, 2
+	const region = 1 << 20
+	for _, twoD := range []bool{false, true} {
+		t.Run(fmt.Sprintf("2d=%v", twoD), func(t *testing.T) {
+			r := newRig(t, 2, blocks*regions, 1)
+			r.dev.Enable2D = twoD
+			its := make([]gpu.Item, blocks*regions)
+			for b := range blocks {
+				for k := range regions {
+					i := b*regions + k
+					r.st.groups[key(i)] = content(i)
+					its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(k*region+b*gb)}
+				}
+			}
+			if err := r.p.Load(r.st, its); err != nil {
+				t.Fatal(err)
+			}
+			for i, it := range its {
+				if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+					t.Fatalf("item %d: %v", i, it.Err)
+				}
+			}
+			want := 0
+			if twoD {
+				want = regions // one per region: all blocks in one chunk
+			}
+			if n := r.dev.Copies2D(); n != want {
+				t.Fatalf("%d 2D copies, want %d", n, want)
+			}
+			r.checkClean(t)
+		})
+	}
+}
