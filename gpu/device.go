@@ -41,6 +41,14 @@ type Copier2D interface {
 	CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error
 }
 
+// Binder is implemented by devices whose calls need per-thread setup (CUDA
+// makes its context current on a locked OS thread). Bind runs fn with the
+// setup done once; fn queues its copies through q, valid only inside fn,
+// which the pipeline uses for a chunk's copies.
+type Binder interface {
+	Bind(fn func(q Device) error) error
+}
+
 // Event marks a point in the device's queue.
 type Event interface {
 	// Record marks everything queued so far.

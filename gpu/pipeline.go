@@ -244,7 +244,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 			h.chunks = append(h.chunks, c)
 			break
 		}
-		p.queueH2D(c, reqs)
+		p.bind(func(q Device) { p.queueH2D(q, c, reqs) })
 		p.record(c)
 		h.chunks = append(h.chunks, c)
 	}
@@ -262,9 +262,9 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 // Packed groups adjacent in staging and on the device become one run, and
 // runs become copies (copyRuns); a pitched group is one 2D copy (or one
 // copy per row without Copier2D).
-func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
+func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 	gb, rows, rb := p.Geo.GroupBytes, p.Geo.Rows, p.Geo.RowBytes
-	c2 := p.copier2D()
+	c2 := copier2D(q)
 	runs := c.runs[:0]
 	fail := func(err error) {
 		if c.failed == nil {
@@ -302,7 +302,7 @@ func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
 			err = c2.CopyH2D2D(it.Dst, it.Pitch, c.st.Mem[i*gb:(i+1)*gb], rb, rb, rows)
 		} else {
 			for r := 0; r < rows && err == nil; r++ {
-				err = p.Dev.CopyH2D(it.Dst+uint64(r*it.Pitch), c.st.Mem[i*gb+r*rb:i*gb+(r+1)*rb])
+				err = q.CopyH2D(it.Dst+uint64(r*it.Pitch), c.st.Mem[i*gb+r*rb:i*gb+(r+1)*rb])
 			}
 		}
 		if err != nil {
@@ -310,7 +310,7 @@ func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
 		}
 	}
 	if c.failed == nil {
-		if err := p.copyRuns(c, runs, c2); err != nil {
+		if err := copyRuns(q, c, runs, c2); err != nil {
 			fail(err)
 		}
 	}
@@ -334,10 +334,10 @@ const maxPitch = 1 << 30
 // order) become one 2D copy: the heads of one (layer, kind) of consecutive
 // cache blocks of an HND target, which lie a block apart in staging and
 // next to each other on the device, move in one copy.
-func (p *Pipeline) copyRuns(c *chunk, runs []run, c2 Copier2D) error {
+func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
 	if c2 == nil || len(runs) < 2 {
 		for _, r := range runs {
-			if err := p.Dev.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n]); err != nil {
+			if err := q.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n]); err != nil {
 				return err
 			}
 		}
@@ -356,7 +356,7 @@ func (p *Pipeline) copyRuns(c *chunk, runs []run, c2 Copier2D) error {
 		}
 		var err error
 		if h := hi - lo; h == 1 {
-			err = p.Dev.CopyH2D(r0.dst, c.st.Mem[r0.src:r0.src+r0.n])
+			err = q.CopyH2D(r0.dst, c.st.Mem[r0.src:r0.src+r0.n])
 		} else {
 			ss, ds := runs[lo+1].src-r0.src, int(runs[lo+1].dst-r0.dst)
 			err = c2.CopyH2D2D(r0.dst, ds, c.st.Mem[r0.src:r0.src+(h-1)*ss+r0.n], ss, r0.n, h)
@@ -369,9 +369,19 @@ func (p *Pipeline) copyRuns(c *chunk, runs []run, c2 Copier2D) error {
 	return nil
 }
 
+// bind runs fn with the device's per-thread setup done once (Binder), so a
+// chunk's many copies do not each pay for it; fn queues through q.
+func (p *Pipeline) bind(fn func(q Device)) {
+	if b, ok := p.Dev.(Binder); ok {
+		_ = b.Bind(func(q Device) error { fn(q); return nil })
+		return
+	}
+	fn(p.Dev)
+}
+
 // copier2D is the device's one-operation pitched copy, nil when it has none.
-func (p *Pipeline) copier2D() Copier2D {
-	if c, ok := p.Dev.(Copier2D); ok && c.Can2D() {
+func copier2D(q Device) Copier2D {
+	if c, ok := q.(Copier2D); ok && c.Can2D() {
 		return c
 	}
 	return nil
@@ -446,29 +456,32 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 		}
 		reached = hi
 		c := &chunk{st: st, copied: make([]bool, hi-lo)}
-		for i := lo; i < hi; i++ {
-			it := &items[i]
-			c.items = append(c.items, it)
-			k := i - lo
-			if c.failed != nil {
-				it.Err = c.failed
-				continue
-			}
-			c.copied[k] = true
-			var err error
-			if it.Pitch == 0 || it.Pitch == rb {
-				err = p.Dev.CopyD2H(st.Mem[k*gb:(k+1)*gb], it.Dst)
-			} else if c2 := p.copier2D(); c2 != nil {
-				err = c2.CopyD2H2D(st.Mem[k*gb:(k+1)*gb], rb, it.Dst, it.Pitch, rb, rows)
-			} else {
-				for r := 0; r < rows && err == nil; r++ {
-					err = p.Dev.CopyD2H(st.Mem[k*gb+r*rb:k*gb+(r+1)*rb], it.Dst+uint64(r*it.Pitch))
+		p.bind(func(q Device) {
+			c2 := copier2D(q)
+			for i := lo; i < hi; i++ {
+				it := &items[i]
+				c.items = append(c.items, it)
+				k := i - lo
+				if c.failed != nil {
+					it.Err = c.failed
+					continue
+				}
+				c.copied[k] = true
+				var err error
+				if it.Pitch == 0 || it.Pitch == rb {
+					err = q.CopyD2H(st.Mem[k*gb:(k+1)*gb], it.Dst)
+				} else if c2 != nil {
+					err = c2.CopyD2H2D(st.Mem[k*gb:(k+1)*gb], rb, it.Dst, it.Pitch, rb, rows)
+				} else {
+					for r := 0; r < rows && err == nil; r++ {
+						err = q.CopyD2H(st.Mem[k*gb+r*rb:k*gb+(r+1)*rb], it.Dst+uint64(r*it.Pitch))
+					}
+				}
+				if err != nil {
+					c.failed = copyErr(err)
 				}
 			}
-			if err != nil {
-				c.failed = copyErr(err)
-			}
-		}
+		})
 		p.record(c)
 		h.chunks = append(h.chunks, c)
 		// Keep at most one chunk's copies running ahead of the writes.

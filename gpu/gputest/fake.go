@@ -210,6 +210,9 @@ func (d *Device) CopyH2D(dst uint64, src []byte) error { return d.queue(true, ds
 // CopyD2H implements gpu.Device.
 func (d *Device) CopyD2H(dst []byte, src uint64) error { return d.queue(false, src, dst) }
 
+// Bind implements gpu.Binder (no per-thread setup: fn gets the device).
+func (d *Device) Bind(fn func(q gpu.Device) error) error { return fn(d) }
+
 // Can2D implements gpu.Copier2D.
 func (d *Device) Can2D() bool { return d.Enable2D }
 
