@@ -77,7 +77,7 @@ for dir in $DIRS; do
 	rm -f "$store"
 	echo "== store in $dir ($label)"
 	"$KVFS" format "$store" --size "$SIZE" --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 >/dev/null || { say "format $dir failed"; continue; }
-	out=$("$KVFS" mount "$store" "$MNT" --daemon --gpu-staging-buffers 32 --gpu-staging-size 4MiB --gpu-depth 16) || { say "mount failed: $out"; continue; }
+	out=$("$KVFS" mount "$store" "$MNT" --daemon --gpu-staging-buffers 32 --gpu-staging-size 16MiB --gpu-depth 16) || { say "mount failed: $out"; continue; }
 	echo "$out"
 	pid=$(echo "$out" | sed -n 's/.*(pid \([0-9]*\),.*/\1/p')
 	"$KVFS" bench-load "$MNT" --groups-per-call 511 --calls 1 --warmup 0 --fill "$FILL" >/dev/null || say "fill failed"
