@@ -11,8 +11,22 @@ import (
 )
 
 // ParseInto parses bench-load's --into: "host" (nil), "cuda" (device 0),
-// "cuda:N" or "cuda:N,M,…" (jobs spread over the devices round-robin).
-func ParseInto(s string) ([]int, error) {
+// "cuda:N" or "cuda:N,M,…" (jobs spread over the devices round-robin);
+// "pinned[:N,…]" the same devices with pinned true: host targets the client
+// pins for CUDA and copies to the device itself after each call.
+func ParseInto(s string) (devs []int, pinned bool, err error) {
+	if p, ok := strings.CutPrefix(s, "pinned"); ok {
+		if p != "" && !strings.HasPrefix(p, ":") {
+			return nil, false, fmt.Errorf("%w: --into %q: want host, cuda, cuda:N, cuda:N,M or pinned[:N,…]", ErrConfig, s)
+		}
+		devs, err := parseCUDA("cuda" + p)
+		return devs, true, err
+	}
+	devs, err = parseCUDA(s)
+	return devs, false, err
+}
+
+func parseCUDA(s string) ([]int, error) {
 	switch {
 	case s == "" || s == "host":
 		return nil, nil
@@ -23,7 +37,7 @@ func ParseInto(s string) ([]int, error) {
 		for _, f := range strings.Split(strings.TrimPrefix(s, "cuda:"), ",") {
 			n, err := strconv.Atoi(f)
 			if err != nil || n < 0 {
-				return nil, fmt.Errorf("%w: --into %q: want host, cuda, cuda:N or cuda:N,M", ErrConfig, s)
+				return nil, fmt.Errorf("%w: --into %q: want host, cuda, cuda:N, cuda:N,M or pinned[:N,…]", ErrConfig, s)
 			}
 			for _, d := range devs {
 				if d == n {
@@ -34,7 +48,7 @@ func ParseInto(s string) ([]int, error) {
 		}
 		return devs, nil
 	}
-	return nil, fmt.Errorf("%w: --into %q: want host, cuda, cuda:N or cuda:N,M", ErrConfig, s)
+	return nil, fmt.Errorf("%w: --into %q: want host, cuda, cuda:N, cuda:N,M or pinned[:N,…]", ErrConfig, s)
 }
 
 // DeviceResult is one device's share of a load into GPU memory.
@@ -136,4 +150,9 @@ func PinnedH2D(ordinal, chunk int, dur time.Duration) (float64, error) {
 		return nil
 	})
 	return gbps, err
+}
+
+// copyTo copies host (pinned by the caller) to the allocation, synchronously.
+func (a *cudaAlloc) copyTo(host []byte) error {
+	return a.ctx.Do(func() error { return cuda.MemcpyHtoD(a.ptr, host[:min(len(host), a.size)]) })
 }

@@ -58,6 +58,11 @@ type LoadConfig struct {
 	// the same run (H2DChunk bytes per copy, default 4 MiB).
 	Devices  []int
 	H2DChunk int
+	// Pinned, with Devices, keeps the targets in host memory that the
+	// client pins for CUDA (HostBuffer.PinCUDA) and copies to an
+	// allocation on its device after each call, inside the measured call:
+	// the path where the client drives its own H2D copies.
+	Pinned bool
 }
 
 // LoadResult is the outcome of RunLoad; its JSON is what kvfs bench-load
@@ -124,7 +129,7 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return LoadResult{}, fmt.Errorf("%w: %d groups per call (one LOAD ioctl takes 1 to %d)", ErrConfig, c.GroupsPerCall, info.MaxEntries)
 	case len(c.Devices) > 0 && c.BlocksPerCall == 0:
 		return LoadResult{}, fmt.Errorf("%w: loads into GPU memory need --blocks-per-call", ErrConfig)
-	case len(c.Devices) > 0 && !info.Has(abi.CapCUDA):
+	case len(c.Devices) > 0 && !c.Pinned && !info.Has(abi.CapCUDA):
 		return LoadResult{}, fmt.Errorf("%w: the daemon does not report KVFS_CAP_CUDA (no GPU, or mounted with --gpu=false)", ErrConfig)
 	case c.Calls < 1 || c.Jobs < 1 || c.Warmup < 0 || c.Fill < 0:
 		return LoadResult{}, fmt.Errorf("%w: %d calls, %d jobs, %d warmup calls, fill %d", ErrConfig, c.Calls, c.Jobs, c.Warmup, c.Fill)

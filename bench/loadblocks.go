@@ -56,7 +56,7 @@ func ProcessCPU(pid int) (time.Duration, error) {
 // layout named lay, in one host buffer, or in one allocation on CUDA
 // device dev (≥ 0); free releases the memory (after the target and the
 // buffer are unregistered).
-func blocksTarget(c *client.Client, lay string, n, dev int) (client.TargetID, client.Target, func(), error) {
+func blocksTarget(c *client.Client, lay string, n, dev int, pinned bool) (client.TargetID, client.Target, func(), func() error, error) {
 	info := c.Info()
 	var t client.Target
 	switch lay {
@@ -67,26 +67,41 @@ func blocksTarget(c *client.Client, lay string, n, dev int) (client.TargetID, cl
 	case "hf":
 		t = info.HF(n*info.Geometry.BlockTokens, 0, info.Geometry.KVHeads)
 	default:
-		return 0, t, nil, fmt.Errorf("%w: layout %q (want nhd, hnd or hf)", ErrConfig, lay)
+		return 0, t, nil, nil, fmt.Errorf("%w: layout %q (want nhd, hnd or hf)", ErrConfig, lay)
 	}
 	tensor := t.RegionBytes(info)
 	size := 2 * int64(info.Geometry.Layers) * tensor
 	var bufID client.BufferID
 	var free func()
-	if dev < 0 {
+	var after func() error // the client's own copy after each call (pinned)
+	switch {
+	case dev < 0 || pinned:
 		buf, err := c.NewHostBuffer("", size)
 		if err != nil {
-			return 0, t, nil, err
+			return 0, t, nil, nil, err
 		}
 		bufID, free = buf.ID, func() { buf.Close() }
-	} else {
+		if pinned {
+			if err := buf.PinCUDA(dev); err != nil {
+				free()
+				return 0, t, nil, nil, err
+			}
+			a, err := newCUDAAlloc(dev, int(size))
+			if err != nil {
+				free()
+				return 0, t, nil, nil, err
+			}
+			free = func() { buf.Close(); a.free() }
+			after = func() error { return a.copyTo(buf.Mem) }
+		}
+	default:
 		a, err := newCUDAAlloc(dev, int(size))
 		if err != nil {
-			return 0, t, nil, err
+			return 0, t, nil, nil, err
 		}
 		if bufID, err = a.register(c, dev); err != nil {
 			a.free()
-			return 0, t, nil, err
+			return 0, t, nil, nil, err
 		}
 		free = func() { c.Unregister(bufID); a.free() }
 	}
@@ -96,9 +111,9 @@ func blocksTarget(c *client.Client, lay string, n, dev int) (client.TargetID, cl
 	id, err := c.RegisterTarget(t)
 	if err != nil {
 		free()
-		return 0, t, nil, err
+		return 0, t, nil, nil, err
 	}
-	return id, t, free, nil
+	return id, t, free, after, nil
 }
 
 // runLoadBlocks is RunLoad with LOAD_BLOCKS: each call loads BlocksPerCall
@@ -114,11 +129,12 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 	n := c.BlocksPerCall
 	callBytes := int64(n * g.GroupsPerBlock() * gb)
 	type job struct {
-		id   client.TargetID
-		t    client.Target
-		free func()
-		arr  *client.HostBuffer
-		dev  int
+		id    client.TargetID
+		t     client.Target
+		free  func()
+		after func() error
+		arr   *client.HostBuffer
+		dev   int
 	}
 	jobs := make([]job, c.Jobs)
 	defer func() {
@@ -154,7 +170,7 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 			jobs[i].dev = c.Devices[i%len(c.Devices)]
 			per[i%len(c.Devices)].Jobs++
 		}
-		if jobs[i].id, jobs[i].t, jobs[i].free, err = blocksTarget(c.Client, c.Layout, n, jobs[i].dev); err != nil {
+		if jobs[i].id, jobs[i].t, jobs[i].free, jobs[i].after, err = blocksTarget(c.Client, c.Layout, n, jobs[i].dev, c.Pinned); err != nil {
 			return LoadResult{}, err
 		}
 		if n > abi.BlocksInlineMax {
@@ -181,10 +197,17 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 				for i := range es {
 					es[i] = jb.t.WholeBlock(blocks[rng.IntN(len(blocks))], i)
 				}
+				var nok int
+				var err error
 				if jb.arr != nil {
-					return c.Client.BlocksIn(true, jb.id, jb.arr, 0, es)
+					nok, err = c.Client.BlocksIn(true, jb.id, jb.arr, 0, es)
+				} else {
+					nok, err = c.Client.LoadBlocks(jb.id, es)
 				}
-				return c.Client.LoadBlocks(jb.id, es)
+				if err == nil && jb.after != nil {
+					err = jb.after()
+				}
+				return nok, err
 			}
 			for range c.Warmup {
 				if _, err := call(); err != nil {
@@ -253,6 +276,9 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 			per[k].GBps = float64(per[k].Bytes) / wall.Seconds() / 1e9
 		}
 		res.Into, res.PerDevice = "cuda:"+strings.Join(names, ","), per
+		if c.Pinned {
+			res.Into = "pinned:" + strings.Join(names, ",")
+		}
 	}
 	return res, nil
 }

@@ -248,7 +248,7 @@ type benchLoadOptions struct {
 func init() {
 	var o benchLoadOptions
 	c := &cobra.Command{
-		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep] [--fill K] [--into host|cuda[:N,M]] [--daemon-pid PID] [--json]",
+		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep] [--fill K] [--into host|cuda[:N,M]|pinned[:N]] [--daemon-pid PID] [--json]",
 		Short: "Measure loads through the control ioctls into host shared memory",
 		Long: `Measure end-to-end LOAD throughput of the kvfs mounted on MOUNTPOINT: each
 call is one LOAD ioctl of --groups-per-call groups of whole random blocks
@@ -271,6 +271,9 @@ allocates (callers round-robin over the devices) and registers it with
 REGISTER_CUDA: the daemon reads into its pinned staging buffers and copies
 to the GPU. The report adds each device's GB/s and the pinned host-to-device
 copy rate measured on it in the same run (--h2d-chunk bytes per copy).
+--into pinned[:N,…] is the simplest GPU path instead: host targets this
+process pins for CUDA (cuMemHostRegister), loaded by the daemon as host
+memory, then copied by this process to its GPU memory inside each call.
 
 Reports GB/s (wall clock), µs per ioctl (mean, p50, p99 of each call's
 latency) and µs per group (mean call latency / groups per call). --sweep runs
@@ -299,7 +302,7 @@ store's own cost with the same access pattern.`,
 	f.StringVar(&o.layout, "layout", "nhd", "cache layout of --blocks-per-call: nhd, hnd or hf")
 	f.BoolVar(&o.sweep, "sweep", false, "measure with 1, 2, 4, 8 and 16 callers and print a table")
 	f.IntVar(&o.daemonPID, "daemon-pid", 0, "the daemon's pid: report its CPU core-seconds per GB")
-	f.StringVar(&o.into, "into", "host", "where the targets live: host (/dev/shm), cuda (device 0), cuda:N or cuda:N,M (jobs round-robin over the devices; per-device and aggregate GB/s, with the pinned H2D rate measured in the same run); cuda needs --blocks-per-call")
+	f.StringVar(&o.into, "into", "host", "where the targets live: host (/dev/shm), cuda (device 0), cuda:N or cuda:N,M (jobs round-robin over the devices; per-device and aggregate GB/s, with the pinned H2D rate measured in the same run), or pinned[:N,…] (host targets pinned for CUDA, the client copies to the GPU after each call); needs --blocks-per-call")
 	f.StringVar(&o.h2dChunk, "h2d-chunk", "4MiB", "bytes per copy of the pinned H2D measurement of --into cuda")
 	addCommand(c)
 }
@@ -317,7 +320,7 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	case o.daemonPID < 0:
 		return usageErrorf("--daemon-pid %d", o.daemonPID)
 	}
-	devs, err := bench.ParseInto(o.into)
+	devs, pinned, err := bench.ParseInto(o.into)
 	if err != nil {
 		return usageErrorf("%v", err)
 	}
@@ -333,7 +336,7 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 		return err
 	}
 	defer c.Close()
-	cfg := bench.LoadConfig{Devices: devs, H2DChunk: int(chunk), Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
+	cfg := bench.LoadConfig{Devices: devs, Pinned: pinned, H2DChunk: int(chunk), Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
 		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed,
 		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID}
 	if o.sweep {
