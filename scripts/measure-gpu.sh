@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU path on the H200 (issue 12): device tests, pinned H2D, bench-load host
-# vs cuda on a tmpfs and a disk store, fio beside the disk store.
+# vs cuda (IPC) vs pinned (client-pinned host targets, client's own copy) on
+# a tmpfs and a disk store, fio beside the disk store.
 # BIN (default: this script's folder) holds kvfs, gpu.test (integration/gpu),
 # ctl.test, fio, ipc_probe.py (or PROBE=path). As out/dev-gpu/run.sh: run from
 # the repo root with out/dev-gpu carried. Needs root, /dev/fuse, python3+torch
@@ -86,6 +87,7 @@ for dir in $DIRS; do
 			calls=$((j == 1 ? 6 : (j == 8 ? 2 : 1)))
 			load tmpfs $j $calls host "$BPC"
 			load tmpfs $j $calls cuda "$BPC"
+			load tmpfs $j $calls pinned "$BPC"
 		done
 		# vLLM's NHD layout: one 2D copy per group (HND: one copy per
 		# (layer, kind) of a block).
@@ -95,6 +97,7 @@ for dir in $DIRS; do
 		for round in 1 2; do
 			load disk 1 2 host "$DISKBPC"
 			load disk 1 2 cuda "$DISKBPC"
+			load disk 1 2 pinned "$DISKBPC"
 			say "fio disk bs=2M QD32 O_DIRECT: $(fio_disk "$store" 2M 32) GB/s"
 		done
 		load disk 8 1 host "$DISKBPC"
