@@ -178,6 +178,9 @@ func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) err
 	if _, err := o.parseMaxPinned(); err != nil {
 		return err
 	}
+	if _, err := o.gpuOptions(); err != nil {
+		return err
+	}
 	if o.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(o.metricsAddr); err != nil {
 			return usageErrorf("--metrics-addr %q: want host:port (e.g. :9400)", o.metricsAddr)
