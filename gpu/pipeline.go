@@ -31,6 +31,8 @@ type Item struct {
 	// tile was zeroed), ErrCopy (a copy failed; the tile is undefined), or
 	// the store's error for the group.
 	Err error
+	// CRC is the group's recorded CRC32C, set by Load for Verify.
+	CRC uint32
 }
 
 // Geometry is what the pipeline needs of the store's layout.
@@ -48,9 +50,13 @@ type Pipeline struct {
 	// Depth is the number of staging buffers one batch keeps in flight
 	// (default 4, at most the pool's count).
 	Depth int
-	// Verify, when set, checks loaded groups in place after their copy
-	// (e.g. a GPU checksum); nil leaves the store's CPU verification.
-	// It is called with the chunk's items after their copies completed.
+	// Verify, when set, checks loaded groups where they landed on the
+	// device instead of the store checking them on the CPU (the reads are
+	// store.ReadReq.Unverified and Item.CRC carries each group's recorded
+	// checksum). It is called with a chunk's items once their copies
+	// completed; it must zero every group whose checksum differs and set
+	// its Err (wrapping store.ErrCorrupt). An error fails every item it
+	// was given that has no outcome yet (their tiles are then undefined).
 	Verify func(items []*Item) error
 }
 
@@ -233,7 +239,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 			off := (i - lo) * gb
 			// Capacity to the buffer's end: the store lands adjacent groups
 			// of one slot with one read.
-			reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)]})
+			reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
 			c.items = append(c.items, &items[i])
 		}
 		if err := r.Read(reqs); err != nil {
@@ -243,6 +249,11 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 			}
 			h.chunks = append(h.chunks, c)
 			break
+		}
+		if p.Verify != nil {
+			for k := range reqs {
+				c.items[k].CRC = reqs[k].CRC
+			}
 		}
 		p.bind(func(q Device) { p.queueH2D(q, c, reqs) })
 		p.record(c)

@@ -26,12 +26,13 @@ var geo = gpu.Geometry{GroupBytes: gb, Rows: rows, RowBytes: rowBytes}
 // fakeStore holds groups in memory; it checks that no queued copy still
 // uses memory it writes (a Read) or reads (a Write).
 type fakeStore struct {
-	dev     *gputest.Device
-	mu      sync.Mutex
-	groups  map[layout.Key][]byte
-	corrupt map[layout.Key]bool
-	viol    []string
-	reads   int
+	dev        *gputest.Device
+	mu         sync.Mutex
+	groups     map[layout.Key][]byte
+	corrupt    map[layout.Key]bool
+	viol       []string
+	reads      int
+	unverified int
 }
 
 func newFakeStore(dev *gputest.Device) *fakeStore {
@@ -65,6 +66,17 @@ func (s *fakeStore) Read(reqs []store.ReadReq) error {
 		switch {
 		case !ok:
 			q.Err = store.ErrNotFound
+		case q.Unverified:
+			// Land the bytes as stored (a corrupt group flipped) with the
+			// recorded checksum; the caller checks.
+			copy(q.Buf, g)
+			if bad {
+				q.Buf[3] ^= 0x40
+			}
+			q.CRC, q.Err = store.CRC32C(g), nil
+			s.mu.Lock()
+			s.unverified++
+			s.mu.Unlock()
 		case bad:
 			// Leave garbage: the pipeline must zero it itself.
 			for k := range q.Buf {
@@ -539,4 +551,60 @@ func TestRunsMergeInto2D(t *testing.T) {
 			r.checkClean(t)
 		})
 	}
+}
+
+// TestVerifyOnDevice: with Pipeline.Verify the store's reads are
+// Unverified, Verify sees each group's recorded CRC once its copy is done,
+// and a group it finds corrupt (zeroed on the device by Verify) is reported
+// ErrCorrupt while the others load.
+func TestVerifyOnDevice(t *testing.T) {
+	r := newRig(t, 3, 4, 2)
+	its := r.items(20, 5)
+	bad := map[layout.Key]bool{key(3): true, key(11): true}
+	for k := range bad {
+		r.st.corrupt[k] = true
+	}
+	calls := 0
+	r.p.Verify = func(items []*gpu.Item) error {
+		calls++
+		for _, it := range items {
+			if store.CRC32C(r.dev.Mem(it.Dst, gb)) != it.CRC {
+				r.dev.Fill(it.Dst, make([]byte, gb))
+				it.Err = fmt.Errorf("verify: %w", store.ErrCorrupt)
+			}
+		}
+		return nil
+	}
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		want := content(i)
+		if bad[it.Key] {
+			if !errors.Is(it.Err, store.ErrCorrupt) || !bytes.Equal(r.dev.Mem(it.Dst, gb), make([]byte, gb)) {
+				t.Fatalf("corrupt item %d: %v", i, it.Err)
+			}
+			continue
+		}
+		if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), want) {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+	}
+	if r.st.unverified != len(its) || calls == 0 {
+		t.Fatalf("%d unverified reads of %d, %d Verify calls", r.st.unverified, len(its), calls)
+	}
+	// A Verify that fails as a whole fails its items: none reported OK.
+	for i := range its {
+		its[i].Err = nil
+	}
+	r.p.Verify = func([]*gpu.Item) error { return errors.New("checker broke") }
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		if it.Err == nil {
+			t.Fatalf("item %d reported OK after Verify failed", i)
+		}
+	}
+	r.checkClean(t)
 }
