@@ -63,6 +63,11 @@ type GPUOptions struct {
 	StagingCount, StagingSize int
 	// Depth is the staging buffers one batch keeps in flight (default 8).
 	Depth int
+	// VerifyOnGPU checks loaded groups where they land, in GPU memory,
+	// with the CRC32C kernel (gpu.GPUVerifier) instead of on the CPU in
+	// staging. NewVerifier, when set, replaces the kernel (tests).
+	VerifyOnGPU bool
+	NewVerifier func(ordinal int, geo gpu.Geometry) (verify func([]*gpu.Item) error, close func() error, err error)
 }
 
 // OpenCUDA opens a CUDA device for the server.
@@ -96,6 +101,7 @@ type gpuDev struct {
 	g       GPU
 	pool    *gpu.Pool
 	pipe    *gpu.Pipeline
+	vclose  func() error // the GPU verifier's, nil without one
 }
 
 // gpus is the server's per-device table.
@@ -160,12 +166,32 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 	if d.pipe.Depth <= 0 {
 		d.pipe.Depth = 8
 	}
+	if g.opts.VerifyOnGPU {
+		nv := g.opts.NewVerifier
+		if nv == nil {
+			nv = func(o int, geo gpu.Geometry) (func([]*gpu.Item) error, func() error, error) {
+				v, err := gpu.NewGPUVerifier(o, geo)
+				if err != nil {
+					return nil, nil, err
+				}
+				return v.Verify, v.Close, nil
+			}
+		}
+		verify, vclose, err := nv(ordinal, g.geo)
+		if err != nil {
+			_ = pool.Close()
+			_ = dev.Close()
+			return nil, fmt.Errorf("%w: device %d: GPU checksum kernel: %w", ErrNoGPU, ordinal, err)
+		}
+		d.pipe.Verify, d.vclose = verify, vclose
+	}
 	if g.devs == nil {
 		g.devs = map[int]*gpuDev{}
 	}
 	g.devs[ordinal] = d
 	g.log.Info("ctl: GPU device opened", zap.Int("device", ordinal),
-		zap.Int("staging", pool.Count()), zap.Int("staging_bytes", pool.BufferSize()), zap.Int("fixed", pool.Registered()))
+		zap.Int("staging", pool.Count()), zap.Int("staging_bytes", pool.BufferSize()), zap.Int("fixed", pool.Registered()),
+		zap.Bool("verify_on_gpu", d.vclose != nil))
 	return d, nil
 }
 
@@ -175,6 +201,9 @@ func (g *gpus) close() error {
 	defer g.mu.Unlock()
 	var err error
 	for o, d := range g.devs {
+		if d.vclose != nil {
+			err = errors.Join(err, d.vclose())
+		}
 		err = errors.Join(err, d.pool.Close(), d.g.Close())
 		delete(g.devs, o)
 	}
@@ -265,8 +294,9 @@ func (ss *Session) registerCUDA(tid uint32, r *abi.RegisterCUDA) (registration, 
 // writes from there. Each device's entries run on their own goroutine, so
 // one device's copies never wait on another's. The store verifies every
 // group's CRC32C in staging before it is copied (a corrupt group is zeroed
-// there, copied as zeros and reported Corrupt); STORE's checksums are of
-// the staging bytes written.
+// there, copied as zeros and reported Corrupt), or, with VerifyOnGPU, the
+// kernel verifies it on the device once copied and zeroes it there;
+// STORE's checksums are of the staging bytes written.
 func (ss *Session) gpuBatch(ents []ent, load bool) error {
 	s := ss.srv
 	var devs []*gpuDev

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/gpu/cuda"
 	"github.com/kvfs/kvfs/gpu/gputest"
 	"github.com/kvfs/kvfs/layout"
@@ -83,14 +84,14 @@ func (g *fakeGPU) open() int {
 const fakeArena = 1 << 20
 
 // gpuFixture is a server whose devices 0 and 1 are fakes.
-func gpuFixture(t *testing.T, devs int) (*fixture, []*fakeGPU) {
+func gpuFixture(t *testing.T, devs int, mods ...func(*GPUOptions, []*fakeGPU)) (*fixture, []*fakeGPU) {
 	t.Helper()
 	fakes := make([]*fakeGPU, devs)
 	for i := range fakes {
 		fakes[i] = &fakeGPU{Device: gputest.NewDevice(fakeArena)}
 		t.Cleanup(fakes[i].Device.Close)
 	}
-	f := newFixture(t, 16, Options{GPU: GPUOptions{
+	o := GPUOptions{
 		Open: func(o int) (GPU, error) {
 			if o >= len(fakes) {
 				return nil, fmt.Errorf("fake: %w: %d", cuda.ErrNoDevice, o)
@@ -99,7 +100,11 @@ func gpuFixture(t *testing.T, devs int) (*fixture, []*fakeGPU) {
 		},
 		Available:    func() bool { return true },
 		StagingCount: 4, StagingSize: 4 * testGeo.GroupBytes(),
-	}})
+	}
+	for _, m := range mods {
+		m(&o, fakes)
+	}
+	f := newFixture(t, 16, Options{GPU: o})
 	return f, fakes
 }
 
@@ -520,5 +525,79 @@ func TestBlocksCUDA(t *testing.T) {
 	}
 	if v := dev.Violations(); len(v) != 0 {
 		t.Fatal(v)
+	}
+}
+
+// TestLoadCUDAVerifyOnGPU: with VerifyOnGPU the store does not check the
+// groups; the device-side verifier (here the CPU over the fake's memory)
+// gets each group's recorded CRC, and a corrupt group ends zeroed on the
+// device and reported Corrupt, packed or pitched, while the rest load.
+func TestLoadCUDAVerifyOnGPU(t *testing.T) {
+	verified := 0
+	f, fakes := gpuFixture(t, 1, func(o *GPUOptions, fakes []*fakeGPU) {
+		o.VerifyOnGPU = true
+		o.NewVerifier = func(ordinal int, geo gpu.Geometry) (func([]*gpu.Item) error, func() error, error) {
+			dev := fakes[ordinal]
+			verify := func(items []*gpu.Item) error {
+				for _, it := range items {
+					verified++
+					pitch := it.Pitch
+					if pitch == 0 {
+						pitch = geo.RowBytes
+					}
+					var b []byte
+					for r := range geo.Rows {
+						b = append(b, dev.Mem(it.Dst+uint64(r*pitch), geo.RowBytes)...)
+					}
+					if store.CRC32C(b) != it.CRC {
+						for r := range geo.Rows {
+							dev.Fill(it.Dst+uint64(r*pitch), make([]byte, geo.RowBytes))
+						}
+						it.Err = fmt.Errorf("fake verify: %w", store.ErrCorrupt)
+					}
+				}
+				return nil
+			}
+			return verify, func() error { return nil }, nil
+		}
+	})
+	dev := fakes[0]
+	ss := f.open(0, 0)
+	gb := uint64(f.gb)
+	keys := blockKeys(6)
+	f.put(keys, 4)
+	bad := keys[2]
+	f.corrupt(bad)
+	n := uint64(len(keys)+1) * gb * 2
+	id := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+	var es []abi.Entry
+	for i, k := range keys {
+		es = append(es, entry(k, id, uint64(i)*gb, 0))
+	}
+	rowBytes := uint64(testGeo.RowBytes())
+	es = append(es, entry(bad, id, n/2, uint32(2*rowBytes))) // pitched, corrupt
+	got := mustBatch(t, ss, true, es)
+	for i, k := range keys {
+		tile := dev.Mem(gputest.Base+uint64(i)*gb, int(gb))
+		if k == bad {
+			if got[i].Status != abi.Corrupt || !bytes.Equal(tile, make([]byte, gb)) {
+				t.Fatalf("corrupt group: %v", got[i].Status)
+			}
+			continue
+		}
+		if got[i].Status != abi.OK || !bytes.Equal(tile, groupData(k, 4)) {
+			t.Fatalf("entry %d: %v", i, got[i].Status)
+		}
+	}
+	if st := got[len(keys)].Status; st != abi.Corrupt {
+		t.Fatalf("pitched corrupt entry: %v", st)
+	}
+	for r := uint64(0); r < uint64(testGeo.BlockTokens); r++ {
+		if row := dev.Mem(gputest.Base+n/2+r*2*rowBytes, int(rowBytes)); !bytes.Equal(row, make([]byte, rowBytes)) {
+			t.Fatalf("pitched corrupt row %d not zeroed", r)
+		}
+	}
+	if verified != len(es) {
+		t.Fatalf("verifier saw %d groups, want %d", verified, len(es))
 	}
 }
