@@ -22,6 +22,7 @@ func TestMountGPUFlags(t *testing.T) {
 		{[]string{"--gpu-staging-size", "lots"}, "--gpu-staging-size"},
 		{[]string{"--gpu-staging-buffers", "0"}, "--gpu-staging-buffers"},
 		{[]string{"--gpu-depth", "0"}, "--gpu-depth"},
+		{[]string{"--gpu-verify", "both"}, "--gpu-verify"},
 	} {
 		kvfs(t, nil, append([]string{"mount", dir + "/none.kvfs", dir}, c.args...)...).want(t, 2, c.msg)
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -67,7 +68,7 @@ func requireGPU(t *testing.T) {
 
 // mount mounts an in-memory store holding blocks 0..nblocks-1 in this
 // process (the daemon).
-func mount(t *testing.T, nblocks int) *env {
+func mount(t *testing.T, nblocks int, verifyOnGPU bool) *env {
 	requireGPU(t)
 	e := &env{t: t, mem: storetest.NewMem(store.SizeFor(geo, int64(nblocks)+64), 4096)}
 	if _, err := store.Format(e.mem, geo, store.FormatOptions{}); err != nil {
@@ -79,7 +80,7 @@ func mount(t *testing.T, nblocks int) *env {
 	}
 	e.st = st
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	e.srv = ctl.NewServer(st, ctl.Options{Logger: log, GPU: ctl.GPUOptions{StagingCount: 8, StagingSize: 1 << 20}})
+	e.srv = ctl.NewServer(st, ctl.Options{Logger: log, GPU: ctl.GPUOptions{StagingCount: 8, StagingSize: 1 << 20, VerifyOnGPU: verifyOnGPU}})
 	e.dir = t.TempDir()
 	srv, err := fs.Mount(e.dir, st, fs.Options{Logger: log, Ctl: handler{e.srv}})
 	if err != nil {
@@ -242,8 +243,14 @@ func nhdTile(mem []byte, tensor int, k layout.Key, cb int) []byte {
 // for byte, a corrupt group lands as zeros reported Corrupt, and STORE and
 // STORE_BLOCKS from that memory store the same bytes.
 func TestRoundTrip(t *testing.T) {
+	for _, onGPU := range []bool{false, true} {
+		t.Run(fmt.Sprintf("verify-on-gpu=%v", onGPU), func(t *testing.T) { roundTrip(t, onGPU) })
+	}
+}
+
+func roundTrip(t *testing.T, verifyOnGPU bool) {
 	const nb = 16
-	e := mount(t, nb)
+	e := mount(t, nb, verifyOnGPU)
 	c, err := client.Open(e.dir)
 	if err != nil {
 		t.Fatal(err)
@@ -359,7 +366,7 @@ func TestRoundTrip(t *testing.T) {
 // another client's loads go on, byte for byte.
 func TestClientKilledMidLoad(t *testing.T) {
 	const nb = 64
-	e := mount(t, nb)
+	e := mount(t, nb, false)
 	c, err := client.Open(e.dir)
 	if err != nil {
 		t.Fatal(err)
