@@ -61,7 +61,7 @@ load() {
 		python3 - "$f" "$label" <<'PY' | tee -a "$SUM"
 import json, sys
 r = json.load(open(sys.argv[1]))
-line = f"load {sys.argv[2]:5s} {r['layout']} into={r.get('into','host'):7s} jobs={r['jobs']:2d} blocks/call={r['blocks_per_call']} {r['gbps']:7.2f} GB/s {r['us_per_block']:8.2f} us/block daemon {r['cpu_s_per_gb']:.3f} core-s/GB not_ok={r.get('not_ok_blocks',0)}"
+line = f"load {sys.argv[2]:8s} {r['layout']} into={r.get('into','host'):7s} jobs={r['jobs']:2d} blocks/call={r['blocks_per_call']} {r['gbps']:7.2f} GB/s {r['us_per_block']:8.2f} us/block daemon {r['cpu_s_per_gb']:.3f} core-s/GB not_ok={r.get('not_ok_blocks',0)}"
 for d in r.get("per_device") or []:
     line += f" | cuda:{d['device']} {d['gbps']:.2f} GB/s, pinned H2D {d['h2d_gbps']:.2f} GB/s at {d['h2d_chunk']} B, ratio {d['gbps']/d['h2d_gbps']:.2f}"
 print(line)
@@ -105,6 +105,21 @@ for dir in $DIRS; do
 		say "fio disk bs=2M QD128 O_DIRECT: $(fio_disk "$store" 2M 128) GB/s"
 	fi
 	cp "$(sed -n 's/.*log \(.*\))$/\1/p' <<<"$out")" "$R/daemon-$label.log" 2>/dev/null
+	"$KVFS" umount "$MNT"
+	# The same store with the checksum on the GPU (--gpu-verify gpu): the
+	# store reads unverified, the CRC32C kernel checks where groups land.
+	out=$("$KVFS" mount "$store" "$MNT" --daemon --gpu-staging-buffers 32 --gpu-staging-size 16MiB --gpu-depth 16 --gpu-verify gpu) || { say "mount --gpu-verify gpu failed: $out"; rm -f "$store"; continue; }
+	pid=$(echo "$out" | sed -n 's/.*(pid \([0-9]*\),.*/\1/p')
+	if [ "$label" = tmpfs ]; then
+		for j in 1 8 16; do
+			calls=$((j == 1 ? 6 : (j == 8 ? 2 : 1)))
+			load tmpfs-gv $j $calls cuda "$BPC"
+		done
+	else
+		load disk-gv 1 2 cuda "$DISKBPC"
+		load disk-gv 8 1 cuda "$DISKBPC"
+	fi
+	cp "$(sed -n 's/.*log \(.*\))$/\1/p' <<<"$out")" "$R/daemon-$label-gv.log" 2>/dev/null
 	"$KVFS" umount "$MNT"
 	rm -f "$store"
 done
