@@ -340,6 +340,10 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 	if !t.lay.Packed {
 		span = uint64((rows-1)*pitch + rowBytes)
 	}
+	reqPitch, reqRowBytes := 0, 0
+	if !t.lay.Packed {
+		reqPitch, reqRowBytes = pitch, rowBytes
+	}
 	for lo := 0; lo < len(ents); {
 		hi, groups, _ := nextWindow(ents, lo, 0, s.opts.MaxStagingBytes)
 		if groups == 0 {
@@ -368,20 +372,18 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 					r := t.region(layer, kind)
 					off := r.off + tileOff
 					key := layout.Key{Block: be.Block, Layer: int(layer), Head: int(be.HeadFirst), Kind: layout.Kind(kind)}
-					for range hn {
-						q := &reqs[k]
+					// reqs is all zeros here (fresh, or cleared after the
+					// previous window), so only the nonzero fields are
+					// written: no per-group copy of a whole ReadReq.
+					for j := range hn {
+						q := &reqs[k+j]
 						q.Key = key
 						q.Buf = r.b.mem[off : off+span]
-						q.Err = nil
-						if !t.lay.Packed {
-							q.Pitch, q.RowBytes = pitch, rowBytes
-						} else {
-							q.Pitch, q.RowBytes = 0, 0
-						}
-						k++
+						q.Pitch, q.RowBytes = reqPitch, reqRowBytes
 						key.Head++
 						off += hs
 					}
+					k += hn
 				}
 			}
 		}
@@ -395,7 +397,8 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 				if !e.valid {
 					continue
 				}
-				for _, q := range reqs[k : k+int(e.groups)] {
+				for j := k; j < k+int(e.groups); j++ {
+					q := &reqs[j] // by pointer: a ReadReq is ~100 bytes
 					if q.Err == nil {
 						e.ok++
 						continue
