@@ -148,3 +148,22 @@ func TestBenchVsFio(t *testing.T) {
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }
+
+// TestWriteProfiles: mount --mutexprofile FILE writes the mutex profile
+// to FILE and the blocking profile to FILE.block, both in pprof's format
+// (gzip), and a path it cannot create is an error.
+func TestWriteProfiles(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "mu.pprof")
+	if err := writeProfiles(p, "mutex", "block"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{p, p + ".block"} {
+		b, err := os.ReadFile(f)
+		if err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Fatalf("%s: %d bytes, %v; want a gzipped profile", f, len(b), err)
+		}
+	}
+	if err := writeProfiles(filepath.Join(p, "no", "such"), "mutex"); err == nil {
+		t.Fatal("a path that cannot be created wrote a profile")
+	}
+}
