@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvfs/kvfs/engine/posix"
 	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/nvme"
+	"github.com/kvfs/kvfs/progress"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -168,7 +170,7 @@ func (o *benchOptions) run(cmd *cobra.Command, path string) error {
 
 	var rep benchReport
 	if o.blocks > 0 {
-		rep, err = o.runBlocks(ctx, path, eo, dur)
+		rep, err = o.runBlocks(ctx, cmd.ErrOrStderr(), path, eo, dur)
 	} else {
 		rep, err = o.runEngine(ctx, path, eo, int(ioSize), dur, log)
 	}
@@ -317,7 +319,7 @@ func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchRe
 }
 
 // runBlocks measures store.Read of whole random blocks (bench.RunBlocks).
-func (o *benchOptions) runBlocks(ctx context.Context, path string, eo engine.Options, dur time.Duration) (rep benchReport, err error) {
+func (o *benchOptions) runBlocks(ctx context.Context, stderr io.Writer, path string, eo engine.Options, dur time.Duration) (rep benchReport, err error) {
 	if o.fill > 0 && !o.forceWrite {
 		return benchReport{}, usageErrorf("--fill writes blocks into the store (evicting others when it is full); pass --force-write")
 	}
@@ -328,7 +330,10 @@ func (o *benchOptions) runBlocks(ctx context.Context, path string, eo engine.Opt
 	}
 	defer closeInto(&err, closeAll)
 	if o.fill > 0 {
-		if err := bench.FillBlocks(s, o.fill); err != nil {
+		m := progress.New(stderr, "fill", "blocks", progress.Count, int64(o.fill))
+		err := bench.FillBlocks(s, o.fill, m.Update)
+		m.Done()
+		if err != nil {
 			return benchReport{}, err
 		}
 	}

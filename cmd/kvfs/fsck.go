@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvfs/kvfs/progress"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -70,10 +71,13 @@ func (o *fsckOptions) run(cmd *cobra.Command, path string) (err error) {
 		return err
 	}
 	defer closeInto(&err, closeAll)
-	rep, err := s.Fsck(o.repair)
+	m := progress.New(cmd.ErrOrStderr(), "fsck", "", progress.Bytes, 0)
+	rep, err := s.FsckProgress(o.repair, m.Update)
 	if err != nil {
+		m.Clear()
 		return err
 	}
+	m.Done()
 	out := newFsckReport(rep)
 	w := cmd.OutOrStdout()
 	if o.json {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvfs/kvfs/bench"
 	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/progress"
 )
 
 // kvfs load and kvfs bench-load: clients of the control ioctls of a mount.
@@ -315,6 +316,15 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	cfg := bench.LoadConfig{Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
 		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed,
 		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID}
+	// The fill's progress line ends when the fill does, before measuring.
+	fill := progress.New(cmd.ErrOrStderr(), "fill", "blocks", progress.Count, int64(o.fill))
+	defer fill.Done()
+	cfg.FillProgress = func(done, total int64) {
+		fill.Update(done, total)
+		if done >= total {
+			fill.Done()
+		}
+	}
 	if o.sweep {
 		reps, err := bench.RunLoadSweep(cfg, nil)
 		if err != nil {
