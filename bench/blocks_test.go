@@ -74,3 +74,14 @@ func TestRunBlocks(t *testing.T) {
 		t.Fatalf("no store: %v", err)
 	}
 }
+
+func TestSweepDepths(t *testing.T) {
+	for _, c := range []struct {
+		max  int
+		want []int
+	}{{1, []int{1}}, {4, []int{1, 2, 4}}, {6, []int{1, 2, 4, 6}}, {64, []int{1, 2, 4, 8, 16, 32, 64}}} {
+		if got := SweepDepths(c.max); !slices.Equal(got, c.want) {
+			t.Errorf("SweepDepths(%d) = %v, want %v", c.max, got, c.want)
+		}
+	}
+}

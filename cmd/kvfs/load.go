@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/bench"
+	"github.com/kvfs/kvfs/benchplot"
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/progress"
 )
@@ -240,13 +241,14 @@ type benchLoadOptions struct {
 	blocksPerCall int
 	layout        string
 	sweep         bool
+	plot          string
 	daemonPID     int
 }
 
 func init() {
 	var o benchLoadOptions
 	c := &cobra.Command{
-		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep] [--fill K] [--daemon-pid PID] [--json]",
+		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep [--plot FILE]] [--fill K] [--daemon-pid PID] [--json]",
 		Short: "Measure loads through the control ioctls into host shared memory",
 		Long: `Measure end-to-end LOAD throughput of the kvfs mounted on MOUNTPOINT: each
 call is one LOAD ioctl of --groups-per-call groups of whole random blocks
@@ -267,7 +269,8 @@ the entries go inline up to 509, else through a registered entry array.
 
 Reports GB/s (wall clock), µs per ioctl (mean, p50, p99 of each call's
 latency) and µs per group (mean call latency / groups per call). --sweep runs
-the measurement with 1, 2, 4, 8 and 16 callers and prints a table.
+the measurement with 1, 2, 4, 8 and 16 callers and prints a table; --plot
+FILE.svg|.png also draws GB/s against callers.
 --daemon-pid PID adds the daemon's CPU time during each measurement
 (/proc/PID/stat), in core-seconds per GB moved. Compare with
 'kvfs bench STORE --blocks B --qd J' on the same store, unmounted, for the
@@ -291,6 +294,7 @@ store's own cost with the same access pattern.`,
 	f.IntVar(&o.blocksPerCall, "blocks-per-call", 0, "whole blocks per LOAD_BLOCKS (1..65536; 0: LOAD of --groups-per-call groups)")
 	f.StringVar(&o.layout, "layout", "nhd", "cache layout of --blocks-per-call: nhd, hnd or hf")
 	f.BoolVar(&o.sweep, "sweep", false, "measure with 1, 2, 4, 8 and 16 callers and print a table")
+	f.StringVar(&o.plot, "plot", "", "with --sweep: write a plot of GB/s against callers to FILE (.svg or .png)")
 	f.IntVar(&o.daemonPID, "daemon-pid", 0, "the daemon's pid: report its CPU core-seconds per GB")
 	addCommand(c)
 }
@@ -307,6 +311,13 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 		return usageErrorf("--layout %q: want nhd, hnd or hf", o.layout)
 	case o.daemonPID < 0:
 		return usageErrorf("--daemon-pid %d", o.daemonPID)
+	case o.plot != "" && !o.sweep:
+		return usageErrorf("--plot draws a sweep: add --sweep")
+	}
+	if o.plot != "" {
+		if _, err := benchplot.FormatOf(o.plot); err != nil {
+			return usageErrorf("--plot: %v", err)
+		}
 	}
 	c, err := client.Open(mountpoint)
 	if err != nil {
@@ -329,6 +340,11 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 		reps, err := bench.RunLoadSweep(cfg, nil)
 		if err != nil {
 			return o.loadErr(err)
+		}
+		if o.plot != "" {
+			if err := benchplot.Write(o.plot, benchplot.LoadSweep(reps)); err != nil {
+				return err
+			}
 		}
 		out := cmd.OutOrStdout()
 		if o.json {
