@@ -85,6 +85,7 @@ func (c Chart) Render(w io.Writer, format string) error {
 	var ticks []plot.Tick
 	seen := map[float64]bool{}
 	var lines []any
+	ymax := 0.0
 	for _, s := range c.Series {
 		if len(s.X) != len(s.Y) {
 			return fmt.Errorf("benchplot: series %q has %d x and %d y values", s.Name, len(s.X), len(s.Y))
@@ -95,6 +96,7 @@ func (c Chart) Render(w io.Writer, format string) error {
 				return fmt.Errorf("benchplot: series %q: x %v on a logarithmic axis", s.Name, s.X[i])
 			}
 			pts[i] = plotter.XY{X: s.X[i], Y: s.Y[i]}
+			ymax = max(ymax, s.Y[i])
 			if !seen[s.X[i]] {
 				seen[s.X[i]] = true
 				ticks = append(ticks, plot.Tick{Value: s.X[i], Label: strconv.FormatFloat(s.X[i], 'g', -1, 64)})
@@ -104,6 +106,9 @@ func (c Chart) Render(w io.Writer, format string) error {
 	}
 	if err := plotutil.AddLinePoints(p, lines...); err != nil {
 		return fmt.Errorf("benchplot: %w", err)
+	}
+	if ymax > 0 {
+		p.Y.Max = ymax * 1.08 // room above the highest point
 	}
 	if c.LogX {
 		p.X.Scale = plot.LogScale{}
