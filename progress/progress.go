@@ -106,14 +106,16 @@ func (m *Meter) Add(n int64) {
 }
 
 // Done draws the final line and ends it with a newline, so what is printed
-// next starts on its own line. Later calls do nothing.
+// next starts on its own line. A meter that never drew (no work was
+// reported) stays silent. Later calls do nothing.
 func (m *Meter) Done() {
 	if m == nil {
 		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
+	if m.closed || !m.drawn {
+		m.closed = true
 		return
 	}
 	m.closed = true

@@ -134,4 +134,12 @@ func TestRedrawsAreThrottledAndBlankLeftovers(t *testing.T) {
 	if strings.Contains(out.String(), "\n") {
 		t.Fatal("Clear ended the line")
 	}
+	// Nothing reported, nothing drawn: work that was not needed (a fill
+	// of a store that already holds enough) leaves no line.
+	out.Reset()
+	idle := newMeter(&out, "fill", "blocks", Count, 10, func() time.Time { return now })
+	idle.Done()
+	if out.Len() != 0 {
+		t.Fatalf("Done without updates drew %q", out.String())
+	}
 }

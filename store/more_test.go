@@ -535,3 +535,26 @@ func TestFsckProgress(t *testing.T) {
 		t.Fatalf("%d progress calls ending at %d, want the last at %d", calls, last, want)
 	}
 }
+
+// Open reports its scan of the slot headers, ending at all of them.
+func TestOpenProgress(t *testing.T) {
+	size := store.SizeFor(testGeo, 600) // more than one scan chunk
+	m := storetest.NewMem(size, 512)
+	sb, err := store.Format(m, testGeo, store.FormatOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sb.Slots * 2 * sb.HeaderBytes
+	var calls int
+	var last int64
+	openStore(t, m, store.Options{OpenProgress: func(done, total int64) {
+		calls++
+		if total != want || done <= last || done > total {
+			t.Errorf("progress(%d, %d) after %d, want a growing amount of %d", done, total, last, want)
+		}
+		last = done
+	}})
+	if calls < 2 || last != want {
+		t.Fatalf("%d progress calls ending at %d, want several ending at %d", calls, last, want)
+	}
+}

@@ -42,6 +42,9 @@ type Options struct {
 	ScatterMin int
 	// Observe, when set, is called after each Read and Write batch.
 	Observe func(op Op, groups int, d time.Duration)
+	// OpenProgress, when set, is called during Open's scan of every slot's
+	// headers with the bytes of header copies read so far of the total.
+	OpenProgress func(done, total int64)
 }
 
 // slotState is the in-memory copy of one slot's current header. Guarded by
@@ -313,6 +316,9 @@ func (s *Store) rebuildIndex() error {
 		scans, err := s.scanHeaders(first, cnt)
 		if err != nil {
 			return err
+		}
+		if p := s.opts.OpenProgress; p != nil {
+			p((first+cnt)*2*s.sb.HeaderBytes, n*2*s.sb.HeaderBytes)
 		}
 		for i, sc := range scans {
 			slot := first + int64(i)

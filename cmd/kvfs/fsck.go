@@ -66,12 +66,15 @@ Exit status: 0 clean (or, with --repair, every problem repaired),
 }
 
 func (o *fsckOptions) run(cmd *cobra.Command, path string) (err error) {
-	s, closeAll, _, err := o.openStore(cmd, path, !o.repair)
+	scan := progress.New(cmd.ErrOrStderr(), "fsck: open", "", progress.Bytes, 0)
+	s, closeAll, _, err := o.openStoreProgress(cmd, path, !o.repair, scan.Update)
 	if err != nil {
+		scan.Clear()
 		return err
 	}
+	scan.Done()
 	defer closeInto(&err, closeAll)
-	m := progress.New(cmd.ErrOrStderr(), "fsck", "", progress.Bytes, 0)
+	m := progress.New(cmd.ErrOrStderr(), "fsck: check", "", progress.Bytes, 0)
 	rep, err := s.FsckProgress(o.repair, m.Update)
 	if err != nil {
 		m.Clear()
