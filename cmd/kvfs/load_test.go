@@ -134,6 +134,9 @@ func TestBenchLoad(t *testing.T) {
 	r.want(t, 1, "holds 0 blocks", "--fill")
 	r = kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "12", "--calls", "20", "--jobs", "2", "--fill", "3", "--json")
 	r.want(t, 0)
+	if r.stderr != "" { // the fill's progress line is for terminals only
+		t.Errorf("bench-load --fill wrote to stderr (not a terminal): %q", r.stderr)
+	}
 	var rep bench.LoadResult
 	if err := json.Unmarshal(r.stdout, &rep); err != nil {
 		t.Fatalf("%v: %s", err, r.stdout)
