@@ -269,10 +269,16 @@ class KVCache:
                                      % (g["heads"], tp_rank, tp_size, self.head_count))
                 geos.append(g)
         g0 = geos[0]
-        for g in geos[1:]:
-            if (g["num_blocks"], g["block_stride"], g["head_stride"], g["row_pitch"]) != \
-                    (g0["num_blocks"], g0["block_stride"], g0["head_stride"], g0["row_pitch"]):
-                raise ValueError("every K and V tensor needs the same shape and strides")
+        self.uniform = all((g["block_stride"], g["head_stride"], g["row_pitch"]) ==
+                           (g0["block_stride"], g0["head_stride"], g0["row_pitch"]) for g in geos)
+        if any(g["num_blocks"] != g0["num_blocks"] for g in geos):
+            raise ValueError("every K and V tensor needs the same number of cache blocks")
+        if not pin and not self.uniform:
+            raise ValueError("pin=False needs one set of strides for every K and V tensor (a kvfs target "
+                             "has one); these differ (Hugging Face's V is often a transposed view): "
+                             "pass contiguous copies, or use pin=True")
+        if layout == "hf" and not 0 <= batch_row < (k0.shape[0] if k0.dim() == 4 else 1):
+            raise ValueError("batch row %d outside the cache's batch" % batch_row)
         self.geometry = g0
         self.num_blocks = g0["num_blocks"]
         self.batch_row = batch_row
@@ -281,15 +287,17 @@ class KVCache:
         self._targets = []
         self._host = None
         self._pinned_ptr = None
+        self._events = []
         self._views = []        # [(K view, V view)] as [num_blocks, heads, block_tokens, head_dim]
         bt, hd = info.block_tokens, info.row_bytes // es
+        gi = iter(geos)
         for k, v in self.layers:
             pair = []
             for t in (k, v):
-                base = t.data_ptr() + batch_row * g0["batch_stride"]
-                off_el = (base - t.data_ptr()) // es + t.storage_offset()
+                g = next(gi)
+                off_el = t.storage_offset() + batch_row * g["batch_stride"] // es
                 pair.append(t.as_strided((self.num_blocks, self.head_count, bt, hd),
-                                         (g0["block_stride"] // es, g0["head_stride"] // es, g0["row_pitch"] // es, 1),
+                                         (g["block_stride"] // es, g["head_stride"] // es, g["row_pitch"] // es, 1),
                                          off_el))
             self._views.append(tuple(pair))
         try:
@@ -496,7 +504,7 @@ class KVCache:
                 pass
         self._buffers = []
         if self._host is not None:
-            for e in self._events if hasattr(self, "_events") else ():
+            for e in self._events:
                 if e is not None:
                     e.synchronize()
             if self._pinned_ptr is not None:
