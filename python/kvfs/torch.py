@@ -257,6 +257,8 @@ class KVCache:
         k0 = self.layers[0][0]
         self.device = k0.device
         self.dtype = k0.dtype
+        if self.device.type != "cuda":
+            raise ValueError("kvfs.torch moves CUDA tensors; these are on %s" % self.device)
         es = k0.element_size()
         geos = []
         for k, v in self.layers:
@@ -386,13 +388,15 @@ class KVCache:
 
     # moving blocks
 
-    def _entries(self, block_ids, cache_block_ids):
-        block_ids, cache = list(block_ids), list(cache_block_ids)
+    def _entries(self, block_ids, cache_block_ids, load):
+        block_ids, cache = list(block_ids), [int(c) for c in cache_block_ids]
         if len(block_ids) != len(cache):
             raise ValueError("%d block ids for %d cache blocks" % (len(block_ids), len(cache)))
         for c in cache:
             if not 0 <= c < self.num_blocks:
                 raise ValueError("cache block %d outside 0..%d" % (c, self.num_blocks - 1))
+        if load and len(set(cache)) != len(cache):
+            raise ValueError("a load names the same cache block twice")
         return block_ids, cache
 
     def _range(self):
@@ -405,7 +409,7 @@ class KVCache:
         Returns one status per block (kvfs.OK, ABSENT, CORRUPT, ...); a block
         that is not OK leaves its cache block unspecified (pin=False: the
         daemon zeroes what failed its CRC; pin=True: untouched)."""
-        block_ids, cache = self._entries(block_ids, cache_block_ids)
+        block_ids, cache = self._entries(block_ids, cache_block_ids, True)
         r = self._range()
         if not self.pin:
             torch = self._torch
@@ -420,7 +424,7 @@ class KVCache:
         durably (this rank's heads: with tensor parallelism every rank stores
         its shard). Work queued on the current stream before the call is
         included. Returns one status per block."""
-        block_ids, cache = self._entries(block_ids, cache_block_ids)
+        block_ids, cache = self._entries(block_ids, cache_block_ids, False)
         r = self._range()
         torch = self._torch
         if not self.pin:
