@@ -29,3 +29,31 @@ func TestPythonTorchLayout(t *testing.T) {
 		t.Fatalf("kvfs.torch layout tests failed: %v", err)
 	}
 }
+
+// TestPythonTorchPinned runs python/tests/test_torch_cpu.py against a real
+// mount: kvfs.torch's pin=True path (staging, chunking, double buffering,
+// the scatter into NHD, HND and Hugging Face tensors, tensor-parallel shards,
+// absent blocks) on CPU tensors, every byte checked against the group files.
+// Skips where python3 has no torch (CI); the GPU itself is exercised by
+// integration/gpu/run_torch.sh.
+func TestPythonTorchPinned(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("skipping: python3 is not installed")
+	}
+	if err := exec.Command(py, "-c", "import torch").Run(); err != nil {
+		t.Skip("skipping: python3 has no torch")
+	}
+	e := mountEnv(t, envOptions{slots: 64})
+	root, err := filepath.Abs("../../python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, filepath.Join(root, "tests", "test_torch_cpu.py"))
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+root, "KVFS_MOUNT="+e.dir, "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("python3 test_torch_cpu.py:\n%s", out)
+	if err != nil {
+		t.Fatalf("kvfs.torch pinned-path tests failed: %v", err)
+	}
+}

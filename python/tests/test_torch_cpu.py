@@ -1,0 +1,171 @@
+"""kvfs.torch's pin=True path end to end through a real mount, on CPU tensors.
+
+Needs torch (any build; no GPU) and KVFS_MOUNT (a mounted kvfs); skips
+otherwise. torch.cuda's stream/event calls and the driver's
+cuMemHostRegister are replaced by no-ops, so what runs is kvfs.torch's own
+logic: staging layout, chunking and double buffering, the scatter into NHD,
+HND and Hugging Face tensors (also a transposed V view), tensor-parallel head
+shards, absent blocks. Every byte is checked against the group files.
+"""
+
+import contextlib
+import os
+import random
+import unittest
+
+import kvfs
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+MOUNT = os.environ.get("KVFS_MOUNT")
+
+
+class _Nop:
+    def __init__(self, *a, **k):
+        pass
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+@unittest.skipUnless(torch is not None and MOUNT, "needs torch and KVFS_MOUNT")
+class PinnedPathTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import kvfs.torch as kt
+        cls.kt = kt
+        cls.saved = (kt._CPU_FOR_TESTS, kt.CudaDriver, torch.cuda.device, torch.cuda.stream,
+                     torch.cuda.current_stream, torch.cuda.Event)
+        kt._CPU_FOR_TESTS = True
+        kt.CudaDriver = _Nop
+        torch.cuda.device = lambda *a: contextlib.nullcontext()
+        torch.cuda.stream = lambda *a: contextlib.nullcontext()
+        torch.cuda.current_stream = lambda *a: _Nop()
+        torch.cuda.Event = _Nop
+
+    @classmethod
+    def tearDownClass(cls):
+        kt = cls.kt
+        (kt._CPU_FOR_TESTS, kt.CudaDriver, torch.cuda.device, torch.cuda.stream,
+         torch.cuda.current_stream, torch.cuda.Event) = cls.saved
+
+    def setUp(self):
+        self.c = kvfs.Client(MOUNT)
+        self.info = i = self.c.info()
+        self.dtype = {1: torch.bfloat16, 2: torch.float16, 3: torch.float32, 4: torch.uint8}[i.dtype]
+        self.hd = i.row_bytes // torch.tensor([], dtype=self.dtype).element_size()
+        self.rng = random.Random(7)
+        self.base = self.rng.getrandbits(40) << 16
+
+    def tearDown(self):
+        self.c.close()
+
+    def group(self, block, layer, head, kind):
+        with open(self.c.group_path(MOUNT, block, layer, head, kind), "rb") as f:
+            return f.read()
+
+    def test_nhd_store_then_load_chunked(self):
+        i = self.info
+        L, H, bt, nb = i.layers, i.kv_heads, i.block_tokens, 7
+        caches = [self._rand_bytes((2, nb, bt, H, self.hd)) for _ in range(L)]
+        ids = [self.base + j for j in range(5)]
+        cache_ids = [6, 0, 3, 2, 5]
+        with self.kt.KVCache.nhd(self.c, caches, pin=True, staging_blocks=2) as kc:
+            self.assertEqual(kc.store(ids, cache_ids), [kvfs.OK] * 5)
+        for b, cb in zip(ids, cache_ids):
+            for l in range(L):
+                for k in (0, 1):
+                    for h in range(H):
+                        self.assertEqual(self.group(b, l, h, k), self._bytes(caches[l][k, cb, :, h, :]), (b, l, h, k))
+        # load into a fresh HND cache at other cache blocks, with one absent block among them
+        fresh = [torch.zeros((nb, 2, H, bt, self.hd), dtype=self.dtype) for _ in range(L)]
+        marker = [f.clone() for f in fresh]
+        absent = self.base + 0xFFFF
+        with self.kt.KVCache.hnd(self.c, fresh, pin=True, staging_blocks=2) as kc:
+            st = kc.load(ids[:2] + [absent] + ids[2:], [0, 1, 2, 4, 5, 6])
+        self.assertEqual(st, [kvfs.OK, kvfs.OK, kvfs.ABSENT, kvfs.OK, kvfs.OK, kvfs.OK])
+        for b_idx, dst in zip(range(5), [0, 1, 4, 5, 6]):
+            src = cache_ids[b_idx]
+            for l in range(L):
+                for k in (0, 1):
+                    # NHD [nb, bt, H, hd] tile of src vs HND [nb, H, bt, hd] tile of dst
+                    self.assertTrue(_same(fresh[l][dst, k], caches[l][k, src].transpose(0, 1)), (b_idx, l, k))
+        for l in range(L):
+            self.assertTrue(_same(fresh[l][2], marker[l][2]), "absent block's cache block touched")
+            self.assertTrue(_same(fresh[l][3], marker[l][3]), "unnamed cache block touched")
+
+    def test_hf_transposed_v_and_tp_shards(self):
+        i = self.info
+        L, H, bt = i.layers, i.kv_heads, i.block_tokens
+        seq = 3 * bt + 5
+        pairs = []
+        for _ in range(L):
+            k = self._rand_bytes((1, H, seq, self.hd))
+            v = self._rand_bytes((1, seq, H, self.hd)).transpose(1, 2)  # as transformers' v_proj(...).transpose(1, 2)
+            pairs.append((k, v))
+        ids = [self.base + 0x100 + j for j in range(3)]
+        with self.assertRaisesRegex(ValueError, "one set of strides"):
+            self.kt.KVCache.hf(self.c, pairs, pin=False)
+        with self.kt.KVCache.hf(self.c, pairs, pin=True) as kc:
+            self.assertEqual(kc.num_blocks, 3)
+            self.assertEqual(kc.store(ids, range(3)), [kvfs.OK] * 3)
+        if H % 2:
+            self.skipTest("odd kv_heads: no 2-rank split")
+        for rank in (0, 1):
+            h0, hc = self.kt.tp_head_range(H, rank, 2)
+            shard = [(torch.zeros((1, hc, 3 * bt, self.hd), dtype=self.dtype),
+                      torch.zeros((1, hc, 3 * bt, self.hd), dtype=self.dtype)) for _ in range(L)]
+            with self.kt.KVCache.hf(self.c, shard, pin=True, tp_rank=rank, tp_size=2, staging_blocks=1) as kc:
+                self.assertEqual((kc.head_first, kc.head_count), (h0, hc))
+                self.assertEqual(kc.load(ids, range(3)), [kvfs.OK] * 3)
+            for l in range(L):
+                for t, src in zip(shard[l], pairs[l]):
+                    self.assertTrue(_same(t, src[:, h0:h0 + hc, :3 * bt]), (rank, l))
+
+    def test_refusals(self):
+        i = self.info
+        caches = [self._rand_bytes((2, 4, i.block_tokens, i.kv_heads, self.hd)) for _ in range(i.layers)]
+        with self.kt.KVCache.nhd(self.c, caches, pin=True) as kc:
+            with self.assertRaisesRegex(ValueError, "twice"):
+                kc.load([1, 2], [0, 0])
+            with self.assertRaisesRegex(ValueError, "outside"):
+                kc.load([1], [4])
+            with self.assertRaisesRegex(ValueError, "block ids for"):
+                kc.store([1, 2], [0])
+        with self.assertRaisesRegex(ValueError, "kv-heads"):
+            self.kt.KVCache.nhd(self.c, caches, pin=True, tp_size=2 if i.kv_heads % 2 == 0 else i.kv_heads)
+
+    # helpers
+
+    def _rand_bytes(self, shape):
+        es = torch.tensor([], dtype=self.dtype).element_size()
+        n = 1
+        for s in shape:
+            n *= s
+        raw = bytes(self.rng.getrandbits(8) for _ in range(n * es)) if n * es < 64 else self.rng.randbytes(n * es)
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(self.dtype).reshape(shape)
+
+    def _bytes(self, t):
+        return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() if _has_numpy() else \
+            bytes(t.contiguous().view(-1).view(torch.uint8).tolist())
+
+
+def _same(a, b):
+    """Bitwise equality (random bytes include NaNs, which torch.equal calls unequal)."""
+    u8 = lambda t: t.contiguous().view(-1).view(torch.uint8)  # noqa: E731
+    return a.shape == b.shape and torch.equal(u8(a), u8(b))
+
+
+def _has_numpy():
+    try:
+        import numpy  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
