@@ -354,16 +354,20 @@ class KVCache:
         dev = self.device.index if self.device.index is not None else torch.cuda.current_device()
         with torch.cuda.device(self.device):
             torch.cuda.synchronize()
-            for pair in self._views:
-                for view in pair:
-                    ptr = view.data_ptr()
-                    base, size = drv.address_range(ptr)
-                    if base not in allocs:
-                        h = drv.ipc_handle(base)
-                        bid = self.client.register_cuda(h, 0, size, dev)
-                        self._buffers.append(bid)
-                        allocs[base] = bid
-                    regions.append((allocs[base], ptr - base))
+            spans = [(v.data_ptr(),) + drv.address_range(v.data_ptr()) for pair in self._views for v in pair]
+            bases = {b: n for _, b, n in spans}
+            # one buffer stays free for the entry array of calls of more than 509 blocks
+            if len(bases) > self.info.max_buffers - 1:
+                raise KvfsError("register-cuda", _errno.EMFILE,
+                                ": the cache spans %d CUDA allocations and the daemon takes %d buffers per open "
+                                "file (one kept for entry arrays); allocate the cache in fewer tensors (e.g. one "
+                                "tensor for all layers, views per layer)" % (len(bases), self.info.max_buffers))
+            for ptr, base, size in spans:
+                if base not in allocs:
+                    bid = self.client.register_cuda(drv.ipc_handle(base), 0, size, dev)
+                    self._buffers.append(bid)
+                    allocs[base] = bid
+                regions.append((allocs[base], ptr - base))
         self._target_t, self._tid = self._target(self.geometry, regions)
 
     def _setup_pinned(self, staging_blocks, stream):

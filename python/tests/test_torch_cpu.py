@@ -1,7 +1,9 @@
-"""kvfs.torch's pin=True path end to end through a real mount, on CPU tensors.
+"""kvfs.torch on CPU tensors: the pin=True path end to end through a real
+mount, and the REGISTER_CUDA path's registrations and target regions with a
+fake driver.
 
-Needs torch (any build; no GPU) and KVFS_MOUNT (a mounted kvfs); skips
-otherwise. torch.cuda's stream/event calls and the driver's
+Needs torch (any build; no GPU), and KVFS_MOUNT (a mounted kvfs) for the
+pinned path; skips otherwise. torch.cuda's stream/event calls and the driver's
 cuMemHostRegister are replaced by no-ops, so what runs is kvfs.torch's own
 logic: staging layout, chunking and double buffering, the scatter into NHD,
 HND and Hugging Face tensors (also a transposed V view), tensor-parallel head
@@ -165,6 +167,102 @@ def _has_numpy():
         return True
     except ImportError:
         return False
+
+
+class _FakeDriver:
+    """Allocations are the tensors' storages: base = storage start, size = its bytes."""
+    allocs = []
+
+    def __init__(self):
+        pass
+
+    def address_range(self, ptr):
+        for base, size in self.allocs:
+            if base <= ptr < base + size:
+                return base, size
+        raise AssertionError("pointer %#x in no allocation" % ptr)
+
+    def ipc_handle(self, base):
+        return base.to_bytes(8, "little") * 8
+
+
+class _FakeClient:
+    def __init__(self, max_buffers=64):
+        v = dict.fromkeys(kvfs.abi.INFO_FIELDS, 0)
+        v.update(layers=4, kv_heads=4, head_dim=8, block_tokens=4, dtype_bytes=2, row_bytes=16,
+                 caps=kvfs.abi.CAP_BLOCKS | kvfs.abi.CAP_CUDA, max_buffers=max_buffers)
+        self._info = kvfs.Info(**v)
+        self.registered, self.targets = [], []
+
+    def info(self):
+        return self._info
+
+    def register_cuda(self, handle, offset, length, device):
+        self.registered.append((handle, offset, length, device))
+        return len(self.registered)
+
+    def register_target(self, t):
+        self.targets.append(t)
+        return 9
+
+    def unregister_target(self, tid):
+        pass
+
+    def unregister(self, bid):
+        pass
+
+
+@unittest.skipUnless(torch is not None, "needs torch")
+class RegisterCudaPathTest(unittest.TestCase):
+    """pin=False: one REGISTER_CUDA per allocation, regions at the tensors' offsets in it."""
+
+    def setUp(self):
+        import kvfs.torch as kt
+        self.kt = kt
+        self.saved = (kt._CPU_FOR_TESTS, kt.CudaDriver, torch.cuda.device, torch.cuda.synchronize,
+                      torch.cuda.current_device)
+        torch.cuda.current_device = lambda: 0
+        kt._CPU_FOR_TESTS, kt.CudaDriver = True, _FakeDriver
+        torch.cuda.device = lambda *a: contextlib.nullcontext()
+        torch.cuda.synchronize = lambda *a: None
+
+    def tearDown(self):
+        kt = self.kt
+        (kt._CPU_FOR_TESTS, kt.CudaDriver, torch.cuda.device, torch.cuda.synchronize,
+         torch.cuda.current_device) = self.saved
+
+    def test_one_registration_per_allocation(self):
+        # vLLM-style: one tensor for all layers [L, 2, nb, bs, heads, hd], views per layer
+        whole = torch.zeros((4, 2, 5, 4, 4, 8), dtype=torch.bfloat16)
+        other = torch.zeros((2, 5, 4, 4, 8), dtype=torch.bfloat16)  # layer 3 in its own allocation
+        es = whole.element_size()
+        _FakeDriver.allocs = [(whole.data_ptr(), whole.numel() * es), (other.data_ptr(), other.numel() * es)]
+        c = _FakeClient()
+        layers = [whole[l] for l in range(3)] + [other]
+        kc = self.kt.KVCache.nhd(c, layers)
+        self.assertEqual(len(c.registered), 2)
+        h, off, n, dev = c.registered[0]
+        self.assertEqual((h, off, n), (whole.data_ptr().to_bytes(8, "little") * 8, 0, whole.numel() * es))
+        t = c.targets[0]
+        layer_bytes = 2 * 5 * 4 * 4 * 8 * es
+        want = [(1, l * layer_bytes + k * layer_bytes // 2) for l in range(3) for k in (0, 1)] + \
+            [(2, 0), (2, layer_bytes // 2)]
+        self.assertEqual(t.regions, want)
+        self.assertEqual((t.num_blocks, t.block_stride, t.head_stride, t.row_pitch), (5, 4 * 4 * 8 * es, 8 * es, 4 * 8 * es))
+        self.assertEqual((t.layer_first, t.layer_count, t.head_first, t.head_count), (0, 4, 0, 4))
+        kc.close()
+
+    def test_tp_rank_and_too_many_allocations(self):
+        shards = [torch.zeros((2, 5, 4, 2, 8), dtype=torch.bfloat16) for _ in range(4)]
+        _FakeDriver.allocs = [(t.data_ptr(), t.numel() * 2) for t in shards]
+        c = _FakeClient()
+        self.kt.KVCache.nhd(c, shards, tp_rank=1, tp_size=2)
+        t = c.targets[0]
+        self.assertEqual((t.head_first, t.head_count), (2, 2))
+        self.assertEqual(len(c.registered), 4)
+        with self.assertRaises(kvfs.KvfsError) as cm:
+            self.kt.KVCache.nhd(_FakeClient(max_buffers=4), shards, tp_rank=1, tp_size=2)
+        self.assertIn("allocations", str(cm.exception))
 
 
 if __name__ == "__main__":
