@@ -91,10 +91,11 @@ _REGISTER_REASONS = {
 }
 _CUDA_REASONS = {
     _errno.ENOTTY: "the daemon has no CUDA support (KVFS_CAP_CUDA not set)",
-    _errno.ENODEV: "no such CUDA device in the daemon",
-    _errno.EPERM: "the handle is not memory of the calling process",
+    _errno.ENODEV: "no usable GPU in the daemon (no driver or device, no such ordinal, or kvfs mount --gpu=false)",
+    _errno.ESRCH: "the daemon cannot see this process (another pid namespace?)",
+    _errno.EACCES: "caller may not open /dev/nvidiactl and /dev/nvidia-uvm read-write",
+    _errno.EINVAL: "the driver refused the handle (not the base of an allocation, exporter gone), or malformed request",
     _errno.ERANGE: "offset + length beyond the allocation",
-    _errno.EINVAL: "malformed request, or the driver refused the handle",
     _errno.EMFILE: "too many buffers registered on this handle",
     _errno.EDQUOT: "registered-bytes limit of this handle",
 }
