@@ -32,7 +32,7 @@ trap cleanup EXIT
 
 mkdir -p "$WORK/tmpfs" "$DISK_DIR"
 if ! mountpoint -q "$WORK/tmpfs"; then
-	mount -t tmpfs -o size=24g tmpfs "$WORK/tmpfs" || { echo "cannot mount a tmpfs on $WORK/tmpfs"; exit 1; }
+	mount -t tmpfs -o size=16g tmpfs "$WORK/tmpfs" || { echo "cannot mount a tmpfs on $WORK/tmpfs"; exit 1; }
 fi
 
 # mkstore NAME STORE_FILE SIZE GEOMETRY... -> mounts at $WORK/mnt-NAME
@@ -54,7 +54,7 @@ $PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda", to
 
 echo "== hf_roundtrip: random Llama (6 layers, GQA 8/2, head_dim 128), 1,024-token prompt, 32 greedy steps"
 read -r -a HFGEO <<<"$($PY "$HERE/hf_roundtrip.py" --geometry)"
-if mkstore hf "$WORK/tmpfs/hf.store" 1GiB "${HFGEO[@]}"; then
+if mkstore hf "$WORK/tmpfs/hf.store" 256MiB "${HFGEO[@]}"; then
 	for mode in pin cuda; do
 		$PY "$HERE/hf_roundtrip.py" "$WORK/mnt-hf" "$WORK" --mode "$mode" 2>&1 | tee "$WORK/hf_$mode.out"
 		rc=${PIPESTATUS[0]}
@@ -71,8 +71,8 @@ fi
 echo "== ttft: Llama-3-8B-shaped, bf16, tokens $TOKENS"
 read -r -a TGEO <<<"$($PY "$HERE/ttft.py" --geometry)"
 ok=1
-mkstore tmpfs "$WORK/tmpfs/ttft.store" 16GiB "${TGEO[@]}" || ok=0
-mkstore disk "$DISK_DIR/ttft.store" 16GiB "${TGEO[@]}" || ok=0
+mkstore tmpfs "$WORK/tmpfs/ttft.store" 10GiB "${TGEO[@]}" || ok=0
+mkstore disk "$DISK_DIR/ttft.store" 10GiB "${TGEO[@]}" || ok=0
 if [ $ok = 1 ]; then
 	$PY "$HERE/ttft.py" --tmpfs "$WORK/mnt-tmpfs" --disk "$WORK/mnt-disk" --tokens "$TOKENS" 2>&1 | tee "$WORK/ttft.out"
 	rc=${PIPESTATUS[0]}
