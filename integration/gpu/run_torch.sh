@@ -1,6 +1,7 @@
 #!/bin/bash
-# PyTorch + kvfs on a GPU machine (issue 12): formats stores, mounts them,
-# runs hf_roundtrip.py (pin=True and REGISTER_CUDA) and ttft.py, prints a
+# PyTorch + kvfs on a GPU machine (issues 12 and 14): formats stores, mounts
+# them, runs hf_roundtrip.py (pin=True and REGISTER_CUDA), tp_shards.py
+# (tensor-parallel shard loads, one rank killed) and ttft.py, prints a
 # summary. Needs root (mount(2), tmpfs), python3 with torch and transformers,
 # a CUDA driver; no Go toolchain, no network.
 #
@@ -66,6 +67,24 @@ if mkstore hf "$WORK/tmpfs/hf.store" 256MiB "${HFGEO[@]}"; then
 	done
 else
 	summary+=("hf_roundtrip: FAIL (store)"); fail=1
+fi
+
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+RANKS=$((NGPU > 2 ? NGPU : 2))
+echo "== tp_shards: $RANKS tensor-parallel ranks on $NGPU GPU(s), one mount; one more rank killed mid-load"
+read -r -a TPGEO <<<"$($PY "$HERE/tp_shards.py" --geometry)"
+if mkstore tp "$WORK/tmpfs/tp.store" 512MiB "${TPGEO[@]}"; then
+	for mode in pin cuda; do
+		$PY "$HERE/tp_shards.py" "$WORK/mnt-tp" "$WORK" --ranks "$RANKS" --mode "$mode" --kill 2>&1 | tee "$WORK/tp_$mode.out"
+		rc=${PIPESTATUS[0]}
+		case $rc in
+		0) summary+=("tp_shards $mode, $RANKS ranks on $NGPU GPU(s): PASS ($(grep -o '[0-9.]* GB/s' "$WORK/tp_$mode.out" | tr '\n' ' '))") ;;
+		3) summary+=("tp_shards $mode: n/a (daemon without REGISTER_CUDA)") ;;
+		*) summary+=("tp_shards $mode: FAIL (exit $rc)"); fail=1 ;;
+		esac
+	done
+else
+	summary+=("tp_shards: FAIL (store)"); fail=1
 fi
 
 echo "== ttft: Llama-3-8B-shaped, bf16, tokens $TOKENS"
