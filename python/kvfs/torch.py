@@ -213,17 +213,26 @@ def _hf_layers(cache):
     return [tuple(kv[:2]) for kv in cache]
 
 
-def _pairs(kv_caches, kv_dim):
-    """Per-layer (K, V) from a list of pairs, or of tensors with K/V on kv_dim
-    (vLLM [2, ...]: dim 0; FlashInfer [pages, 2, ...]: dim 1)."""
+def _pairs(kv_caches, kv_dim=None):
+    """Per-layer (K, V) from a list of pairs, or of 5-D tensors with K/V on
+    kv_dim: vLLM's FlashAttention [2, num_blocks, ...] has it on dim 0,
+    FlashInfer's [num_pages, 2, ...] on dim 1; None finds the dim of size 2
+    (and refuses when both are)."""
     out = []
     for t in kv_caches:
         if isinstance(t, (tuple, list)):
             out.append((t[0], t[1]))
-        else:
-            if t.shape[kv_dim] != 2:
-                raise ValueError("a per-layer tensor needs K/V of size 2 on dim %d, shape %s" % (kv_dim, tuple(t.shape)))
-            out.append((t.select(kv_dim, 0), t.select(kv_dim, 1)))
+            continue
+        d = kv_dim
+        if d is None:
+            cands = [i for i in (0, 1) if t.dim() == 5 and t.shape[i] == 2]
+            if len(cands) != 1:
+                raise ValueError("cannot tell the K/V dim of a tensor of shape %s: pass kv_dim=0 or 1"
+                                 % (tuple(t.shape),))
+            d = cands[0]
+        if t.dim() != 5 or t.shape[d] != 2:
+            raise ValueError("a per-layer tensor needs K/V of size 2 on dim %d, shape %s" % (d, tuple(t.shape)))
+        out.append((t.select(d, 0), t.select(d, 1)))
     return out
 
 
@@ -315,18 +324,21 @@ class KVCache:
     # constructors
 
     @classmethod
-    def nhd(cls, client, kv_caches, **kw):
-        """vLLM / FlashAttention: kv_caches per layer a [2, num_blocks,
-        block_size, kv_heads, head_dim] tensor or a (K, V) pair of
-        [num_blocks, block_size, kv_heads, head_dim]."""
-        return cls(client, "nhd", _pairs(kv_caches, 0), **kw)
+    def nhd(cls, client, kv_caches, kv_dim=None, **kw):
+        """vLLM / FlashAttention NHD: kv_caches per layer a (K, V) pair of
+        [num_blocks, block_size, kv_heads, head_dim] tensors, or one tensor
+        with K/V on kv_dim: [2, num_blocks, block_size, kv_heads, head_dim]
+        (vLLM FlashAttention, kv_dim 0) or [num_blocks, 2, block_size,
+        kv_heads, head_dim] (vLLM FlashInfer NHD, kv_dim 1); None: the dim of
+        size 2. kw as KVCache."""
+        return cls(client, "nhd", _pairs(kv_caches, kv_dim), **kw)
 
     @classmethod
-    def hnd(cls, client, kv_caches, **kw):
-        """FlashInfer HND: per layer a [num_pages, 2, kv_heads, page_size,
-        head_dim] tensor or a (K, V) pair of [num_pages, kv_heads, page_size,
-        head_dim]."""
-        return cls(client, "hnd", _pairs(kv_caches, 1), **kw)
+    def hnd(cls, client, kv_caches, kv_dim=None, **kw):
+        """FlashInfer HND: per layer a (K, V) pair of [num_pages, kv_heads,
+        page_size, head_dim] tensors, or one [num_pages, 2, kv_heads,
+        page_size, head_dim] tensor (kv_dim 1; None: the dim of size 2)."""
+        return cls(client, "hnd", _pairs(kv_caches, kv_dim), **kw)
 
     @classmethod
     def hf(cls, client, past_key_values, batch_row=0, **kw):

@@ -252,6 +252,20 @@ class RegisterCudaPathTest(unittest.TestCase):
         self.assertEqual((t.layer_first, t.layer_count, t.head_first, t.head_count), (0, 4, 0, 4))
         kc.close()
 
+    def test_kv_dim(self):
+        # vLLM FlashInfer NHD: [num_blocks, 2, block_size, heads, head_dim] per layer, K/V on dim 1
+        layers = [torch.zeros((5, 2, 4, 4, 8), dtype=torch.bfloat16) for _ in range(4)]
+        _FakeDriver.allocs = [(t.data_ptr(), t.numel() * 2) for t in layers]
+        c = _FakeClient()
+        self.kt.KVCache.nhd(c, layers)
+        t = c.targets[0]
+        self.assertEqual(t.block_stride, 2 * 4 * 4 * 8 * 2)
+        self.assertEqual(t.regions[:2], [(1, 0), (1, 4 * 4 * 8 * 2)])
+        with self.assertRaisesRegex(ValueError, "kv_dim"):
+            self.kt.KVCache.nhd(c, [torch.zeros((2, 2, 4, 4, 8), dtype=torch.bfloat16)] * 4)
+        with self.assertRaisesRegex(ValueError, "size 2 on dim 0"):
+            self.kt.KVCache.nhd(c, layers, kv_dim=0)
+
     def test_tp_rank_and_too_many_allocations(self):
         shards = [torch.zeros((2, 5, 4, 2, 8), dtype=torch.bfloat16) for _ in range(4)]
         _FakeDriver.allocs = [(t.data_ptr(), t.numel() * 2) for t in shards]
