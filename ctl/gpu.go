@@ -63,6 +63,9 @@ type GPUOptions struct {
 	StagingCount, StagingSize int
 	// Depth is the staging buffers one batch keeps in flight (default 8).
 	Depth int
+	// ReadAhead is the staging buffers one store read fills (default 4,
+	// at most Depth): the storage's I/O in flight per GPU load.
+	ReadAhead int
 	// VerifyOnGPU checks loaded groups where they land, in GPU memory,
 	// with the CRC32C kernel (gpu.GPUVerifier) instead of on the CPU in
 	// staging. NewVerifier, when set, replaces the kernel (tests).
@@ -162,7 +165,7 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 		return nil, fmt.Errorf("%w: device %d staging: %w", ErrNoGPU, ordinal, err)
 	}
 	d := &gpuDev{ordinal: ordinal, g: dev, pool: pool,
-		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth}}
+		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth, ReadAhead: g.opts.ReadAhead}}
 	if d.pipe.Depth <= 0 {
 		d.pipe.Depth = 8
 	}
