@@ -54,6 +54,18 @@ type LoadConfig struct {
 	// DaemonPID, when not 0, is the daemon's pid: its CPU time during the
 	// measurement (/proc/PID/stat) is reported per GB moved.
 	DaemonPID int
+	// Devices, when not empty, puts each job's target in GPU memory this
+	// process allocates (job j on Devices[j % len]), registered with
+	// REGISTER_CUDA; needs BlocksPerCall. The result then has one
+	// DeviceResult per device, with the pinned H2D rate measured on it in
+	// the same run (H2DChunk bytes per copy, default 4 MiB).
+	Devices  []int
+	H2DChunk int
+	// Pinned, with Devices, keeps the targets in host memory that the
+	// client pins for CUDA (HostBuffer.PinCUDA) and copies to an
+	// allocation on its device after each call, inside the measured call:
+	// the path where the client drives its own H2D copies.
+	Pinned bool
 }
 
 // LoadResult is the outcome of RunLoad; its JSON is what kvfs bench-load
@@ -88,6 +100,10 @@ type LoadResult struct {
 	Layout        string  `json:"layout,omitempty"`
 	UsPerBlock    float64 `json:"us_per_block,omitempty"`
 	NotOKBlocks   int     `json:"not_ok_blocks,omitempty"`
+	// Into is "host" or the CUDA devices ("cuda:0,1"); PerDevice their
+	// shares.
+	Into      string         `json:"into,omitempty"`
+	PerDevice []DeviceResult `json:"per_device,omitempty"`
 }
 
 // RunLoad measures LOAD calls as c describes. Entries that are not ok
@@ -114,6 +130,10 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return LoadResult{}, fmt.Errorf("%w: the daemon has no LOAD_BLOCKS (ABI minor %d)", ErrConfig, info.ABIMinor)
 	case c.BlocksPerCall == 0 && (c.GroupsPerCall < 1 || info.MaxEntries > 0 && c.GroupsPerCall > info.MaxEntries):
 		return LoadResult{}, fmt.Errorf("%w: %d groups per call (one LOAD ioctl takes 1 to %d)", ErrConfig, c.GroupsPerCall, info.MaxEntries)
+	case len(c.Devices) > 0 && c.BlocksPerCall == 0:
+		return LoadResult{}, fmt.Errorf("%w: loads into GPU memory need --blocks-per-call", ErrConfig)
+	case len(c.Devices) > 0 && !c.Pinned && !info.Has(abi.CapCUDA):
+		return LoadResult{}, fmt.Errorf("%w: the daemon does not report KVFS_CAP_CUDA (no GPU, or mounted with --gpu=false)", ErrConfig)
 	case c.Calls < 1 || c.Jobs < 1 || c.Warmup < 0 || c.Fill < 0:
 		return LoadResult{}, fmt.Errorf("%w: %d calls, %d jobs, %d warmup calls, fill %d", ErrConfig, c.Calls, c.Jobs, c.Warmup, c.Fill)
 	}
@@ -245,6 +265,14 @@ func (r LoadResult) String() string {
 	}
 	if r.NotOKBlocks > 0 {
 		s += fmt.Sprintf("\n  %d blocks not ok (absent, corrupt or evicted while measuring)", r.NotOKBlocks)
+	}
+	for _, d := range r.PerDevice {
+		ratio := 0.0
+		if d.H2DGBps > 0 {
+			ratio = d.GBps / d.H2DGBps
+		}
+		s += fmt.Sprintf("\n  cuda:%d (%s): %d jobs, %.2f GB/s; pinned H2D %.2f GB/s at %d bytes per copy (ratio %.2f)",
+			d.Device, d.Name, d.Jobs, d.GBps, d.H2DGBps, d.H2DChunk, ratio)
 	}
 	return s
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu/cuda"
 )
 
 // Layouts of a bench-load --blocks-per-call target.
@@ -65,8 +66,10 @@ func ProcessCPU(pid int) (time.Duration, error) {
 }
 
 // blocksTarget registers, for one job, a target of n cache blocks in the
-// layout named lay, in one host buffer.
-func blocksTarget(c *client.Client, lay string, n int) (client.TargetID, client.Target, *client.HostBuffer, error) {
+// layout named lay, in one host buffer, or in one allocation on CUDA
+// device dev (≥ 0); free releases the memory (after the target and the
+// buffer are unregistered).
+func blocksTarget(c *client.Client, lay string, n, dev int, pinned bool) (client.TargetID, client.Target, func(), func() error, error) {
 	info := c.Info()
 	var t client.Target
 	switch lay {
@@ -77,22 +80,53 @@ func blocksTarget(c *client.Client, lay string, n int) (client.TargetID, client.
 	case "hf":
 		t = info.HF(n*info.Geometry.BlockTokens, 0, info.Geometry.KVHeads)
 	default:
-		return 0, t, nil, fmt.Errorf("%w: layout %q (want nhd, hnd or hf)", ErrConfig, lay)
+		return 0, t, nil, nil, fmt.Errorf("%w: layout %q (want nhd, hnd or hf)", ErrConfig, lay)
 	}
 	tensor := t.RegionBytes(info)
-	buf, err := c.NewHostBuffer("", 2*int64(info.Geometry.Layers)*tensor)
-	if err != nil {
-		return 0, t, nil, err
+	size := 2 * int64(info.Geometry.Layers) * tensor
+	var bufID client.BufferID
+	var free func()
+	var after func() error // the client's own copy after each call (pinned)
+	switch {
+	case dev < 0 || pinned:
+		buf, err := c.NewHostBuffer("", size)
+		if err != nil {
+			return 0, t, nil, nil, err
+		}
+		bufID, free = buf.ID, func() { buf.Close() }
+		if pinned {
+			if err := buf.PinCUDA(dev); err != nil {
+				free()
+				return 0, t, nil, nil, err
+			}
+			a, err := newCUDAAlloc(dev, int(size))
+			if err != nil {
+				free()
+				return 0, t, nil, nil, err
+			}
+			free = func() { buf.Close(); a.free() }
+			after = func() error { return a.copyTo(buf.Mem) }
+		}
+	default:
+		a, err := newCUDAAlloc(dev, int(size))
+		if err != nil {
+			return 0, t, nil, nil, err
+		}
+		if bufID, err = a.register(c, dev); err != nil {
+			a.free()
+			return 0, t, nil, nil, err
+		}
+		free = func() { c.Unregister(bufID); a.free() }
 	}
 	for i := range 2 * info.Geometry.Layers {
-		t.Regions = append(t.Regions, client.Region{Buffer: buf.ID, Offset: uint64(int64(i) * tensor)})
+		t.Regions = append(t.Regions, client.Region{Buffer: bufID, Offset: uint64(int64(i) * tensor)})
 	}
 	id, err := c.RegisterTarget(t)
 	if err != nil {
-		buf.Close()
-		return 0, t, nil, err
+		free()
+		return 0, t, nil, nil, err
 	}
-	return id, t, buf, nil
+	return id, t, free, after, nil
 }
 
 // runLoadBlocks is RunLoad with LOAD_BLOCKS: each call loads BlocksPerCall
@@ -108,26 +142,48 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 	n := c.BlocksPerCall
 	callBytes := int64(n * g.GroupsPerBlock() * gb)
 	type job struct {
-		id  client.TargetID
-		t   client.Target
-		buf *client.HostBuffer
-		arr *client.HostBuffer
+		id    client.TargetID
+		t     client.Target
+		free  func()
+		after func() error
+		arr   *client.HostBuffer
+		dev   int
 	}
 	jobs := make([]job, c.Jobs)
 	defer func() {
 		for _, j := range jobs {
-			if j.buf != nil {
+			if j.free != nil {
 				c.Client.UnregisterTarget(j.id)
-				j.buf.Close()
+				j.free()
 			}
 			if j.arr != nil {
 				j.arr.Close()
 			}
 		}
 	}()
+	var per []DeviceResult
+	if c.H2DChunk <= 0 {
+		c.H2DChunk = 4 << 20
+	}
+	for _, d := range c.Devices {
+		r := DeviceResult{Device: d, H2DChunk: c.H2DChunk}
+		var err error
+		if r.H2DGBps, err = PinnedH2D(d, c.H2DChunk, 500*time.Millisecond); err != nil {
+			return LoadResult{}, fmt.Errorf("bench: pinned H2D on device %d: %w", d, err)
+		}
+		if cd, err := cuda.GetDevice(d); err == nil {
+			r.Name, _ = cd.Name()
+		}
+		per = append(per, r)
+	}
 	for i := range jobs {
 		var err error
-		if jobs[i].id, jobs[i].t, jobs[i].buf, err = blocksTarget(c.Client, c.Layout, n); err != nil {
+		jobs[i].dev = -1
+		if len(c.Devices) > 0 {
+			jobs[i].dev = c.Devices[i%len(c.Devices)]
+			per[i%len(c.Devices)].Jobs++
+		}
+		if jobs[i].id, jobs[i].t, jobs[i].free, jobs[i].after, err = blocksTarget(c.Client, c.Layout, n, jobs[i].dev, c.Pinned); err != nil {
 			return LoadResult{}, err
 		}
 		if n > abi.BlocksInlineMax {
@@ -154,10 +210,17 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 				for i := range es {
 					es[i] = jb.t.WholeBlock(blocks[rng.IntN(len(blocks))], i)
 				}
+				var nok int
+				var err error
 				if jb.arr != nil {
-					return c.Client.BlocksIn(true, jb.id, jb.arr, 0, es)
+					nok, err = c.Client.BlocksIn(true, jb.id, jb.arr, 0, es)
+				} else {
+					nok, err = c.Client.LoadBlocks(jb.id, es)
 				}
-				return c.Client.LoadBlocks(jb.id, es)
+				if err == nil && jb.after != nil {
+					err = jb.after()
+				}
+				return nok, err
 			}
 			for range c.Warmup {
 				if _, err := call(); err != nil {
@@ -213,6 +276,23 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 		res.CPUs = d1 - d0
 		res.CPUsPerGB = PerGB(res.CPUs, res.Bytes)
 	}
+	res.Into = "host"
+	if len(c.Devices) > 0 {
+		var names []string
+		for k := range per {
+			names = append(names, strconv.Itoa(per[k].Device))
+			for j := range jobs {
+				if j%len(c.Devices) == k {
+					per[k].Bytes += int64(len(lat[j])) * callBytes
+				}
+			}
+			per[k].GBps = float64(per[k].Bytes) / wall.Seconds() / 1e9
+		}
+		res.Into, res.PerDevice = "cuda:"+strings.Join(names, ","), per
+		if c.Pinned {
+			res.Into = "pinned:" + strings.Join(names, ",")
+		}
+	}
 	return res, nil
 }
 
@@ -257,6 +337,9 @@ func SweepTable(rs []LoadResult) string {
 	if r0.BlocksPerCall > 0 {
 		what = fmt.Sprintf("%d blocks (%d groups) per LOAD_BLOCKS into %s targets", r0.BlocksPerCall, r0.GroupsPerCall, r0.Layout)
 	}
+	if r0.Into != "" && r0.Into != "host" {
+		what += " in " + r0.Into
+	}
 	fmt.Fprintf(&b, "bench-load %s (engine %s): %s, %d calls per caller, %d blocks in the store\n",
 		r0.Mountpoint, r0.Engine, what, r0.Calls, r0.Blocks)
 	fmt.Fprintf(&b, "%8s %9s %12s %10s %10s %12s %14s\n", "callers", "GB/s", "µs/call", "p50 µs", "p99 µs", "µs/group", "core-s/GB")
@@ -266,6 +349,9 @@ func SweepTable(rs []LoadResult) string {
 			cpu = fmt.Sprintf("%.3f", r.CPUsPerGB)
 		}
 		fmt.Fprintf(&b, "%8d %9.2f %12.1f %10.1f %10.1f %12.3f %14s\n", r.Jobs, r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, cpu)
+		for _, d := range r.PerDevice {
+			fmt.Fprintf(&b, "%8s cuda:%d %.2f GB/s (%d jobs), pinned H2D %.2f GB/s at %d B\n", "", d.Device, d.GBps, d.Jobs, d.H2DGBps, d.H2DChunk)
+		}
 	}
 	return strings.TrimRight(b.String(), "\n")
 }

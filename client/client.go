@@ -127,6 +127,25 @@ func reason(op string, e syscall.Errno) string {
 		}
 		op = "register"
 	}
+	if op == "register-cuda" {
+		switch e {
+		case syscall.ENODEV:
+			return "the daemon has no usable GPU (no CUDA driver or device, no such ordinal, or --gpu=false)"
+		case syscall.EINVAL:
+			return "the driver refused the IPC handle (not cuIpcGetMemHandle of an allocation's base, or the exporter is gone), or malformed request"
+		case syscall.ERANGE:
+			return "offset+length beyond the allocation, or length zero"
+		case syscall.EACCES:
+			return "this process may not open the GPU device files itself"
+		case syscall.ESRCH:
+			return "the daemon cannot see this process (another pid namespace?)"
+		case syscall.EMFILE:
+			return "too many buffers registered on this handle"
+		case syscall.EDQUOT:
+			return "registered-bytes limit of this handle"
+		}
+		return ""
+	}
 	if op != "register" {
 		if e == syscall.ENOENT && op == "unregister" {
 			return "no such buffer on this handle"
@@ -328,6 +347,32 @@ func (c *Client) registerFD(fd int, size int64) (BufferID, bool, error) {
 	}
 	r.Unmarshal(raw[:])
 	return BufferID(r.Buffer), r.Pinned != 0, nil
+}
+
+// RegisterCUDA registers length bytes at offset inside a CUDA allocation of
+// this process: handle is cuIpcGetMemHandle of the allocation's base
+// (cuMemGetAddressRange gives the base of a pointer), device the ordinal
+// as the daemon's driver numbers devices (the same CUDA_VISIBLE_DEVICES in
+// both, or unset). The daemon opens the handle with cuIpcOpenMemHandle and
+// checks offset+length against the allocation; the allocation must stay
+// alive until Unregister or Close. Needs a daemon with abi.CapCUDA
+// (ENODEV otherwise). CUDA forbids opening a handle in the process that
+// exported it, so the daemon must be another process.
+func (c *Client) RegisterCUDA(handle [64]byte, offset, length uint64, device int) (BufferID, error) {
+	if length == 0 || offset+length < offset {
+		return 0, &Error{Op: "register-cuda", Errno: syscall.ERANGE}
+	}
+	if device < 0 || device > math.MaxInt32 {
+		return 0, &Error{Op: "register-cuda", Errno: syscall.ENODEV}
+	}
+	r := abi.RegisterCUDA{ABI: abi.Version, Handle: handle, Offset: offset, Length: length, Device: uint32(device)}
+	var raw [abi.RegisterCUDASize]byte
+	r.Marshal(raw[:])
+	if err := c.ioctl("register-cuda", abi.CmdRegisterCUDA, raw[:]); err != nil {
+		return 0, err
+	}
+	r.Unmarshal(raw[:])
+	return BufferID(r.Buffer), nil
 }
 
 func (c *Client) own(b *HostBuffer) error {

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu/cuda"
 )
 
 // HostBuffer is shared memory mapped into this process and registered with
@@ -25,7 +26,40 @@ type HostBuffer struct {
 	// unknown).
 	Pinned bool
 
-	c *Client
+	c     *Client
+	unpin func() error // PinCUDA's undoing
+}
+
+// PinCUDA page-locks the buffer for CUDA device ordinal (cuMemHostRegister,
+// portable), so this process's host-to-device copies from it run at DMA
+// speed: the simplest GPU path, where the daemon reads into the buffer and
+// the client drives its own copies. Close unpins it. It loads the CUDA
+// driver in this process (an error wrapping cuda.ErrNoDriver without one).
+func (b *HostBuffer) PinCUDA(ordinal int) error {
+	if b.unpin != nil {
+		return nil
+	}
+	if len(b.Mem) == 0 {
+		return &Error{Op: "pin-cuda", Errno: unix.EBADF}
+	}
+	d, err := cuda.GetDevice(ordinal)
+	if err != nil {
+		return err
+	}
+	ctx, err := d.PrimaryCtxRetain()
+	if err != nil {
+		return err
+	}
+	mem := b.Mem
+	if err := ctx.Do(func() error { return cuda.MemHostRegister(mem, cuda.MemHostRegisterPortable) }); err != nil {
+		_ = d.PrimaryCtxRelease()
+		return err
+	}
+	b.unpin = func() error {
+		err := ctx.Do(func() error { return cuda.MemHostUnregister(mem) })
+		return errors.Join(err, d.PrimaryCtxRelease())
+	}
+	return nil
 }
 
 // NewHostBuffer creates size bytes of shared memory, allocates them (so
@@ -136,6 +170,10 @@ func (b *HostBuffer) close() error {
 	if b.Mem == nil {
 		return nil
 	}
+	var uerr error
+	if b.unpin != nil {
+		uerr, b.unpin = b.unpin(), nil
+	}
 	err := b.c.Unregister(b.ID)
 	if errors.Is(err, unix.EBADF) {
 		err = nil // the client was closed first: the registration is gone
@@ -144,5 +182,5 @@ func (b *HostBuffer) close() error {
 		err = e
 	}
 	b.Mem = nil
-	return err
+	return errors.Join(err, uerr)
 }

@@ -103,7 +103,7 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 		e := &ents[i]
 		var bufLen uint64
 		if e.b != nil {
-			bufLen = uint64(len(e.b.mem))
+			bufLen = e.b.size()
 		}
 		if _, err := s.tile.Check(&e.e, bufLen, e.b != nil); err != nil {
 			e.st, e.det = abi.BadRequest, abi.DetailOf(err)
@@ -123,13 +123,16 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 		if err := ss.load(ents, sc); err != nil {
 			return 0, err
 		}
+		if err := ss.gpuBatch(ents, true); err != nil {
+			return 0, err
+		}
 	}
 	// STORE: windows of entries whose staging fits the budget.
 	for lo := 0; lo < n && !load; {
 		hi, bytes := lo, 0
 		for ; hi < n; hi++ {
 			need := 0
-			if ents[hi].valid {
+			if ents[hi].valid && ents[hi].b.cuda == nil {
 				need = s.gb
 			}
 			if hi > lo && bytes+need > s.opts.MaxStagingBytes {
@@ -141,6 +144,11 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 			return 0, err
 		}
 		lo = hi
+	}
+	if !load {
+		if err := ss.gpuBatch(ents, false); err != nil {
+			return 0, err
+		}
 	}
 
 	nok := 0
@@ -175,7 +183,7 @@ func (ss *Session) load(ents []ent, sc *scratch) error {
 	reqs, idx := sc.rreqs[:0], sc.idx[:0]
 	for i := range ents {
 		e := &ents[i]
-		if !e.valid {
+		if !e.valid || e.b.cuda != nil {
 			continue
 		}
 		r := store.ReadReq{Key: e.key(), Buf: e.tile(s.gb)}
@@ -237,7 +245,7 @@ func (ss *Session) store(ents []ent, stageBytes int, sc *scratch) error {
 		off := 0
 		for i := range ents {
 			e := &ents[i]
-			if !e.valid {
+			if !e.valid || e.b.cuda != nil {
 				continue
 			}
 			// Capacity to the end of staging: tiles of a block in slot

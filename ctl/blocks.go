@@ -150,9 +150,12 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	}
 
 	var err error
-	if load {
+	switch {
+	case t.dev != nil:
+		err = ss.gpuBlocks(t, ents, load)
+	case load:
 		err = ss.loadBlocks(t, ents, sc)
-	} else {
+	default:
 		err = ss.storeBlocks(t, ents, sc)
 	}
 	if err != nil {

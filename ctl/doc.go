@@ -17,6 +17,16 @@
 //     REGISTER_HOST opens the path on a fresh, never reused OS thread that
 //     carries the calling thread's fsuid, fsgid, groups and capabilities.
 //     Checks run policy, path, size, quota, pinning (docs/abi.md).
+//     REGISTER_CUDA opens another process's CUDA allocation from its IPC
+//     handle only for a caller whose credentials open the GPU device files
+//     (the handle is a bearer capability: the driver does not report its
+//     exporter) and checks offset+length against the allocation the driver
+//     reports.
+//   - GPU state (gpu.go) is per device ordinal, created on first use: device,
+//     staging pool, pipeline. Entries on different devices run on their own
+//     goroutines; a device's copies never wait on another's. Without a
+//     driver or device every GPU request fails ENODEV and nothing else
+//     changes.
 //   - Memory the engine pins is charged to the caller (RLIMIT_MEMLOCK
 //     unless CAP_IPC_LOCK, a per-uid share, a daemon-wide cap); files with
 //     holes are not pinned, so a registration allocates nothing.

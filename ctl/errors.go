@@ -55,6 +55,12 @@ func Errno(err error) syscall.Errno {
 		return syscall.ESRCH
 	case errors.Is(err, ErrAssume), errors.Is(err, ErrTakeFD), errors.Is(err, ErrImmutable):
 		return syscall.EPERM
+	case errors.Is(err, ErrNoGPU):
+		return syscall.ENODEV
+	case errors.Is(err, ErrGPUHandle):
+		return syscall.EINVAL
+	case errors.Is(err, ErrGPUOwner):
+		return syscall.EACCES
 	case errors.Is(err, ErrPinLimit):
 		return syscall.ENOMEM
 	case errors.Is(err, abi.ErrSize), errors.Is(err, abi.ErrCount), errors.Is(err, abi.ErrFlags),

@@ -92,7 +92,7 @@ func markOverlaps(ents []ent, rows, rowBytes uint64, sc *scratch) int {
 	if !sorted {
 		slices.SortFunc(order, func(a, b int32) int {
 			x, y := &ents[a], &ents[b]
-			if c := cmp.Compare(uintptrOf(x.b.mem), uintptrOf(y.b.mem)); c != 0 {
+			if c := cmp.Compare(x.b.base(), y.b.base()); c != 0 {
 				return c
 			}
 			return cmp.Compare(x.e.Offset, y.e.Offset)
@@ -145,7 +145,7 @@ func markOverlaps(ents []ent, rows, rowBytes uint64, sc *scratch) int {
 }
 
 func lessEnt(x, y *ent) bool {
-	if bx, by := uintptrOf(x.b.mem), uintptrOf(y.b.mem); bx != by {
+	if bx, by := x.b.base(), y.b.base(); bx != by {
 		return bx < by
 	}
 	return x.e.Offset < y.e.Offset

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
@@ -43,6 +44,8 @@ type Options struct {
 	// of it). A caller without CAP_IPC_LOCK is also held to its
 	// RLIMIT_MEMLOCK.
 	MaxPinnedPerUID int64
+	// GPU configures REGISTER_CUDA and loads into GPU memory.
+	GPU GPUOptions
 }
 
 // EnsureDefaults fills in zero fields.
@@ -106,6 +109,7 @@ type Server struct {
 	stage       stagePool
 	pins        pins
 	scratch     sync.Pool // *scratch
+	gpus        gpus
 
 	m struct {
 		sessions, buffers, bytes           atomic.Int64
@@ -128,6 +132,11 @@ func NewServer(s *store.Store, o Options) *Server {
 		srv.reg = r
 	}
 	srv.stage.max = 8
+	srv.gpus.opts, srv.gpus.log = o.GPU, o.Logger
+	srv.gpus.geo = gpu.Geometry{GroupBytes: srv.gb, Rows: g.BlockTokens, RowBytes: g.RowBytes()}
+	if srv.reg != nil {
+		srv.gpus.reg = srv.reg
+	}
 	srv.pins.max, srv.pins.perUID = o.MaxPinnedBytes, o.MaxPinnedPerUID
 	srv.scratch.New = func() any { return new(scratch) }
 	return srv
@@ -166,7 +175,7 @@ func (s *Server) Metrics() Metrics {
 // (staging is then allocated per call) but should have been released.
 func (s *Server) Close() error {
 	s.stage.close()
-	return nil
+	return s.gpus.close()
 }
 
 // info builds the INFO reply.
@@ -179,6 +188,9 @@ func (s *Server) info() abi.Info {
 	}
 	if s.reg != nil {
 		caps |= abi.CapFixedBuffers
+	}
+	if s.gpus.available() {
+		caps |= abi.CapCUDA
 	}
 	i := abi.Info{
 		ABI: abi.Version, Size: abi.InfoSize, Caps: caps,

@@ -35,9 +35,28 @@ type buffer struct {
 	id         uint32
 	path       string
 	mem        []byte
-	unregister func() // engine registration, nil when none
-	uid        uint32 // real uid the pinned bytes are charged to
-	pinned     int64  // bytes charged to the pinning limits (0: not pinned)
+	unregister func()   // engine registration, nil when none
+	uid        uint32   // real uid the pinned bytes are charged to
+	pinned     int64    // bytes charged to the pinning limits (0: not pinned)
+	cuda       *cudaBuf // REGISTER_CUDA: device memory (mem is nil)
+}
+
+// size is the registered length.
+func (b *buffer) size() uint64 {
+	if b.cuda != nil {
+		return b.cuda.n
+	}
+	return uint64(len(b.mem))
+}
+
+// base identifies the buffer's address range for ordering tiles: the host
+// address of the mapping, or the device address of a CUDA range (unified
+// addressing keeps the two apart).
+func (b *buffer) base() uint64 {
+	if b.cuda != nil {
+		return b.cuda.addr
+	}
+	return uint64(uintptrOf(b.mem))
 }
 
 func (b *buffer) contains(addr uintptr) bool {
@@ -49,6 +68,12 @@ func (b *buffer) contains(addr uintptr) bool {
 }
 
 func (b *buffer) release(s *Server) {
+	if b.cuda != nil {
+		if err := b.cuda.mem.Close(); err != nil {
+			s.log.Warn("ctl: closing a CUDA registration failed", zap.String("buffer", b.path), zap.Error(err))
+		}
+		return
+	}
 	if b.unregister != nil {
 		b.unregister()
 	}
@@ -98,6 +123,14 @@ func (ss *Session) IoctlFrom(tid uint32, cmd uint32, in, out []byte) (int32, sys
 			if reg.pinned {
 				r.Pinned = 1
 			}
+			r.Marshal(out)
+		}
+	case abi.OpRegisterCUDA:
+		var reg registration
+		reg, err = ss.registerCUDA(tid, &req.RegisterCUDA)
+		if err == nil {
+			r := req.RegisterCUDA
+			r.Buffer, r.Length = reg.id, uint64(reg.n)
 			r.Marshal(out)
 		}
 	case abi.OpUnregister:
@@ -254,14 +287,23 @@ func (ss *Session) register(c *cred, f *shmFile, name string, length uint64) (re
 			b.pinned = 0
 		}
 	}
+	return ss.add(b, int64(len(mem)))
+}
+
+// add enters a prepared registration in the session's table after checking
+// the handle's limits again (another registration may have raced this one);
+// on failure it releases b.
+func (ss *Session) add(b *buffer, n int64) (registration, error) {
+	s := ss.srv
+	var err error
 	ss.mu.Lock()
 	switch {
 	case ss.mu.closed:
 		err = ErrClosed
 	case len(ss.mu.bufs) >= s.opts.MaxBuffers:
 		err = fmt.Errorf("%w: %d", ErrTooManyBuffers, s.opts.MaxBuffers)
-	case int64(len(mem)) > s.opts.MaxRegisteredBytes-ss.mu.bytes:
-		err = fmt.Errorf("%w: %d bytes registered, %d more asked, limit %d", ErrQuota, ss.mu.bytes, len(mem), s.opts.MaxRegisteredBytes)
+	case n > s.opts.MaxRegisteredBytes-ss.mu.bytes:
+		err = fmt.Errorf("%w: %d bytes registered, %d more asked, limit %d", ErrQuota, ss.mu.bytes, n, s.opts.MaxRegisteredBytes)
 	}
 	if err != nil {
 		ss.mu.Unlock()
@@ -272,13 +314,13 @@ func (ss *Session) register(c *cred, f *shmFile, name string, length uint64) (re
 		b.id = s.nextBuffer.Add(1)
 	}
 	ss.mu.bufs[b.id] = b
-	ss.mu.bytes += int64(len(mem))
+	ss.mu.bytes += n
 	ss.mu.Unlock()
 	s.m.buffers.Add(1)
-	s.m.bytes.Add(int64(len(mem)))
+	s.m.bytes.Add(n)
 	s.log.Debug("ctl: registered", zap.Uint64("session", ss.id), zap.Uint32("buffer", b.id),
-		zap.String("file", name), zap.Int("bytes", len(mem)), zap.Bool("engine", b.unregister != nil))
-	return registration{id: b.id, n: len(mem), pinned: b.unregister != nil}, nil
+		zap.String("file", b.path), zap.Int64("bytes", n), zap.Bool("engine", b.unregister != nil))
+	return registration{id: b.id, n: int(n), pinned: b.unregister != nil}, nil
 }
 
 func (ss *Session) unregister(id uint32) error {
@@ -297,13 +339,13 @@ func (ss *Session) unregister(id uint32) error {
 		return fmt.Errorf("%w: %d", ErrBufferBusy, id)
 	}
 	delete(ss.mu.bufs, id)
-	ss.mu.bytes -= int64(len(b.mem))
+	ss.mu.bytes -= int64(b.size())
 	ss.mu.Unlock()
 	// Wait for batches that looked the buffer up before it left the table.
 	ss.io.Lock()
 	b.release(ss.srv)
 	ss.io.Unlock()
 	ss.srv.m.buffers.Add(-1)
-	ss.srv.m.bytes.Add(-int64(len(b.mem)))
+	ss.srv.m.bytes.Add(-int64(b.size()))
 	return nil
 }

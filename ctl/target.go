@@ -59,6 +59,8 @@ type target struct {
 	// bounds per distinct buffer: the bytes its regions span, so an entry
 	// array can be kept out of the cache memory in O(buffers).
 	bounds []bound
+	// dev is the device of a target in CUDA memory, nil for host memory.
+	dev *gpuDev
 }
 
 type region struct {
@@ -105,12 +107,27 @@ func (ss *Session) registerTarget(tg *abi.Target) (uint32, error) {
 		if b == nil {
 			return 0, false
 		}
-		return uint64(len(b.mem)), true
+		return b.size(), true
 	})
 	if err != nil {
 		return 0, err
 	}
-	t := &target{lay: lay, regions: make([]region, 2*int(tg.LayerCount))}
+	// A target's regions are all host memory or all CUDA memory of one
+	// device: one call then takes one path (the store straight into the
+	// tiles, or one device's pipeline).
+	var dev *gpuDev
+	for i := range tg.Regions[:2*int(tg.LayerCount)] {
+		b := ss.mu.bufs[tg.Regions[i].Buffer]
+		var d *gpuDev
+		if b.cuda != nil {
+			d = b.cuda.dev
+		}
+		if i > 0 && d != dev {
+			return 0, fmt.Errorf("%w: regions mix host memory and CUDA memory, or CUDA devices", abi.ErrTarget)
+		}
+		dev = d
+	}
+	t := &target{lay: lay, regions: make([]region, 2*int(tg.LayerCount)), dev: dev}
 	for i := range t.regions {
 		r := &tg.Regions[i]
 		b := ss.mu.bufs[r.Buffer]

@@ -74,6 +74,49 @@ func (g *CUDA) CopyD2H(dst []byte, src uint64) error {
 	return g.ctx.Do(func() error { return cuda.MemcpyDtoHAsync(dst, cuda.DevicePtr(src), g.stream) })
 }
 
+// Bind implements Binder: fn runs on one locked OS thread with the context
+// current, and q's copies call the driver directly.
+func (g *CUDA) Bind(fn func(q Device) error) error {
+	return g.ctx.Do(func() error { return fn(boundCUDA{g}) })
+}
+
+// boundCUDA is the device inside Bind: copies without making the context
+// current again (the other methods are the device's own).
+type boundCUDA struct{ *CUDA }
+
+func (b boundCUDA) CopyH2D(dst uint64, src []byte) error {
+	return cuda.MemcpyHtoDAsync(cuda.DevicePtr(dst), src, b.stream)
+}
+
+func (b boundCUDA) CopyD2H(dst []byte, src uint64) error {
+	return cuda.MemcpyDtoHAsync(dst, cuda.DevicePtr(src), b.stream)
+}
+
+func (b boundCUDA) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error {
+	return cuda.Memcpy2DHtoDAsync(cuda.DevicePtr(dst), dstPitch, src, srcPitch, width, rows, b.stream)
+}
+
+func (b boundCUDA) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
+	return cuda.Memcpy2DDtoHAsync(dst, dstPitch, cuda.DevicePtr(src), srcPitch, width, rows, b.stream)
+}
+
+// Can2D implements Copier2D: the driver has cuMemcpy2DAsync.
+func (g *CUDA) Can2D() bool { return cuda.Has2D() }
+
+// CopyH2D2D implements Copier2D.
+func (g *CUDA) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error {
+	return g.ctx.Do(func() error {
+		return cuda.Memcpy2DHtoDAsync(cuda.DevicePtr(dst), dstPitch, src, srcPitch, width, rows, g.stream)
+	})
+}
+
+// CopyD2H2D implements Copier2D.
+func (g *CUDA) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
+	return g.ctx.Do(func() error {
+		return cuda.Memcpy2DDtoHAsync(dst, dstPitch, cuda.DevicePtr(src), srcPitch, width, rows, g.stream)
+	})
+}
+
 // Synchronize implements Device.
 func (g *CUDA) Synchronize() error {
 	return g.ctx.Do(g.stream.Synchronize)
@@ -178,4 +221,9 @@ func (m *IPCMemory) Close() error {
 	return err
 }
 
-var _ Device = (*CUDA)(nil)
+var (
+	_ Device   = (*CUDA)(nil)
+	_ Copier2D = (*CUDA)(nil)
+	_ Binder   = (*CUDA)(nil)
+	_ Copier2D = boundCUDA{}
+)

@@ -31,6 +31,24 @@ type Device interface {
 	AllocHost(n int) (mem []byte, free func() error, err error)
 }
 
+// Copier2D is implemented by devices that copy a pitched tile (rows of
+// width bytes, rows apart by a pitch on each side) with one operation
+// (CUDA: cuMemcpy2DAsync). The pipeline uses it when Can2D reports true,
+// and copies row by row otherwise.
+type Copier2D interface {
+	Can2D() bool
+	CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error
+	CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error
+}
+
+// Binder is implemented by devices whose calls need per-thread setup (CUDA
+// makes its context current on a locked OS thread). Bind runs fn with the
+// setup done once; fn queues its copies through q, valid only inside fn,
+// which the pipeline uses for a chunk's copies.
+type Binder interface {
+	Bind(fn func(q Device) error) error
+}
+
 // Event marks a point in the device's queue.
 type Event interface {
 	// Record marks everything queued so far.

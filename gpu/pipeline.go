@@ -1,8 +1,10 @@
 package gpu
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
@@ -29,6 +31,8 @@ type Item struct {
 	// tile was zeroed), ErrCopy (a copy failed; the tile is undefined), or
 	// the store's error for the group.
 	Err error
+	// CRC is the group's recorded CRC32C, set by Load for Verify.
+	CRC uint32
 }
 
 // Geometry is what the pipeline needs of the store's layout.
@@ -46,10 +50,29 @@ type Pipeline struct {
 	// Depth is the number of staging buffers one batch keeps in flight
 	// (default 4, at most the pool's count).
 	Depth int
-	// Verify, when set, checks loaded groups in place after their copy
-	// (e.g. a GPU checksum); nil leaves the store's CPU verification.
-	// It is called with the chunk's items after their copies completed.
+	// ReadAhead is how many staging buffers' chunks one store read fills
+	// (default 4, at most Depth): a group of chunks is read with one call,
+	// so the storage has that many chunks' reads in flight, then each
+	// chunk's copies are queued as the next group is read.
+	ReadAhead int
+	// Verify, when set, checks loaded groups where they landed on the
+	// device instead of the store checking them on the CPU (the reads are
+	// store.ReadReq.Unverified and Item.CRC carries each group's recorded
+	// checksum). It is called with a chunk's items once their copies
+	// completed; it must zero every group whose checksum differs and set
+	// its Err (wrapping store.ErrCorrupt). An error fails every item it
+	// was given that has no outcome yet (their tiles are then undefined).
 	Verify func(items []*Item) error
+}
+
+// readAhead is how many chunks one store call reads (ReadAhead, default
+// 4, at most depth).
+func (p *Pipeline) readAhead() int {
+	r := p.ReadAhead
+	if r <= 0 {
+		r = 4
+	}
+	return max(1, min(r, p.depth()))
 }
 
 func (p *Pipeline) depth() int {
@@ -77,6 +100,7 @@ type chunk struct {
 	items  []*Item
 	copied []bool // the item's copy was queued (its outcome waits on the event)
 	failed error  // queueing failed; items not yet final fail with it
+	runs   []run
 }
 
 // held is a batch's buffers in flight, oldest first.
@@ -116,6 +140,33 @@ func (h *held) acquire(finish func(*chunk)) (*Staging, error) {
 		}
 		h.owned-- // withdrawn
 	}
+}
+
+// tryAcquire is acquire without blocking: a free buffer from the pool while
+// the batch holds fewer than depth, else its oldest chunk's buffer if that
+// chunk's copies have already completed; nil otherwise.
+func (h *held) tryAcquire(finish func(*chunk)) *Staging {
+	if h.owned < h.p.depth() {
+		if st := h.p.Pool.TryGet(); st != nil {
+			h.owned++
+			return st
+		}
+	}
+	for len(h.chunks) > 0 {
+		c := h.chunks[0]
+		if c.st.busy {
+			if done, _ := c.st.ev.Query(); !done {
+				return nil
+			}
+		}
+		h.chunks = h.chunks[1:]
+		finish(c)
+		if h.p.settle(c) {
+			return c.st
+		}
+		h.owned-- // withdrawn
+	}
+	return nil
 }
 
 // wait blocks until the chunk's event completed; the error is the failure
@@ -216,34 +267,62 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 	var batchErr error
 	reached := 0 // items before it were handed to a chunk
 	reqs := make([]store.ReadReq, 0, per)
-	for lo := 0; lo < len(items) && batchErr == nil; lo += per {
-		hi := min(lo+per, len(items))
-		st, err := h.acquire(finish)
-		if err != nil {
-			batchErr = err
+	var group []*chunk
+	var bounds []int
+	for lo := 0; lo < len(items) && batchErr == nil; {
+		// A group of up to readAhead chunks is read with one store call
+		// (more I/O in flight); the first buffer may be waited for, the
+		// others are taken only if free now.
+		group, bounds, reqs = group[:0], bounds[:0], reqs[:0]
+		for len(group) < p.readAhead() && lo < len(items) {
+			var st *Staging
+			if len(group) == 0 {
+				var err error
+				if st, err = h.acquire(finish); err != nil {
+					batchErr = err
+					break
+				}
+			} else if st = h.tryAcquire(finish); st == nil {
+				break
+			}
+			hi := min(lo+per, len(items))
+			c := &chunk{st: st, copied: make([]bool, hi-lo)}
+			bounds = append(bounds, len(reqs))
+			for i := lo; i < hi; i++ {
+				off := (i - lo) * gb
+				// Capacity to the buffer's end: the store lands adjacent
+				// groups of one slot with one read.
+				reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
+				c.items = append(c.items, &items[i])
+			}
+			group = append(group, c)
+			reached, lo = hi, hi
+		}
+		if len(group) == 0 {
 			break
 		}
-		reached = hi
-		c := &chunk{st: st, copied: make([]bool, hi-lo)}
-		reqs = reqs[:0]
-		for i := lo; i < hi; i++ {
-			off := (i - lo) * gb
-			// Capacity to the buffer's end: the store lands adjacent groups
-			// of one slot with one read.
-			reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)]})
-			c.items = append(c.items, &items[i])
-		}
+		bounds = append(bounds, len(reqs))
 		if err := r.Read(reqs); err != nil {
 			batchErr = err
-			for _, it := range c.items {
-				it.Err = err
+			for _, c := range group {
+				for _, it := range c.items {
+					it.Err = err
+				}
+				h.chunks = append(h.chunks, c)
 			}
-			h.chunks = append(h.chunks, c)
 			break
 		}
-		p.queueH2D(c, reqs)
-		p.record(c)
-		h.chunks = append(h.chunks, c)
+		for k, c := range group {
+			rq := reqs[bounds[k]:bounds[k+1]]
+			if p.Verify != nil {
+				for j := range rq {
+					c.items[j].CRC = rq[j].CRC
+				}
+			}
+			p.bind(func(q Device) { p.queueH2D(q, c, rq) })
+			p.record(c)
+			h.chunks = append(h.chunks, c)
+		}
 	}
 	h.release(finish)
 	if batchErr != nil {
@@ -256,23 +335,17 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 
 // queueH2D sets each item's outcome from its read and queues the copies of
 // the groups that go to the device (good ones, and corrupt ones zeroed).
-// Runs of packed groups adjacent in staging and on the device become one
-// copy.
-func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
+// Packed groups adjacent in staging and on the device become one run, and
+// runs become copies (copyRuns); a pitched group is one 2D copy (or one
+// copy per row without Copier2D).
+func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 	gb, rows, rb := p.Geo.GroupBytes, p.Geo.Rows, p.Geo.RowBytes
-	runStart, runLen := -1, 0
-	var runDst uint64
-	flush := func() error {
-		if runStart < 0 {
-			return nil
-		}
-		src := c.st.Mem[runStart*gb : (runStart+runLen)*gb]
-		err := p.Dev.CopyH2D(runDst, src)
-		runStart, runLen = -1, 0
-		return err
-	}
+	c2 := copier2D(q)
+	runs := c.runs[:0]
 	fail := func(err error) {
-		c.failed = copyErr(err)
+		if c.failed == nil {
+			c.failed = copyErr(err)
+		}
 	}
 	for i := range reqs {
 		it := c.items[i]
@@ -293,36 +366,101 @@ func (p *Pipeline) queueH2D(c *chunk, reqs []store.ReadReq) {
 		}
 		c.copied[i] = true
 		if it.Pitch == 0 || it.Pitch == rb {
-			if runStart >= 0 && runStart+runLen == i && runDst+uint64(runLen*gb) == it.Dst {
-				runLen++
+			if n := len(runs); n > 0 && runs[n-1].src+runs[n-1].n == i*gb && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
+				runs[n-1].n += gb
 				continue
 			}
-			if err := flush(); err != nil {
-				fail(err)
-				it.Err = c.failed
-				c.copied[i] = false
-				continue
-			}
-			runStart, runLen, runDst = i, 1, it.Dst
+			runs = append(runs, run{src: i * gb, dst: it.Dst, n: gb})
 			continue
 		}
-		if err := flush(); err != nil {
+		var err error
+		if c2 != nil {
+			err = c2.CopyH2D2D(it.Dst, it.Pitch, c.st.Mem[i*gb:(i+1)*gb], rb, rb, rows)
+		} else {
+			for r := 0; r < rows && err == nil; r++ {
+				err = q.CopyH2D(it.Dst+uint64(r*it.Pitch), c.st.Mem[i*gb+r*rb:i*gb+(r+1)*rb])
+			}
+		}
+		if err != nil {
 			fail(err)
-			it.Err = c.failed
-			c.copied[i] = false
-			continue
 		}
-		for r := 0; r < rows; r++ {
-			src := c.st.Mem[i*gb+r*rb : i*gb+(r+1)*rb]
-			if err := p.Dev.CopyH2D(it.Dst+uint64(r*it.Pitch), src); err != nil {
-				fail(err)
-				break
+	}
+	if c.failed == nil {
+		if err := copyRuns(q, c, runs, c2); err != nil {
+			fail(err)
+		}
+	}
+	c.runs = runs[:0]
+}
+
+// run is a contiguous span of staging going to a contiguous span of device
+// memory.
+type run struct {
+	src int    // offset in the staging buffer
+	dst uint64 // device address
+	n   int
+}
+
+// maxPitch bounds the pitches of a merged 2D copy (devices cap them; the
+// H100/H200 at 2^31-1).
+const maxPitch = 1 << 30
+
+// copyRuns queues the chunk's runs. With a Copier2D, runs of equal length
+// whose sources and destinations advance by constant strides (in device
+// order) become one 2D copy: the heads of one (layer, kind) of consecutive
+// cache blocks of an HND target, which lie a block apart in staging and
+// next to each other on the device, move in one copy.
+func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
+	if c2 == nil || len(runs) < 2 {
+		for _, r := range runs {
+			if err := q.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n]); err != nil {
+				return err
 			}
 		}
+		return nil
 	}
-	if err := flush(); err != nil {
-		fail(err)
+	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.dst, b.dst) })
+	for lo := 0; lo < len(runs); {
+		r0 := runs[lo]
+		hi := lo + 1
+		if hi < len(runs) && runs[hi].n == r0.n && runs[hi].src > r0.src && runs[hi].src-r0.src >= r0.n &&
+			runs[hi].src-r0.src <= maxPitch && runs[hi].dst-r0.dst <= maxPitch {
+			ss, ds := runs[hi].src-r0.src, runs[hi].dst-r0.dst
+			for hi < len(runs) && runs[hi].n == r0.n && runs[hi].src == r0.src+(hi-lo)*ss && runs[hi].dst == r0.dst+uint64(hi-lo)*ds {
+				hi++
+			}
+		}
+		var err error
+		if h := hi - lo; h == 1 {
+			err = q.CopyH2D(r0.dst, c.st.Mem[r0.src:r0.src+r0.n])
+		} else {
+			ss, ds := runs[lo+1].src-r0.src, int(runs[lo+1].dst-r0.dst)
+			err = c2.CopyH2D2D(r0.dst, ds, c.st.Mem[r0.src:r0.src+(h-1)*ss+r0.n], ss, r0.n, h)
+		}
+		if err != nil {
+			return err
+		}
+		lo = hi
 	}
+	return nil
+}
+
+// bind runs fn with the device's per-thread setup done once (Binder), so a
+// chunk's many copies do not each pay for it; fn queues through q.
+func (p *Pipeline) bind(fn func(q Device)) {
+	if b, ok := p.Dev.(Binder); ok {
+		_ = b.Bind(func(q Device) error { fn(q); return nil })
+		return
+	}
+	fn(p.Dev)
+}
+
+// copier2D is the device's one-operation pitched copy, nil when it has none.
+func copier2D(q Device) Copier2D {
+	if c, ok := q.(Copier2D); ok && c.Can2D() {
+		return c
+	}
+	return nil
 }
 
 func copyErr(err error) error {
@@ -394,27 +532,32 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 		}
 		reached = hi
 		c := &chunk{st: st, copied: make([]bool, hi-lo)}
-		for i := lo; i < hi; i++ {
-			it := &items[i]
-			c.items = append(c.items, it)
-			k := i - lo
-			if c.failed != nil {
-				it.Err = c.failed
-				continue
-			}
-			c.copied[k] = true
-			var err error
-			if it.Pitch == 0 || it.Pitch == rb {
-				err = p.Dev.CopyD2H(st.Mem[k*gb:(k+1)*gb], it.Dst)
-			} else {
-				for r := 0; r < rows && err == nil; r++ {
-					err = p.Dev.CopyD2H(st.Mem[k*gb+r*rb:k*gb+(r+1)*rb], it.Dst+uint64(r*it.Pitch))
+		p.bind(func(q Device) {
+			c2 := copier2D(q)
+			for i := lo; i < hi; i++ {
+				it := &items[i]
+				c.items = append(c.items, it)
+				k := i - lo
+				if c.failed != nil {
+					it.Err = c.failed
+					continue
+				}
+				c.copied[k] = true
+				var err error
+				if it.Pitch == 0 || it.Pitch == rb {
+					err = q.CopyD2H(st.Mem[k*gb:(k+1)*gb], it.Dst)
+				} else if c2 != nil {
+					err = c2.CopyD2H2D(st.Mem[k*gb:(k+1)*gb], rb, it.Dst, it.Pitch, rb, rows)
+				} else {
+					for r := 0; r < rows && err == nil; r++ {
+						err = q.CopyD2H(st.Mem[k*gb+r*rb:k*gb+(r+1)*rb], it.Dst+uint64(r*it.Pitch))
+					}
+				}
+				if err != nil {
+					c.failed = copyErr(err)
 				}
 			}
-			if err != nil {
-				c.failed = copyErr(err)
-			}
-		}
+		})
 		p.record(c)
 		h.chunks = append(h.chunks, c)
 		// Keep at most one chunk's copies running ahead of the writes.

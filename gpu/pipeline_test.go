@@ -26,12 +26,14 @@ var geo = gpu.Geometry{GroupBytes: gb, Rows: rows, RowBytes: rowBytes}
 // fakeStore holds groups in memory; it checks that no queued copy still
 // uses memory it writes (a Read) or reads (a Write).
 type fakeStore struct {
-	dev     *gputest.Device
-	mu      sync.Mutex
-	groups  map[layout.Key][]byte
-	corrupt map[layout.Key]bool
-	viol    []string
-	reads   int
+	dev        *gputest.Device
+	mu         sync.Mutex
+	groups     map[layout.Key][]byte
+	corrupt    map[layout.Key]bool
+	viol       []string
+	reads      int
+	chunks     int // staging buffers filled, summed over reads
+	unverified int
 }
 
 func newFakeStore(dev *gputest.Device) *fakeStore {
@@ -52,8 +54,15 @@ func content(i int) []byte {
 }
 
 func (s *fakeStore) Read(reqs []store.ReadReq) error {
+	ends := map[*byte]bool{} // staging buffers this read lands in (by their last byte)
+	for i := range reqs {
+		if b := reqs[i].Buf; cap(b) > 0 {
+			ends[&b[:cap(b)][cap(b)-1]] = true
+		}
+	}
 	s.mu.Lock()
 	s.reads++
+	s.chunks += len(ends)
 	s.mu.Unlock()
 	for i := range reqs {
 		q := &reqs[i]
@@ -65,6 +74,17 @@ func (s *fakeStore) Read(reqs []store.ReadReq) error {
 		switch {
 		case !ok:
 			q.Err = store.ErrNotFound
+		case q.Unverified:
+			// Land the bytes as stored (a corrupt group flipped) with the
+			// recorded checksum; the caller checks.
+			copy(q.Buf, g)
+			if bad {
+				q.Buf[3] ^= 0x40
+			}
+			q.CRC, q.Err = store.CRC32C(g), nil
+			s.mu.Lock()
+			s.unverified++
+			s.mu.Unlock()
 		case bad:
 			// Leave garbage: the pipeline must zero it itself.
 			for k := range q.Buf {
@@ -190,8 +210,8 @@ func TestStagingReusedOnlyAfterEvent(t *testing.T) {
 				}
 			}
 			r.checkClean(t)
-			if r.st.reads < 64/(tc.per) {
-				t.Fatalf("%d reads: staging was not cycled", r.st.reads)
+			if r.st.chunks < 64/(tc.per) {
+				t.Fatalf("%d staging buffers filled: staging was not cycled", r.st.chunks)
 			}
 		})
 	}
@@ -348,7 +368,14 @@ func TestRecordFailureFallsBackToSynchronize(t *testing.T) {
 }
 
 func TestPitchedLoadAndStore(t *testing.T) {
+	for _, twoD := range []bool{false, true} {
+		t.Run(fmt.Sprintf("2d=%v", twoD), func(t *testing.T) { testPitched(t, twoD) })
+	}
+}
+
+func testPitched(t *testing.T, twoD bool) {
 	r := newRig(t, 2, 4, 2)
+	r.dev.Enable2D = twoD
 	const pitch = 3 * rowBytes
 	its := make([]gpu.Item, 10)
 	for i := range its {
@@ -382,6 +409,9 @@ func TestPitchedLoadAndStore(t *testing.T) {
 		if its[i].Err != nil || !bytes.Equal(st2.groups[key(100+i)], content(i)) {
 			t.Fatalf("stored item %d: %v", i, its[i].Err)
 		}
+	}
+	if n := r.dev.Copies2D(); twoD != (n == 2*len(its)) || !twoD && n != 0 {
+		t.Fatalf("%d 2D copies for %d pitched tiles loaded and stored (2D %v)", n, len(its), twoD)
 	}
 	r.checkClean(t)
 }
@@ -489,5 +519,123 @@ func TestPoolRefusesBusyBuffer(t *testing.T) {
 	}
 	if _, err := pool.Get(); !errors.Is(err, gpu.ErrClosed) {
 		t.Fatalf("Get after Close: %v", err)
+	}
+}
+
+// TestRunsMergeInto2D: groups laid out as an HND target's (per region,
+// consecutive cache blocks adjacent on the device, a block apart in
+// staging) move with one 2D copy per region and chunk when the device has
+// them, and land the same either way.
+func TestRunsMergeInto2D(t *testing.T) {
+	const blocks, regions = 4, 2
+	const region = 1 << 20
+	for _, twoD := range []bool{false, true} {
+		t.Run(fmt.Sprintf("2d=%v", twoD), func(t *testing.T) {
+			r := newRig(t, 2, blocks*regions, 1)
+			r.dev.Enable2D = twoD
+			its := make([]gpu.Item, blocks*regions)
+			for b := range blocks {
+				for k := range regions {
+					i := b*regions + k
+					r.st.groups[key(i)] = content(i)
+					its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(k*region+b*gb)}
+				}
+			}
+			if err := r.p.Load(r.st, its); err != nil {
+				t.Fatal(err)
+			}
+			for i, it := range its {
+				if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+					t.Fatalf("item %d: %v", i, it.Err)
+				}
+			}
+			want := 0
+			if twoD {
+				want = regions // one per region: all blocks in one chunk
+			}
+			if n := r.dev.Copies2D(); n != want {
+				t.Fatalf("%d 2D copies, want %d", n, want)
+			}
+			r.checkClean(t)
+		})
+	}
+}
+
+// TestVerifyOnDevice: with Pipeline.Verify the store's reads are
+// Unverified, Verify sees each group's recorded CRC once its copy is done,
+// and a group it finds corrupt (zeroed on the device by Verify) is reported
+// ErrCorrupt while the others load.
+func TestVerifyOnDevice(t *testing.T) {
+	r := newRig(t, 3, 4, 2)
+	its := r.items(20, 5)
+	bad := map[layout.Key]bool{key(3): true, key(11): true}
+	for k := range bad {
+		r.st.corrupt[k] = true
+	}
+	calls := 0
+	r.p.Verify = func(items []*gpu.Item) error {
+		calls++
+		for _, it := range items {
+			if store.CRC32C(r.dev.Mem(it.Dst, gb)) != it.CRC {
+				r.dev.Fill(it.Dst, make([]byte, gb))
+				it.Err = fmt.Errorf("verify: %w", store.ErrCorrupt)
+			}
+		}
+		return nil
+	}
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		want := content(i)
+		if bad[it.Key] {
+			if !errors.Is(it.Err, store.ErrCorrupt) || !bytes.Equal(r.dev.Mem(it.Dst, gb), make([]byte, gb)) {
+				t.Fatalf("corrupt item %d: %v", i, it.Err)
+			}
+			continue
+		}
+		if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), want) {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+	}
+	if r.st.unverified != len(its) || calls == 0 {
+		t.Fatalf("%d unverified reads of %d, %d Verify calls", r.st.unverified, len(its), calls)
+	}
+	// A Verify that fails as a whole fails its items: none reported OK.
+	for i := range its {
+		its[i].Err = nil
+	}
+	r.p.Verify = func([]*gpu.Item) error { return errors.New("checker broke") }
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		if it.Err == nil {
+			t.Fatalf("item %d reported OK after Verify failed", i)
+		}
+	}
+	r.checkClean(t)
+}
+
+// TestReadAheadGroupsChunks: one store call fills several staging buffers
+// (ReadAhead, default 4) so the storage has more in flight; ReadAhead 1
+// reads chunk by chunk. The bytes are the same either way.
+func TestReadAheadGroupsChunks(t *testing.T) {
+	for _, ra := range []int{0, 1} {
+		r := newRig(t, 8, 4, 4)
+		r.p.ReadAhead = ra
+		its := r.items(64, 9)
+		if err := r.p.Load(r.st, its); err != nil {
+			t.Fatal(err)
+		}
+		for i, it := range its {
+			if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+				t.Fatalf("read-ahead %d: item %d: %v", ra, i, it.Err)
+			}
+		}
+		if grouped := r.st.reads < r.st.chunks; grouped != (ra == 0) {
+			t.Fatalf("read-ahead %d: %d reads filled %d staging buffers", ra, r.st.reads, r.st.chunks)
+		}
+		r.checkClean(t)
 	}
 }

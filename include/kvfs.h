@@ -139,8 +139,12 @@ struct kvfs_register_fd {
  * allocation's base (cuIpcGetMemHandle; cuMemGetAddressRange gives the base
  * of a pointer). The daemon opens it with cuIpcOpenMemHandle on device
  * ordinal `device` and closes it at UNREGISTER or when this file closes.
- * INFO reports KVFS_CAP_CUDA only where the daemon's driver works. What the
- * daemon can and cannot check about the handle: docs/abi.md. 128 bytes. */
+ * INFO reports KVFS_CAP_CUDA only where the daemon's driver works.
+ * Errors: ENODEV no usable GPU or ordinal; EACCES the caller may not open
+ * /dev/nvidiactl or /dev/nvidia-uvm itself; EINVAL the driver refused the
+ * handle; ERANGE offset+length beyond the allocation; EACCES also when the
+ * handle was exported by another process than the caller (the exporter's
+ * pid the handle carries: docs/abi.md, "What is trusted"). 128 bytes. */
 struct kvfs_register_cuda {
 	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
 	__u32 flags;                 /*   4 in: 0 */

@@ -34,9 +34,18 @@ type ReadReq struct {
 	// RowBytes is the length of one row; it must divide GroupBytes. Only
 	// read when Pitch is nonzero.
 	RowBytes int
-	// Err is set by Read: nil (the group landed, its checksum verified),
-	// ErrNotFound (the sentinel itself, no allocation), ErrCorrupt (the
-	// destination's rows zeroed), ErrInvalid, ErrSize or an I/O error.
+	// Unverified asks Read not to check the group's checksum: the caller
+	// verifies the landed bytes against CRC itself (the GPU path checks
+	// groups where they end up, in GPU memory) and must not use them
+	// before it has.
+	Unverified bool
+	// CRC is set by Read for an Unverified request that landed: the
+	// CRC32C the group's header records.
+	CRC uint32
+	// Err is set by Read: nil (the group landed, its checksum verified, or
+	// for an Unverified request its CRC set), ErrNotFound (the sentinel
+	// itself, no allocation), ErrCorrupt (the destination's rows zeroed),
+	// ErrInvalid, ErrSize or an I/O error.
 	Err error
 }
 
@@ -475,6 +484,16 @@ func (s *Store) verifyRange(runs []run, all []want, base int, ws []want) {
 			continue // its I/O failed
 		}
 		r := &runs[w.run-first]
+		if q.Unverified {
+			q.CRC = w.crc
+			if r.mode == landBounce {
+				g := w.idx - r.first
+				land(w, r.buf[g*stride:g*stride+gb])
+				bounced += uint64(gb)
+			}
+			hits++
+			continue
+		}
 		if r.mode == landBounce {
 			// Verify in the bounce buffer, which only the store writes,
 			// then copy.

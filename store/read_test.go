@@ -615,3 +615,62 @@ func TestReadVecContiguousApart(t *testing.T) {
 		t.Fatalf("small segments: %d vector reads, %d bytes into place, %d bounced", c.vecReads, c.inDst, s.Metrics().Bounced)
 	}
 }
+
+// TestReadUnverified: an Unverified request lands the group's bytes as
+// stored, corrupt or not, and reports the header's CRC for the caller to
+// check; verified requests of the same call are still checked.
+func TestReadUnverified(t *testing.T) {
+	for _, vec := range []bool{false, true} {
+		s, c := nhdFixture(t, vec, store.Options{ScatterMin: 512})
+		good, bad := nhdGeo.KeyAt(1, 4), nhdGeo.KeyAt(1, 5)
+		gi, err := s.Stat(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb := s.Superblock()
+		off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + nhdGeo.Offset(5)
+		img := c.Mem.Image()
+		c.Mem.Poke(off+100, []byte{img[off+100] ^ 1})
+		gb := nhdGeo.GroupBytes()
+		rb := nhdGeo.RowBytes()
+		pitch := nhdGeo.KVHeads * rb
+		for _, pitched := range []bool{false, true} {
+			n := gb
+			if pitched {
+				n = (nhdGeo.BlockTokens-1)*pitch + rb
+			}
+			bufs := make([][]byte, 3)
+			reqs := make([]store.ReadReq, 3)
+			for i, k := range []layout.Key{good, bad, bad} {
+				bufs[i], _ = alignedCopy(t, make([]byte, n))
+				reqs[i] = store.ReadReq{Key: k, Buf: bufs[i], Unverified: i < 2}
+				if pitched {
+					reqs[i].Pitch, reqs[i].RowBytes = pitch, rb
+				}
+			}
+			if err := s.Read(reqs); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 {
+				if reqs[i].Err != nil {
+					t.Fatalf("vec %v pitched %v: unverified %d: %v", vec, pitched, i, reqs[i].Err)
+				}
+				got := bufs[i]
+				if pitched {
+					var packed []byte
+					for r := range nhdGeo.BlockTokens {
+						packed = append(packed, got[r*pitch:r*pitch+rb]...)
+					}
+					got = packed
+				}
+				sum := store.CRC32C(got)
+				if (i == 0) != (sum == reqs[i].CRC) {
+					t.Fatalf("vec %v pitched %v: request %d: CRC %08x, bytes %08x", vec, pitched, i, reqs[i].CRC, sum)
+				}
+			}
+			if !errors.Is(reqs[2].Err, store.ErrCorrupt) {
+				t.Fatalf("verified request of the corrupt group: %v", reqs[2].Err)
+			}
+		}
+	}
+}

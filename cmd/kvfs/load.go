@@ -16,6 +16,7 @@ import (
 	"github.com/kvfs/kvfs/bench"
 	"github.com/kvfs/kvfs/benchplot"
 	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/progress"
 )
 
@@ -243,12 +244,14 @@ type benchLoadOptions struct {
 	sweep         bool
 	plot          string
 	daemonPID     int
+	into          string
+	h2dChunk      string
 }
 
 func init() {
 	var o benchLoadOptions
 	c := &cobra.Command{
-		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep [--plot FILE]] [--fill K] [--daemon-pid PID] [--json]",
+		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep [--plot FILE]] [--fill K] [--into host|cuda[:N,M]|pinned[:N]] [--daemon-pid PID] [--json]",
 		Short: "Measure loads through the control ioctls into host shared memory",
 		Long: `Measure end-to-end LOAD throughput of the kvfs mounted on MOUNTPOINT: each
 call is one LOAD ioctl of --groups-per-call groups of whole random blocks
@@ -266,6 +269,14 @@ target, laid out as --layout: nhd (vLLM/FlashAttention [blocks, tokens,
 heads, head_dim], the default), hnd (FlashInfer [blocks, heads, tokens,
 head_dim]) or hf (one Hugging Face sequence [heads, tokens, head_dim]);
 the entries go inline up to 509, else through a registered entry array.
+--into cuda[:N[,M…]] puts each caller's target in GPU memory this process
+allocates (callers round-robin over the devices) and registers it with
+REGISTER_CUDA: the daemon reads into its pinned staging buffers and copies
+to the GPU. The report adds each device's GB/s and the pinned host-to-device
+copy rate measured on it in the same run (--h2d-chunk bytes per copy).
+--into pinned[:N,…] is the simplest GPU path instead: host targets this
+process pins for CUDA (cuMemHostRegister), loaded by the daemon as host
+memory, then copied by this process to its GPU memory inside each call.
 
 Reports GB/s (wall clock), µs per ioctl (mean, p50, p99 of each call's
 latency) and µs per group (mean call latency / groups per call). --sweep runs
@@ -296,6 +307,8 @@ store's own cost with the same access pattern.`,
 	f.BoolVar(&o.sweep, "sweep", false, "measure with 1, 2, 4, 8 and 16 callers and print a table")
 	f.StringVar(&o.plot, "plot", "", "with --sweep: write a plot of GB/s against callers to FILE (.svg or .png)")
 	f.IntVar(&o.daemonPID, "daemon-pid", 0, "the daemon's pid: report its CPU core-seconds per GB")
+	f.StringVar(&o.into, "into", "host", "where the targets live: host (/dev/shm), cuda (device 0), cuda:N or cuda:N,M (jobs round-robin over the devices; per-device and aggregate GB/s, with the pinned H2D rate measured in the same run), or pinned[:N,…] (host targets pinned for CUDA, the client copies to the GPU after each call); needs --blocks-per-call")
+	f.StringVar(&o.h2dChunk, "h2d-chunk", "4MiB", "bytes per copy of the pinned H2D measurement of --into cuda")
 	addCommand(c)
 }
 
@@ -319,12 +332,23 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 			return usageErrorf("--plot: %v", err)
 		}
 	}
+	devs, pinned, err := bench.ParseInto(o.into)
+	if err != nil {
+		return usageErrorf("%v", err)
+	}
+	if len(devs) > 0 && o.blocksPerCall == 0 {
+		return usageErrorf("--into %s needs --blocks-per-call (targets in GPU memory)", o.into)
+	}
+	chunk, err := bytesize.Parse(o.h2dChunk)
+	if err != nil || chunk < 1 || chunk > 1<<30 {
+		return usageErrorf("--h2d-chunk %q: want a size up to 1GiB", o.h2dChunk)
+	}
 	c, err := client.Open(mountpoint)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	cfg := bench.LoadConfig{Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
+	cfg := bench.LoadConfig{Devices: devs, Pinned: pinned, H2DChunk: int(chunk), Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
 		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed,
 		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID}
 	// The fill's progress line ends when the fill does, before measuring.

@@ -47,6 +47,12 @@ type mountOptions struct {
 	debugFUSE   bool
 	readAhead   string
 	maxPinned   string
+	gpu         bool
+	gpuStaging  int
+	gpuBufSize  string
+	gpuDepth    int
+	gpuVerify   string
+	gpuAhead    int
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -95,7 +101,29 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.BoolVar(&o.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	f.StringVar(&o.readAhead, "read-ahead", "1MiB", "largest layer extent read with one group file's read, with a 32 MiB cache (0: neither)")
 	f.StringVar(&o.maxPinned, "max-pinned", "", "cap on client memory the engine pins for zero-copy I/O, all callers (default half the RAM; one uid gets half of it; see docs/abi.md)")
+	f.BoolVar(&o.gpu, "gpu", true, "serve REGISTER_CUDA and loads into GPU memory when the CUDA driver has a device (false: GPU requests fail with ENODEV)")
+	f.IntVar(&o.gpuStaging, "gpu-staging-buffers", 16, "pinned staging buffers per GPU (created on the GPU's first registration)")
+	f.StringVar(&o.gpuBufSize, "gpu-staging-size", "4MiB", "bytes of each GPU staging buffer")
+	f.IntVar(&o.gpuDepth, "gpu-depth", 8, "staging buffers one GPU load keeps in flight (at most --gpu-staging-buffers)")
+	f.IntVar(&o.gpuAhead, "gpu-read-ahead", 4, "staging buffers one store read of a GPU load fills (the storage's I/O in flight per call; at most --gpu-depth)")
+	f.StringVar(&o.gpuVerify, "gpu-verify", "cpu", "where loads into GPU memory are checksummed: cpu (the store, in staging) or gpu (the CRC32C kernel, where the groups land)")
 	addCommand(c)
+}
+
+// gpuOptions checks the --gpu flags.
+func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
+	n, err := bytesize.Parse(o.gpuBufSize)
+	if err != nil || n < 4096 || n > 1<<30 {
+		return ctl.GPUOptions{}, usageErrorf("--gpu-staging-size %q: want a size from 4KiB to 1GiB", o.gpuBufSize)
+	}
+	if o.gpuStaging < 1 || o.gpuStaging > 4096 || o.gpuDepth < 1 || o.gpuAhead < 1 {
+		return ctl.GPUOptions{}, usageErrorf("--gpu-staging-buffers %d, --gpu-depth %d, --gpu-read-ahead %d: want 1..4096, ≥ 1, ≥ 1", o.gpuStaging, o.gpuDepth, o.gpuAhead)
+	}
+	if o.gpuVerify != "cpu" && o.gpuVerify != "gpu" {
+		return ctl.GPUOptions{}, usageErrorf("--gpu-verify %q: want cpu or gpu", o.gpuVerify)
+	}
+	return ctl.GPUOptions{Disable: !o.gpu, StagingCount: o.gpuStaging, StagingSize: int(n), Depth: min(o.gpuDepth, o.gpuStaging),
+		ReadAhead: o.gpuAhead, VerifyOnGPU: o.gpuVerify == "gpu"}, nil
 }
 
 // parseCtl checks --ctl-mode and --ctl-group.
@@ -156,6 +184,9 @@ func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) err
 		return err
 	}
 	if _, err := o.parseMaxPinned(); err != nil {
+		return err
+	}
+	if _, err := o.gpuOptions(); err != nil {
 		return err
 	}
 	if o.metricsAddr != "" {
@@ -351,7 +382,11 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	if err != nil {
 		return err
 	}
-	ctlSrv := ctl.NewServer(s, ctl.Options{Logger: log, MaxPinnedBytes: maxPinned})
+	gpuOpts, err := o.gpuOptions()
+	if err != nil {
+		return err
+	}
+	ctlSrv := ctl.NewServer(s, ctl.Options{Logger: log, MaxPinnedBytes: maxPinned, GPU: gpuOpts})
 	defer ctlSrv.Close()
 	srv, err := fs.Mount(mountpoint, s, fs.Options{
 		Logger: log, Ctl: ctlHandler{ctlSrv}, CtlMode: ctlMode, CtlGID: ctlGID,

@@ -281,3 +281,29 @@ func BenchmarkH2DPinned(b *testing.B) {
 		})
 	}
 }
+
+// TestMemcpy2DLayout: CUDA_MEMCPY2D as cuda.h lays it out on 64-bit Linux.
+func TestMemcpy2DLayout(t *testing.T) {
+	var c memcpy2D
+	for _, f := range []struct {
+		name      string
+		off, want uintptr
+	}{
+		{"size", unsafe.Sizeof(c), 128},
+		{"srcMemoryType", unsafe.Offsetof(c.srcMemoryType), 16},
+		{"srcHost", unsafe.Offsetof(c.srcHost), 24},
+		{"srcDevice", unsafe.Offsetof(c.srcDevice), 32},
+		{"srcPitch", unsafe.Offsetof(c.srcPitch), 48},
+		{"dstXInBytes", unsafe.Offsetof(c.dstXInBytes), 56},
+		{"dstMemoryType", unsafe.Offsetof(c.dstMemoryType), 72},
+		{"dstHost", unsafe.Offsetof(c.dstHost), 80},
+		{"dstDevice", unsafe.Offsetof(c.dstDevice), 88},
+		{"dstPitch", unsafe.Offsetof(c.dstPitch), 104},
+		{"WidthInBytes", unsafe.Offsetof(c.widthInBytes), 112},
+		{"Height", unsafe.Offsetof(c.height), 120},
+	} {
+		if f.off != f.want {
+			t.Errorf("%s at %d, want %d", f.name, f.off, f.want)
+		}
+	}
+}

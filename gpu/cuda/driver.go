@@ -95,6 +95,7 @@ var drv struct {
 	cuMemcpyHtoDAsync         func(dst DevicePtr, src unsafe.Pointer, n uintptr, s Stream) Result
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src DevicePtr, n uintptr, s Stream) Result
 	cuMemcpyDtoDAsync         func(dst, src DevicePtr, n uintptr, s Stream) Result
+	cuMemcpy2DAsync           func(p unsafe.Pointer, s Stream) Result
 	cuMemsetD8                func(dst DevicePtr, v uint8, n uintptr) Result
 	cuMemsetD8Async           func(dst DevicePtr, v uint8, n uintptr, s Stream) Result
 	cuMemGetAddressRange      func(base *DevicePtr, size *uintptr, p DevicePtr) Result
@@ -176,6 +177,7 @@ func load() error {
 		{&d.cuMemcpyHtoDAsync, []string{"cuMemcpyHtoDAsync_v2"}, true},
 		{&d.cuMemcpyDtoHAsync, []string{"cuMemcpyDtoHAsync_v2"}, true},
 		{&d.cuMemcpyDtoDAsync, []string{"cuMemcpyDtoDAsync_v2"}, false},
+		{&d.cuMemcpy2DAsync, []string{"cuMemcpy2DAsync_v2"}, false},
 		{&d.cuMemsetD8, []string{"cuMemsetD8_v2"}, true},
 		{&d.cuMemsetD8Async, []string{"cuMemsetD8Async"}, false},
 		{&d.cuMemGetAddressRange, []string{"cuMemGetAddressRange_v2"}, true},
@@ -520,6 +522,91 @@ func MemcpyDtoHAsync(dst []byte, src DevicePtr, s Stream) error {
 		return nil
 	}
 	return check("cuMemcpyDtoHAsync_v2", drv.cuMemcpyDtoHAsync(unsafe.Pointer(&dst[0]), src, uintptr(len(dst)), s))
+}
+
+// memcpy2D is CUDA_MEMCPY2D (cuda.h, 128 bytes): host addresses as
+// uintptr, so the struct holds no Go pointers.
+type memcpy2D struct {
+	srcXInBytes, srcY uintptr
+	srcMemoryType     uint32
+	_                 uint32
+	srcHost           uintptr
+	srcDevice         DevicePtr
+	srcArray          uintptr
+	srcPitch          uintptr
+	dstXInBytes, dstY uintptr
+	dstMemoryType     uint32
+	_                 uint32
+	dstHost           uintptr
+	dstDevice         DevicePtr
+	dstArray          uintptr
+	dstPitch          uintptr
+	widthInBytes      uintptr
+	height            uintptr
+}
+
+// CUmemorytype.
+const (
+	memoryTypeHost   = 1
+	memoryTypeDevice = 2
+)
+
+func need2D() error {
+	if err := Load(); err != nil {
+		return err
+	}
+	if drv.cuMemcpy2DAsync == nil {
+		return fmt.Errorf("%w: cuMemcpy2DAsync_v2", ErrMissingSymbol)
+	}
+	return nil
+}
+
+// Has2D reports whether the driver has cuMemcpy2DAsync_v2.
+func Has2D() bool { return Load() == nil && drv.cuMemcpy2DAsync != nil }
+
+// Memcpy2DHtoDAsync queues a pitched copy of rows rows of width bytes from
+// src (row r at r*srcPitch) to dst (row r at dst + r*dstPitch) on s. src
+// must hold (rows-1)*srcPitch + width bytes and stay untouched until the
+// copy is known complete.
+func Memcpy2DHtoDAsync(dst DevicePtr, dstPitch int, src []byte, srcPitch, width, rows int, s Stream) error {
+	if err := need2D(); err != nil {
+		return err
+	}
+	if rows <= 0 || width <= 0 {
+		return nil
+	}
+	if width > srcPitch || width > dstPitch || len(src) < (rows-1)*srcPitch+width {
+		return fmt.Errorf("cuda: bad 2D copy: %d rows × %d bytes, pitches %d/%d, %d source bytes", rows, width, srcPitch, dstPitch, len(src))
+	}
+	c := memcpy2D{
+		srcMemoryType: memoryTypeHost, srcHost: uintptr(unsafe.Pointer(&src[0])), srcPitch: uintptr(srcPitch),
+		dstMemoryType: memoryTypeDevice, dstDevice: dst, dstPitch: uintptr(dstPitch),
+		widthInBytes: uintptr(width), height: uintptr(rows),
+	}
+	err := check("cuMemcpy2DAsync_v2", drv.cuMemcpy2DAsync(unsafe.Pointer(&c), s))
+	runtime.KeepAlive(src)
+	return err
+}
+
+// Memcpy2DDtoHAsync queues a pitched copy from device src into dst.
+func Memcpy2DDtoHAsync(dst []byte, dstPitch int, src DevicePtr, srcPitch, width, rows int, s Stream) error {
+	if err := need2D(); err != nil {
+		return err
+	}
+	if rows <= 0 || width <= 0 {
+		return nil
+	}
+	if width > srcPitch || width > dstPitch || len(dst) < (rows-1)*dstPitch+width {
+		return fmt.Errorf("cuda: bad 2D copy: %d rows × %d bytes, pitches %d/%d, %d destination bytes", rows, width, srcPitch, dstPitch, len(dst))
+	}
+	c := memcpy2D{
+		srcMemoryType: memoryTypeDevice, srcDevice: src, srcPitch: uintptr(srcPitch),
+		dstMemoryType: memoryTypeHost, dstHost: uintptr(unsafe.Pointer(&dst[0])), dstPitch: uintptr(dstPitch),
+		widthInBytes: uintptr(width), height: uintptr(rows),
+	}
+	err := check("cuMemcpy2DAsync_v2", drv.cuMemcpy2DAsync(unsafe.Pointer(&c), s))
+	runtime.KeepAlive(dst)
+	return err
 }
 
 // MemcpyDtoDAsync queues a device-to-device copy on s.

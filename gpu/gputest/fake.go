@@ -42,6 +42,9 @@ type Device struct {
 	FailEnqueue func(i int) error
 	// FailRecord, when set, is asked at each event record.
 	FailRecord func() error
+	// Enable2D makes the device a gpu.Copier2D (a pitched copy is queued
+	// as one operation per row, run in order like any other).
+	Enable2D bool
 
 	mu       sync.Mutex
 	cond     sync.Cond
@@ -53,6 +56,7 @@ type Device struct {
 	enq      int
 	viol     []string
 	syncs    int
+	copies2D int
 	events   int
 }
 
@@ -205,6 +209,51 @@ func (d *Device) CopyH2D(dst uint64, src []byte) error { return d.queue(true, ds
 
 // CopyD2H implements gpu.Device.
 func (d *Device) CopyD2H(dst []byte, src uint64) error { return d.queue(false, src, dst) }
+
+// Bind implements gpu.Binder (no per-thread setup: fn gets the device).
+func (d *Device) Bind(fn func(q gpu.Device) error) error { return fn(d) }
+
+// Can2D implements gpu.Copier2D.
+func (d *Device) Can2D() bool { return d.Enable2D }
+
+// CopyH2D2D implements gpu.Copier2D.
+func (d *Device) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error {
+	if width > srcPitch || width > dstPitch || len(src) < (rows-1)*srcPitch+width {
+		return fmt.Errorf("gputest: bad 2D copy: %d rows × %d, pitches %d/%d, %d bytes", rows, width, srcPitch, dstPitch, len(src))
+	}
+	d.mu.Lock()
+	d.copies2D++
+	d.mu.Unlock()
+	for r := range rows {
+		if err := d.queue(true, dst+uint64(r*dstPitch), src[r*srcPitch:r*srcPitch+width]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CopyD2H2D implements gpu.Copier2D.
+func (d *Device) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
+	if width > srcPitch || width > dstPitch || len(dst) < (rows-1)*dstPitch+width {
+		return fmt.Errorf("gputest: bad 2D copy: %d rows × %d, pitches %d/%d, %d bytes", rows, width, srcPitch, dstPitch, len(dst))
+	}
+	d.mu.Lock()
+	d.copies2D++
+	d.mu.Unlock()
+	for r := range rows {
+		if err := d.queue(false, src+uint64(r*srcPitch), dst[r*dstPitch:r*dstPitch+width]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Copies2D is how many 2D copies were queued.
+func (d *Device) Copies2D() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.copies2D
+}
 
 // Synchronize implements gpu.Device.
 func (d *Device) Synchronize() error {

@@ -8,7 +8,7 @@
 #            private apt config under the cache dir; /etc/apt is not touched),
 #            busybox-static and a Debian kernel downloaded and unpacked in the
 #            cache dir.
-#   build    static test binaries (CGO_ENABLED=0 go test -c).
+#   build    static test binaries (CGO_ENABLED=0 go test -c -tags kvfs_nocuda: no libc in the guest).
 #   initrd   busybox initramfs: /init mounts proc/sys/devtmpfs, insmods the
 #            NVMe modules (dependencies from each module's depends=), waits
 #            for /dev/ng0n1, runs the tests, reports their exit code through
@@ -156,12 +156,12 @@ stage_end apt "($qemu_version; kernel $kver)"
 stage_start build
 mkdir -p "$work/root/bin"
 # Stripped: the guest kernel unpacks every byte of the initramfs under TCG.
-(cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvme.test" ./nvme/)
-(cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvmeengine.test" ./engine/nvme/)
-(cd "$repo" && CGO_ENABLED=0 go test -c -ldflags='-s -w' -o "$work/root/bin/nvmeint.test" ./integration/nvme/)
+(cd "$repo" && CGO_ENABLED=0 go test -c -tags kvfs_nocuda -ldflags='-s -w' -o "$work/root/bin/nvme.test" ./nvme/)
+(cd "$repo" && CGO_ENABLED=0 go test -c -tags kvfs_nocuda -ldflags='-s -w' -o "$work/root/bin/nvmeengine.test" ./engine/nvme/)
+(cd "$repo" && CGO_ENABLED=0 go test -c -tags kvfs_nocuda -ldflags='-s -w' -o "$work/root/bin/nvmeint.test" ./integration/nvme/)
 # The CLI, for TestStoreCLI. A CLI that does not build fails the rig (the
 # test would only skip, which the rig does not accept either).
-(cd "$repo" && CGO_ENABLED=0 go build -ldflags='-s -w' -o "$work/root/bin/kvfs" ./cmd/kvfs) ||
+(cd "$repo" && CGO_ENABLED=0 go build -tags kvfs_nocuda -ldflags='-s -w' -o "$work/root/bin/kvfs" ./cmd/kvfs) ||
 	die "cmd/kvfs does not build"
 stage_end build
 

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"errors"
+	"syscall"
+	"testing"
+
+	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu/cuda"
+)
+
+// TestMountGPUFlags: bad --gpu-* values are usage errors, caught before
+// the store is opened.
+func TestMountGPUFlags(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--gpu-staging-size", "1KiB"}, "--gpu-staging-size"},
+		{[]string{"--gpu-staging-size", "lots"}, "--gpu-staging-size"},
+		{[]string{"--gpu-staging-buffers", "0"}, "--gpu-staging-buffers"},
+		{[]string{"--gpu-depth", "0"}, "--gpu-depth"},
+		{[]string{"--gpu-verify", "both"}, "--gpu-verify"},
+	} {
+		kvfs(t, nil, append([]string{"mount", dir + "/none.kvfs", dir}, c.args...)...).want(t, 2, c.msg)
+	}
+}
+
+// TestBenchLoadIntoFlags: --into is checked before the mount is touched.
+func TestBenchLoadIntoFlags(t *testing.T) {
+	dir := t.TempDir()
+	kvfs(t, nil, "bench-load", dir, "--into", "gpu").want(t, 2, "--into")
+	kvfs(t, nil, "bench-load", dir, "--into", "cuda:0").want(t, 2, "--blocks-per-call")
+}
+
+// TestRegisterCUDAThroughMount: a GPU request to a daemon without a usable
+// GPU fails with ENODEV and a reason, INFO has no KVFS_CAP_CUDA, and the
+// session goes on serving (on a machine with a GPU the bogus handle is
+// refused with EINVAL instead).
+func TestRegisterCUDAThroughMount(t *testing.T) {
+	dir, _ := mountForLoad(t)
+	c, err := client.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	gpu := cuda.Available()
+	if c.Info().Has(abi.CapCUDA) != gpu {
+		t.Fatalf("KVFS_CAP_CUDA %v on a machine where the driver's device is %v", c.Info().Has(abi.CapCUDA), gpu)
+	}
+	_, err = c.RegisterCUDA([64]byte{1, 2, 3}, 0, 4096, 0)
+	want := syscall.ENODEV
+	if gpu {
+		want = syscall.EINVAL
+	}
+	if !errors.Is(err, want) {
+		t.Fatalf("register-cuda: %v, want %v", err, want)
+	}
+	if _, err := c.RegisterCUDA([64]byte{}, 0, 0, 0); !errors.Is(err, syscall.ERANGE) {
+		t.Fatalf("zero length: %v", err)
+	}
+	b, err := c.NewHostBuffer("", 4096)
+	if err != nil {
+		t.Fatalf("host registration after a refused GPU one: %v", err)
+	}
+	b.Close()
+}

@@ -1,0 +1,465 @@
+package ctl
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu"
+	"github.com/kvfs/kvfs/gpu/cuda"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// Errors of the GPU path (docs/abi.md, "REGISTER_CUDA").
+var (
+	// ErrNoGPU: the daemon has no usable CUDA driver or no such device
+	// (ENODEV), or GPU support is disabled (--gpu=false).
+	ErrNoGPU = errors.New("ctl: no usable GPU")
+	// ErrGPUHandle: the driver refused the IPC handle (EINVAL).
+	ErrGPUHandle = errors.New("ctl: CUDA IPC handle could not be opened")
+	// ErrGPUOwner: the caller may not use the GPU itself, or the handle
+	// is not its own process's (EACCES).
+	ErrGPUOwner = errors.New("ctl: GPU memory not the caller's")
+)
+
+// GPU is one device as the server uses it: the copy queue, events and
+// pinned memory of gpu.Device, and the opening of other processes' exported
+// allocations. *gpu.CUDA implements it through OpenCUDA.
+type GPU interface {
+	gpu.Device
+	// OpenIPC maps an allocation exported with cuIpcGetMemHandle (taken at
+	// its base); the mapping is the whole allocation.
+	OpenIPC(handle [64]byte) (GPUMemory, error)
+	// Exporter is the id of the process that exported handle, as the
+	// driver recorded it in the handle; ok is false when the handle does
+	// not say.
+	Exporter(handle [64]byte) (pid uint32, ok bool)
+	// Close releases the device (after its pool was closed).
+	Close() error
+}
+
+// GPUMemory is an opened allocation.
+type GPUMemory interface {
+	// Range is where the allocation is mapped in the daemon and its size.
+	Range() (base uint64, size uint64)
+	// Close waits for the device's queued copies and unmaps it.
+	Close() error
+}
+
+// GPUOptions configure the GPU path. The zero value opens CUDA devices
+// through the driver (libcuda.so.1) on first use.
+type GPUOptions struct {
+	// Disable refuses every GPU request with ENODEV and never loads the
+	// driver.
+	Disable bool
+	// Open opens device ordinal; nil means the CUDA driver (OpenCUDA).
+	Open func(ordinal int) (GPU, error)
+	// Available reports whether GPU requests can work (INFO's
+	// KVFS_CAP_CUDA); nil means the CUDA driver loads and has a device.
+	Available func() bool
+	// StagingCount and StagingSize size each device's pool of pinned
+	// staging buffers (default 16 × 4 MiB).
+	StagingCount, StagingSize int
+	// Depth is the staging buffers one batch keeps in flight (default 8).
+	Depth int
+	// ReadAhead is the staging buffers one store read fills (default 4,
+	// at most Depth): the storage's I/O in flight per GPU load.
+	ReadAhead int
+	// VerifyOnGPU checks loaded groups where they land, in GPU memory,
+	// with the CRC32C kernel (gpu.GPUVerifier) instead of on the CPU in
+	// staging. NewVerifier, when set, replaces the kernel (tests).
+	VerifyOnGPU bool
+	// TrustHandles skips the exporter check: by default a caller may
+	// register only a handle its own process exported (GPU.Exporter
+	// against the caller's process id). Only for a daemon that serves one
+	// trusted client, or tests that export from one process and register
+	// from another; kvfs mount never sets it.
+	TrustHandles bool
+	NewVerifier  func(ordinal int, geo gpu.Geometry) (verify func([]*gpu.Item) error, close func() error, err error)
+}
+
+// OpenCUDA opens a CUDA device for the server.
+func OpenCUDA(ordinal int) (GPU, error) {
+	g, err := gpu.OpenCUDA(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	return cudaGPU{g}, nil
+}
+
+type cudaGPU struct{ *gpu.CUDA }
+
+// Exporter reads the exporting process's id from a legacy CUDA IPC handle:
+// the driver stores it, little-endian, in bytes 8..11 (not documented by
+// NVIDIA; observed with driver 580 on the H200 by scripts/ipc-probe.py,
+// which prints it for two processes, and checked by the device test
+// TestForeignHandleRefused). cuIpcOpenMemHandle finds the exporter's
+// memory through that pid, so a handle rewritten to carry the caller's pid
+// does not open another process's allocation.
+func (g cudaGPU) Exporter(h [64]byte) (uint32, bool) {
+	pid := binary.LittleEndian.Uint32(h[8:12])
+	return pid, pid != 0
+}
+
+func (g cudaGPU) OpenIPC(h [64]byte) (GPUMemory, error) {
+	m, err := g.CUDA.OpenIPC(h)
+	if err != nil {
+		return nil, err
+	}
+	return cudaMem{m}, nil
+}
+
+type cudaMem struct{ *gpu.IPCMemory }
+
+func (m cudaMem) Range() (uint64, uint64) { return m.Base, uint64(m.Size) }
+
+// gpuDev is the server's state for one device ordinal, created on the first
+// registration that names it and kept until the server closes: the device
+// (context and copy stream), its staging pool and the pipeline over it.
+type gpuDev struct {
+	ordinal int
+	g       GPU
+	pool    *gpu.Pool
+	pipe    *gpu.Pipeline
+	vclose  func() error // the GPU verifier's, nil without one
+}
+
+// gpus is the server's per-device table.
+type gpus struct {
+	opts  GPUOptions
+	log   *zap.Logger
+	reg   gpu.Registrar
+	geo   gpu.Geometry
+	avail struct {
+		once sync.Once
+		ok   bool
+	}
+	mu   sync.Mutex
+	devs map[int]*gpuDev
+}
+
+func (g *gpus) available() bool {
+	if g.opts.Disable {
+		return false
+	}
+	g.avail.once.Do(func() {
+		if g.opts.Available != nil {
+			g.avail.ok = g.opts.Available()
+			return
+		}
+		g.avail.ok = cuda.Available()
+	})
+	return g.avail.ok
+}
+
+// device returns ordinal's state, creating it on first use. Devices are
+// independent: creating or using one never waits on another's copies (the
+// table lock is held only while a device is opened, and a failure is not
+// cached so a transient one can be retried).
+func (g *gpus) device(ordinal int) (*gpuDev, error) {
+	if g.opts.Disable {
+		return nil, fmt.Errorf("%w: GPU support disabled", ErrNoGPU)
+	}
+	if ordinal < 0 {
+		return nil, fmt.Errorf("%w: device %d", ErrNoGPU, ordinal)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if d := g.devs[ordinal]; d != nil {
+		return d, nil
+	}
+	open := g.opts.Open
+	if open == nil {
+		open = OpenCUDA
+	}
+	dev, err := open(ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("%w: device %d: %w", ErrNoGPU, ordinal, err)
+	}
+	pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: g.opts.StagingCount, Size: g.opts.StagingSize, Registrar: g.reg})
+	if err != nil {
+		_ = dev.Close()
+		return nil, fmt.Errorf("%w: device %d staging: %w", ErrNoGPU, ordinal, err)
+	}
+	d := &gpuDev{ordinal: ordinal, g: dev, pool: pool,
+		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth, ReadAhead: g.opts.ReadAhead}}
+	if d.pipe.Depth <= 0 {
+		d.pipe.Depth = 8
+	}
+	if g.opts.VerifyOnGPU {
+		nv := g.opts.NewVerifier
+		if nv == nil {
+			nv = func(o int, geo gpu.Geometry) (func([]*gpu.Item) error, func() error, error) {
+				v, err := gpu.NewGPUVerifier(o, geo)
+				if err != nil {
+					return nil, nil, err
+				}
+				return v.Verify, v.Close, nil
+			}
+		}
+		verify, vclose, err := nv(ordinal, g.geo)
+		if err != nil {
+			_ = pool.Close()
+			_ = dev.Close()
+			return nil, fmt.Errorf("%w: device %d: GPU checksum kernel: %w", ErrNoGPU, ordinal, err)
+		}
+		d.pipe.Verify, d.vclose = verify, vclose
+	}
+	if g.devs == nil {
+		g.devs = map[int]*gpuDev{}
+	}
+	g.devs[ordinal] = d
+	g.log.Info("ctl: GPU device opened", zap.Int("device", ordinal),
+		zap.Int("staging", pool.Count()), zap.Int("staging_bytes", pool.BufferSize()), zap.Int("fixed", pool.Registered()),
+		zap.Bool("verify_on_gpu", d.vclose != nil))
+	return d, nil
+}
+
+// close frees every device's pool and releases the devices.
+func (g *gpus) close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var err error
+	for o, d := range g.devs {
+		if d.vclose != nil {
+			err = errors.Join(err, d.vclose())
+		}
+		err = errors.Join(err, d.pool.Close(), d.g.Close())
+		delete(g.devs, o)
+	}
+	return err
+}
+
+// cudaBuf is a registered range of another process's allocation.
+type cudaBuf struct {
+	dev  *gpuDev
+	mem  GPUMemory
+	addr uint64 // device address of the registered range's first byte
+	n    uint64
+}
+
+// gpuDeviceFiles are the files a process opens to use an NVIDIA GPU at
+// all; a caller that may not open them read-write could not use the
+// allocation it names itself.
+var gpuDeviceFiles = []string{"/dev/nvidiactl", "/dev/nvidia-uvm"}
+
+// checkGPUAccess opens the GPU device files with the caller's credentials
+// (asCaller): the daemon maps a GPU allocation only for a caller the
+// kernel would let use the GPU itself. Files missing on this machine (the
+// fake devices of tests) are skipped.
+func checkGPUAccess(c *cred) error {
+	return asCaller(c, func() error {
+		for _, f := range gpuDeviceFiles {
+			fd, err := unix.Open(f, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+			if err == unix.ENOENT {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("%w: %s: %w", ErrGPUOwner, f, err)
+			}
+			unix.Close(fd)
+		}
+		return nil
+	})
+}
+
+// registerCUDA serves REGISTER_CUDA: check the caller, open the device's
+// state, open the handle, check offset and length against the allocation
+// the driver reports, then add the registration to the session.
+func (ss *Session) registerCUDA(tid uint32, r *abi.RegisterCUDA) (registration, error) {
+	s := ss.srv
+	if s.gpus.opts.Disable {
+		return registration{}, fmt.Errorf("%w: GPU support disabled", ErrNoGPU)
+	}
+	c, err := callerCred(tid)
+	if err != nil {
+		return registration{}, err
+	}
+	if err := checkGPUAccess(c); err != nil {
+		return registration{}, err
+	}
+	ss.mu.Lock()
+	closed, nbuf, nbytes := ss.mu.closed, len(ss.mu.bufs), ss.mu.bytes
+	ss.mu.Unlock()
+	if closed {
+		return registration{}, ErrClosed
+	}
+	if nbuf >= s.opts.MaxBuffers {
+		return registration{}, fmt.Errorf("%w: %d", ErrTooManyBuffers, s.opts.MaxBuffers)
+	}
+	if r.Length > uint64(s.opts.MaxRegisteredBytes-nbytes) {
+		return registration{}, fmt.Errorf("%w: %d bytes registered, %d more asked, limit %d", ErrQuota, nbytes, r.Length, s.opts.MaxRegisteredBytes)
+	}
+	d, err := s.gpus.device(int(r.Device))
+	if err != nil {
+		return registration{}, err
+	}
+	if !s.gpus.opts.TrustHandles {
+		pid, ok := d.g.Exporter(r.Handle)
+		if !ok {
+			return registration{}, fmt.Errorf("%w: the handle names no exporting process", ErrGPUOwner)
+		}
+		if !c.isProcess(pid) {
+			return registration{}, fmt.Errorf("%w: the handle was exported by process %d, not by the caller (process %d)", ErrGPUOwner, pid, c.tgid)
+		}
+	}
+	m, err := d.g.OpenIPC(r.Handle)
+	if err != nil {
+		return registration{}, fmt.Errorf("%w: device %d: %w", ErrGPUHandle, r.Device, err)
+	}
+	base, size := m.Range()
+	if r.Offset > size || r.Length > size-r.Offset {
+		_ = m.Close()
+		return registration{}, fmt.Errorf("%w: %d bytes at offset %d of a %d-byte allocation", ErrLength, r.Length, r.Offset, size)
+	}
+	b := &buffer{path: fmt.Sprintf("cuda:%d", r.Device), uid: c.ruid,
+		cuda: &cudaBuf{dev: d, mem: m, addr: base + r.Offset, n: r.Length}}
+	return ss.add(b, int64(r.Length))
+}
+
+// gpuBatch moves the valid entries of ents that name CUDA buffers through
+// their devices' pipelines (package gpu): LOAD reads into pinned staging
+// and copies to the device, STORE copies from the device into staging and
+// writes from there. Each device's entries run on their own goroutine, so
+// one device's copies never wait on another's. The store verifies every
+// group's CRC32C in staging before it is copied (a corrupt group is zeroed
+// there, copied as zeros and reported Corrupt), or, with VerifyOnGPU, the
+// kernel verifies it on the device once copied and zeroes it there;
+// STORE's checksums are of the staging bytes written.
+func (ss *Session) gpuBatch(ents []ent, load bool) error {
+	s := ss.srv
+	var devs []*gpuDev
+	var idx [][]int
+	for i := range ents {
+		e := &ents[i]
+		if !e.valid || e.b.cuda == nil {
+			continue
+		}
+		k := 0
+		for k < len(devs) && devs[k] != e.b.cuda.dev {
+			k++
+		}
+		if k == len(devs) {
+			devs = append(devs, e.b.cuda.dev)
+			idx = append(idx, nil)
+		}
+		idx[k] = append(idx[k], i)
+	}
+	if len(devs) == 0 {
+		return nil
+	}
+	run := func(d *gpuDev, idx []int) error {
+		items := make([]gpu.Item, len(idx))
+		for k, i := range idx {
+			e := &ents[i]
+			items[k] = gpu.Item{Key: e.key(), Dst: e.b.cuda.addr + e.e.Offset, Pitch: int(e.e.Pitch)}
+		}
+		var err error
+		if load {
+			err = d.pipe.Load(s.st, items)
+		} else {
+			err = d.pipe.Store(s.st, items)
+		}
+		for k, i := range idx {
+			e := &ents[i]
+			if load {
+				e.st, e.det = loadStatus(items[k].Err)
+				if e.st == abi.Corrupt {
+					s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", d.ordinal), zap.Error(items[k].Err))
+				}
+			} else {
+				e.st, e.det = storeStatus(items[k].Err)
+			}
+		}
+		if err != nil && !errors.Is(err, store.ErrClosed) {
+			s.log.Warn("ctl: GPU batch failed", zap.Int("device", d.ordinal), zap.Bool("load", load), zap.Error(err))
+			err = nil // reported per entry
+		}
+		return err
+	}
+	t0 := time.Now()
+	defer func() { s.m.storeNs.Add(uint64(time.Since(t0))) }()
+	if len(devs) == 1 {
+		return run(devs[0], idx[0])
+	}
+	errs := make([]error, len(devs))
+	var wg sync.WaitGroup
+	for k := range devs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = run(devs[k], idx[k])
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// gpuBlocks serves LOAD_BLOCKS and STORE_BLOCKS on a target in CUDA memory:
+// every group of the valid entries becomes one pipeline item (its tile's
+// device address and the target's row pitch), moved by the target's device
+// pipeline in one call; each entry then reports its groups' outcomes as on
+// the host path.
+func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool) error {
+	s := ss.srv
+	n := 0
+	for i := range ents {
+		if ents[i].valid {
+			n += int(ents[i].groups)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	pitch := 0
+	if !t.lay.Packed {
+		pitch = int(t.lay.RowPitch)
+	}
+	items := make([]gpu.Item, 0, n)
+	owner := make([]int32, 0, n)
+	for i := range ents {
+		e := &ents[i]
+		if !e.valid {
+			continue
+		}
+		groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
+			items = append(items, gpu.Item{Key: k, Dst: r.b.cuda.addr + off, Pitch: pitch})
+			owner = append(owner, int32(i))
+		})
+	}
+	t0 := time.Now()
+	var err error
+	if load {
+		err = t.dev.pipe.Load(s.st, items)
+	} else {
+		err = t.dev.pipe.Store(s.st, items)
+	}
+	s.m.storeNs.Add(uint64(time.Since(t0)))
+	if errors.Is(err, store.ErrClosed) {
+		return err
+	}
+	if err != nil {
+		s.log.Warn("ctl: GPU blocks batch failed", zap.Int("device", t.dev.ordinal), zap.Bool("load", load), zap.Error(err))
+	}
+	for k := range items {
+		var st abi.Status
+		var det abi.Detail
+		if load {
+			st, det = loadStatus(items[k].Err)
+			if st == abi.Corrupt {
+				s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", t.dev.ordinal), zap.Error(items[k].Err))
+			}
+		} else {
+			st, det = storeStatus(items[k].Err)
+		}
+		ents[owner[k]].tally(st, det)
+	}
+	return nil
+}

@@ -1,0 +1,612 @@
+package ctl
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu"
+	"github.com/kvfs/kvfs/gpu/cuda"
+	"github.com/kvfs/kvfs/gpu/gputest"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+)
+
+// fakeGPU is a gputest.Device whose "IPC handles" name allocations of its
+// arena: bytes 0..8 the base, 8..16 the size, 16..24 a magic.
+type fakeGPU struct {
+	*gputest.Device
+	mu     sync.Mutex
+	opened int // mappings open now
+	closed bool
+}
+
+const fakeMagic = 0x6b766673_67707521
+
+func fakeHandle(base, size uint64) [64]byte {
+	var h [64]byte
+	binary.LittleEndian.PutUint64(h[0:], base)
+	binary.LittleEndian.PutUint64(h[8:], size)
+	binary.LittleEndian.PutUint64(h[16:], fakeMagic)
+	binary.LittleEndian.PutUint32(h[24:], uint32(os.Getpid())) // the exporter: this process
+	return h
+}
+
+func (g *fakeGPU) Exporter(h [64]byte) (uint32, bool) {
+	pid := binary.LittleEndian.Uint32(h[24:])
+	return pid, pid != 0
+}
+
+type fakeMem struct {
+	g          *fakeGPU
+	base, size uint64
+	once       sync.Once
+}
+
+func (m *fakeMem) Range() (uint64, uint64) { return m.base, m.size }
+
+func (m *fakeMem) Close() error {
+	m.once.Do(func() {
+		_ = m.g.Synchronize()
+		m.g.mu.Lock()
+		m.g.opened--
+		m.g.mu.Unlock()
+	})
+	return nil
+}
+
+func (g *fakeGPU) OpenIPC(h [64]byte) (GPUMemory, error) {
+	if binary.LittleEndian.Uint64(h[16:]) != fakeMagic {
+		return nil, errors.New("fake: invalid handle")
+	}
+	g.mu.Lock()
+	g.opened++
+	g.mu.Unlock()
+	return &fakeMem{g: g, base: binary.LittleEndian.Uint64(h[0:]), size: binary.LittleEndian.Uint64(h[8:])}, nil
+}
+
+func (g *fakeGPU) Close() error {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	return nil
+}
+
+func (g *fakeGPU) open() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.opened
+}
+
+const fakeArena = 1 << 20
+
+// gpuFixture is a server whose devices 0 and 1 are fakes.
+func gpuFixture(t *testing.T, devs int, mods ...func(*GPUOptions, []*fakeGPU)) (*fixture, []*fakeGPU) {
+	t.Helper()
+	fakes := make([]*fakeGPU, devs)
+	for i := range fakes {
+		fakes[i] = &fakeGPU{Device: gputest.NewDevice(fakeArena)}
+		t.Cleanup(fakes[i].Device.Close)
+	}
+	o := GPUOptions{
+		Open: func(o int) (GPU, error) {
+			if o >= len(fakes) {
+				return nil, fmt.Errorf("fake: %w: %d", cuda.ErrNoDevice, o)
+			}
+			return fakes[o], nil
+		},
+		Available:    func() bool { return true },
+		StagingCount: 4, StagingSize: 4 * testGeo.GroupBytes(),
+	}
+	for _, m := range mods {
+		m(&o, fakes)
+	}
+	f := newFixture(t, 16, Options{GPU: o})
+	return f, fakes
+}
+
+func registerCUDA(ss *Session, tid uint32, r abi.RegisterCUDA) (abi.RegisterCUDA, syscall.Errno) {
+	in := make([]byte, abi.RegisterCUDASize)
+	if r.ABI == 0 {
+		r.ABI = abi.Version
+	}
+	r.Marshal(in)
+	out := make([]byte, abi.RegisterCUDASize)
+	_, errno := ss.IoctlFrom(tid, abi.CmdRegisterCUDA, in, out)
+	var got abi.RegisterCUDA
+	got.Unmarshal(out)
+	return got, errno
+}
+
+func mustRegisterCUDA(t *testing.T, ss *Session, dev uint32, base, size, off, n uint64) uint32 {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	got, errno := registerCUDA(ss, uint32(unix.Gettid()), abi.RegisterCUDA{Handle: fakeHandle(base, size), Offset: off, Length: n, Device: dev})
+	if errno != 0 {
+		t.Fatalf("register-cuda: %v", errno)
+	}
+	if got.Buffer == 0 || got.Length != n {
+		t.Fatalf("register-cuda reply %+v", got)
+	}
+	return got.Buffer
+}
+
+func TestRegisterCUDAWithoutGPU(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    GPUOptions
+	}{
+		{"disabled", GPUOptions{Disable: true}},
+		{"no driver", GPUOptions{
+			Open:      func(int) (GPU, error) { return nil, fmt.Errorf("x: %w", cuda.ErrNoDriver) },
+			Available: func() bool { return false },
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, 4, Options{GPU: tc.o})
+			ss := f.open(0, 0)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			_, errno := registerCUDA(ss, uint32(unix.Gettid()), abi.RegisterCUDA{Handle: fakeHandle(gputest.Base, 4096), Length: 4096})
+			if errno != syscall.ENODEV {
+				t.Fatalf("register-cuda without a GPU: %v, want ENODEV", errno)
+			}
+			info := make([]byte, abi.InfoSize)
+			if _, errno := ss.Ioctl(abi.CmdInfo, nil, info); errno != 0 {
+				t.Fatal(errno)
+			}
+			var i abi.Info
+			i.Unmarshal(info)
+			if i.Caps&abi.CapCUDA != 0 {
+				t.Fatalf("INFO reports KVFS_CAP_CUDA without a GPU")
+			}
+			if ss.Buffers() != 0 {
+				t.Fatalf("a failed registration left %d buffers", ss.Buffers())
+			}
+			// Host registrations and loads are unaffected.
+			f.put(blockKeys(1), 1)
+			s := newShm(t, f.gb, 0)
+			id := mustRegister(t, ss, s)
+			got := mustBatch(t, ss, true, []abi.Entry{entry(blockKeys(1)[0], id, 0, 0)})
+			if got[0].Status != abi.OK || !bytes.Equal(s.mem[:f.gb], groupData(blockKeys(1)[0], 1)) {
+				t.Fatalf("host load beside a GPU-less server: %v", got[0].Status)
+			}
+		})
+	}
+}
+
+func TestRegisterCUDAHostile(t *testing.T) {
+	f, fakes := gpuFixture(t, 1)
+	ss := f.open(0, 0)
+	base := gputest.Base + 4096
+	good := abi.RegisterCUDA{Handle: fakeHandle(base, 8192), Offset: 0, Length: 8192}
+	for _, tc := range []struct {
+		name   string
+		caller bool
+		mod    func(r *abi.RegisterCUDA)
+		want   syscall.Errno
+	}{
+		{"unknown caller", false, nil, syscall.ESRCH},
+		{"bad handle", true, func(r *abi.RegisterCUDA) { binary.LittleEndian.PutUint64(r.Handle[16:], 7) }, syscall.EINVAL},
+		{"handle without exporter", true, func(r *abi.RegisterCUDA) { r.Handle = [64]byte{1, 2, 3} }, syscall.EACCES},
+		{"another process's handle", true, func(r *abi.RegisterCUDA) { binary.LittleEndian.PutUint32(r.Handle[24:], 1) }, syscall.EACCES},
+		{"past the allocation", true, func(r *abi.RegisterCUDA) { r.Offset = 4096; r.Length = 4097 }, syscall.ERANGE},
+		{"offset past the end", true, func(r *abi.RegisterCUDA) { r.Offset = 8193; r.Length = 1 }, syscall.ERANGE},
+		{"overflowing range", true, func(r *abi.RegisterCUDA) { r.Offset = 1 << 63; r.Length = 1 << 63 }, syscall.ERANGE},
+		{"zero length", true, func(r *abi.RegisterCUDA) { r.Length = 0 }, syscall.ERANGE},
+		{"flags", true, func(r *abi.RegisterCUDA) { r.Flags = 1 }, syscall.EINVAL},
+		{"reserved", true, func(r *abi.RegisterCUDA) { r.Reserved[3] = 1 }, syscall.EINVAL},
+		{"buffer set on input", true, func(r *abi.RegisterCUDA) { r.Buffer = 7 }, syscall.EINVAL},
+		{"no such device", true, func(r *abi.RegisterCUDA) { r.Device = 5 }, syscall.ENODEV},
+		{"huge device ordinal", true, func(r *abi.RegisterCUDA) { r.Device = 1 << 31 }, syscall.ENODEV},
+		{"old ABI", true, func(r *abi.RegisterCUDA) { r.ABI = 99 }, syscall.EPROTO},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			tid := uint32(unix.Gettid())
+			if !tc.caller {
+				tid = 0
+			}
+			r := good
+			if tc.mod != nil {
+				tc.mod(&r)
+			}
+			if _, errno := registerCUDA(ss, tid, r); errno != tc.want {
+				t.Fatalf("errno %v, want %v", errno, tc.want)
+			}
+			if ss.Buffers() != 0 || fakes[0].open() != 0 {
+				t.Fatalf("refused registration left %d buffers, %d mappings", ss.Buffers(), fakes[0].open())
+			}
+		})
+	}
+	// A registration is closed by UNREGISTER and by the session's release.
+	id := mustRegisterCUDA(t, ss, 0, base, 8192, 512, 4096)
+	if fakes[0].open() != 1 {
+		t.Fatalf("mappings open: %d", fakes[0].open())
+	}
+	if errno := unregister(ss, id); errno != 0 {
+		t.Fatal(errno)
+	}
+	mustRegisterCUDA(t, ss, 0, base, 8192, 0, 8192)
+	mustRegisterCUDA(t, ss, 0, base, 8192, 0, 8192)
+	if fakes[0].open() != 2 {
+		t.Fatalf("mappings open: %d", fakes[0].open())
+	}
+	ss.Release()
+	if fakes[0].open() != 0 {
+		t.Fatalf("release left %d mappings open", fakes[0].open())
+	}
+}
+
+func TestLoadStoreCUDA(t *testing.T) {
+	f, fakes := gpuFixture(t, 1)
+	dev := fakes[0]
+	ss := f.open(0, 0)
+	gb := uint64(f.gb)
+	keys := blockKeys(3)
+	f.put(keys, 1)
+	bad := keys[5]
+	f.corrupt(bad)
+	base := gputest.Base
+	n := uint64(len(keys)) * gb * 2
+	id := mustRegisterCUDA(t, ss, 0, base, n, 0, n)
+	dev.Fill(base, bytes.Repeat([]byte{0xAB}, int(n)))
+
+	// Packed tiles in the first half, one pitched tile (pitch 2 rows) at
+	// the start of the second half.
+	var es []abi.Entry
+	for i, k := range keys {
+		es = append(es, entry(k, id, uint64(i)*gb, 0))
+	}
+	rowBytes := uint64(testGeo.RowBytes())
+	pitched := entry(keys[1], id, n/2, uint32(2*rowBytes))
+	es = append(es, pitched)
+	got := mustBatch(t, ss, true, es)
+	for i, k := range keys {
+		tile := dev.Mem(base+uint64(i)*gb, int(gb))
+		if k == bad {
+			if got[i].Status != abi.Corrupt || !bytes.Equal(tile, make([]byte, gb)) {
+				t.Fatalf("corrupt group: status %v, tile zeroed %v", got[i].Status, bytes.Equal(tile, make([]byte, gb)))
+			}
+			continue
+		}
+		if got[i].Status != abi.OK || !bytes.Equal(tile, groupData(k, 1)) {
+			t.Fatalf("entry %d: status %v, bytes equal %v", i, got[i].Status, bytes.Equal(tile, groupData(k, 1)))
+		}
+	}
+	if st := got[len(keys)].Status; st != abi.OK {
+		t.Fatalf("pitched entry: %v", st)
+	}
+	want := groupData(keys[1], 1)
+	for r := uint64(0); r < uint64(testGeo.BlockTokens); r++ {
+		row := dev.Mem(base+n/2+r*2*rowBytes, int(rowBytes))
+		if !bytes.Equal(row, want[r*rowBytes:(r+1)*rowBytes]) {
+			t.Fatalf("pitched row %d wrong", r)
+		}
+		if gap := dev.Mem(base+n/2+r*2*rowBytes+rowBytes, int(rowBytes)); r+1 < uint64(testGeo.BlockTokens) && !bytes.Equal(gap, bytes.Repeat([]byte{0xAB}, int(rowBytes))) {
+			t.Fatalf("pitched load wrote between rows (row %d)", r)
+		}
+	}
+
+	// STORE the device tiles (packed, and the pitched one) as block 9.
+	var ses []abi.Entry
+	var skeys []layout.Key
+	for i, k := range keys {
+		if k == bad {
+			continue
+		}
+		k2 := k
+		k2.Block = 9
+		ses = append(ses, entry(k2, id, uint64(i)*gb, 0))
+		skeys = append(skeys, k)
+	}
+	got = mustBatch(t, ss, false, ses)
+	for i := range got {
+		if got[i].Status != abi.OK {
+			t.Fatalf("store entry %d: %v", i, got[i].Status)
+		}
+	}
+	for _, k := range skeys {
+		k2 := k
+		k2.Block = 9
+		buf := make([]byte, gb)
+		rr := []store.ReadReq{{Key: k2, Buf: buf}}
+		if err := f.st.Read(rr); err != nil || rr[0].Err != nil {
+			t.Fatal(err, rr[0].Err)
+		}
+		if !bytes.Equal(buf, groupData(k, 1)) {
+			t.Fatalf("stored group %v differs from the device tile", k)
+		}
+	}
+	if v := dev.Violations(); len(v) != 0 {
+		t.Fatalf("fake device violations: %v", v)
+	}
+
+	// Entries past the registered range, and overlapping ones, are refused
+	// without touching the device.
+	got, _ = batch(t, ss, true, []abi.Entry{
+		entry(keys[0], id, n-gb+1, 0),
+		entry(keys[0], id, 0, 0), entry(keys[2], id, gb/2, 0),
+	})
+	if got[0].Status != abi.BadRequest || got[1].Status != abi.BadRequest || got[2].Status != abi.BadRequest {
+		t.Fatalf("bad entries: %v %v %v", got[0].Status, got[1].Status, got[2].Status)
+	}
+}
+
+// TestLoadCUDATwoDevices: one batch with tiles on two devices; device 0's
+// copies cannot finish until device 1's have run, which deadlocks (and the
+// test fails after a minute) if the devices are served one after the other.
+func TestLoadCUDATwoDevices(t *testing.T) {
+	f, fakes := gpuFixture(t, 2)
+	ss := f.open(0, 0)
+	gb := uint64(f.gb)
+	keys := blockKeys(4)
+	f.put(keys, 2)
+	half := len(keys) / 2
+	released := make(chan struct{})
+	var once sync.Once
+	fakes[1].FailCopy = func(int) error {
+		once.Do(func() { close(released) })
+		return nil
+	}
+	fakes[0].FailCopy = func(int) error {
+		select {
+		case <-released:
+			return nil
+		case <-time.After(time.Minute):
+			return errors.New("device 0 waited on device 1's batch")
+		}
+	}
+	n := uint64(half) * gb
+	id0 := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+	id1 := mustRegisterCUDA(t, ss, 1, gputest.Base, n, 0, n)
+	var es []abi.Entry
+	for i, k := range keys {
+		id := id0
+		if i >= half {
+			id = id1
+		}
+		es = append(es, entry(k, id, uint64(i%half)*gb, 0))
+	}
+	got := mustBatch(t, ss, true, es)
+	for i, k := range keys {
+		d := fakes[0]
+		if i >= half {
+			d = fakes[1]
+		}
+		if got[i].Status != abi.OK || !bytes.Equal(d.Mem(gputest.Base+uint64(i%half)*gb, int(gb)), groupData(k, 2)) {
+			t.Fatalf("entry %d on device %d: %v", i, i/half, got[i].Status)
+		}
+	}
+}
+
+// TestLoadCUDACopyFails: a copy failing mid-batch fails the entries of its
+// staging buffer (IOError), never reports them OK, and the others succeed.
+func TestLoadCUDACopyFails(t *testing.T) {
+	f, fakes := gpuFixture(t, 1)
+	ss := f.open(0, 0)
+	gb := uint64(f.gb)
+	keys := blockKeys(5)
+	f.put(keys, 3)
+	fakes[0].FailCopy = func(i int) error {
+		if i == 13 { // in the last staging buffer's copies
+			return gputest.ErrInjected
+		}
+		return nil
+	}
+	n := uint64(len(keys)) * gb * 2
+	id := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+	var es []abi.Entry
+	for i, k := range keys {
+		es = append(es, entry(k, id, uint64(i)*2*gb, 0)) // not contiguous: one copy each
+	}
+	got := mustBatch(t, ss, true, es)
+	ok, failed := 0, 0
+	for i, k := range keys {
+		switch got[i].Status {
+		case abi.OK:
+			ok++
+			if !bytes.Equal(fakes[0].Mem(gputest.Base+uint64(i)*2*gb, int(gb)), groupData(k, 3)) {
+				t.Fatalf("entry %d reported OK with wrong bytes", i)
+			}
+		case abi.IOError:
+			failed++
+		default:
+			t.Fatalf("entry %d: %v", i, got[i].Status)
+		}
+	}
+	if failed == 0 || ok == 0 {
+		t.Fatalf("ok %d, failed %d: want the failed copy's chunk failed and the rest loaded", ok, failed)
+	}
+}
+
+// TestBlocksCUDA: LOAD_BLOCKS into an NHD target in (fake) device memory
+// lands every group where the layout says, STORE_BLOCKS from it stores the
+// same bytes, and a target mixing host and CUDA regions is refused.
+func TestBlocksCUDA(t *testing.T) {
+	f, fakes := gpuFixture(t, 1)
+	dev := fakes[0]
+	dev.Enable2D = true // NHD tiles: one 2D copy each
+	ss := f.open(0, 0)
+	geo := testGeo
+	rb, T, H, L := geo.RowBytes(), geo.BlockTokens, geo.KVHeads, geo.Layers
+	const nb = 3
+	tensor := nb * T * H * rb
+	n := uint64(2 * L * tensor)
+	id := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+	for _, b := range []uint64{1, 2} {
+		f.put(blockKeys(b), int(b))
+	}
+	tg := &abi.Target{ABI: abi.Version, NumBlocks: nb, RowBytes: uint32(rb), LayerCount: uint16(L), HeadCount: uint16(H),
+		BlockStride: uint64(T * H * rb), HeadStride: uint64(rb), RowPitch: uint32(H * rb)}
+	for i := range 2 * L {
+		tg.Regions[i] = abi.TargetRegion{Buffer: id, Offset: uint64(i * tensor)}
+	}
+	regTarget := func(tg *abi.Target) (uint32, syscall.Errno) {
+		in, out := make([]byte, abi.TargetSize), make([]byte, abi.TargetSize)
+		tg.Marshal(in)
+		_, errno := ss.Ioctl(abi.CmdRegisterTarget, in, out)
+		return binary.LittleEndian.Uint32(out[abi.TargetOutOff:]), errno
+	}
+	tid, errno := regTarget(tg)
+	if errno != 0 {
+		t.Fatalf("register target in CUDA memory: %v", errno)
+	}
+	blocks := func(cmd uint32, es []abi.BlockEntry) []abi.BlockEntry {
+		t.Helper()
+		in := make([]byte, abi.BlocksInlineSize)
+		(&abi.Blocks{ABI: abi.Version, Target: tid, Count: uint32(len(es))}).Marshal(in)
+		for i := range es {
+			es[i].Marshal(in[abi.BlocksSize+i*abi.BlockEntrySize:])
+		}
+		out := make([]byte, len(in))
+		if _, errno := ss.Ioctl(cmd, in, out); errno != 0 {
+			t.Fatalf("blocks ioctl: %v", errno)
+		}
+		got := make([]abi.BlockEntry, len(es))
+		for i := range got {
+			got[i].Unmarshal(out[abi.BlocksSize+i*abi.BlockEntrySize:])
+		}
+		return got
+	}
+	whole := func(b uint64, cb uint32) abi.BlockEntry {
+		return abi.BlockEntry{Block: b, CacheBlock: cb, LayerCount: uint16(L), HeadCount: uint16(H), Kinds: abi.KindsBoth}
+	}
+	got := blocks(abi.CmdLoadBlocksInline, []abi.BlockEntry{whole(2, 0), whole(1, 2)})
+	for i, e := range got {
+		if e.Status != abi.OK || int(e.GroupsOK) != geo.GroupsPerBlock() {
+			t.Fatalf("entry %d: %+v", i, e)
+		}
+	}
+	tileOf := func(k layout.Key, cb int) []byte {
+		b := make([]byte, 0, f.gb)
+		for r := range T {
+			off := (2*k.Layer+int(k.Kind))*tensor + (cb*T*H+r*H+k.Head)*rb
+			b = append(b, dev.Mem(gputest.Base+uint64(off), rb)...)
+		}
+		return b
+	}
+	for cb, b := range map[int]uint64{0: 2, 2: 1} {
+		for _, k := range blockKeys(b) {
+			if !bytes.Equal(tileOf(k, cb), groupData(k, int(b))) {
+				t.Fatalf("%v in cache block %d differs", k, cb)
+			}
+		}
+	}
+	// Store cache block 2 as block 7 and read it back from the store.
+	got = blocks(abi.CmdStoreBlocksInline, []abi.BlockEntry{whole(7, 2)})
+	if got[0].Status != abi.OK {
+		t.Fatalf("store-blocks: %+v", got[0])
+	}
+	for _, k := range blockKeys(7) {
+		buf := make([]byte, f.gb)
+		rr := []store.ReadReq{{Key: k, Buf: buf}}
+		if err := f.st.Read(rr); err != nil || rr[0].Err != nil {
+			t.Fatal(err, rr[0].Err)
+		}
+		k1 := k
+		k1.Block = 1
+		if !bytes.Equal(buf, groupData(k1, 1)) {
+			t.Fatalf("stored %v differs", k)
+		}
+	}
+	if dev.Copies2D() != 3*geo.GroupsPerBlock() {
+		t.Fatalf("%d 2D copies for 3 NHD blocks moved", dev.Copies2D())
+	}
+	// A target mixing host and CUDA regions is refused.
+	s := newShm(t, tensor, 0)
+	hid := mustRegister(t, ss, s)
+	tg.Regions[1] = abi.TargetRegion{Buffer: hid}
+	if _, errno := regTarget(tg); errno != syscall.EINVAL {
+		t.Fatalf("mixed target: %v, want EINVAL", errno)
+	}
+	if v := dev.Violations(); len(v) != 0 {
+		t.Fatal(v)
+	}
+}
+
+// TestLoadCUDAVerifyOnGPU: with VerifyOnGPU the store does not check the
+// groups; the device-side verifier (here the CPU over the fake's memory)
+// gets each group's recorded CRC, and a corrupt group ends zeroed on the
+// device and reported Corrupt, packed or pitched, while the rest load.
+func TestLoadCUDAVerifyOnGPU(t *testing.T) {
+	verified := 0
+	f, fakes := gpuFixture(t, 1, func(o *GPUOptions, fakes []*fakeGPU) {
+		o.VerifyOnGPU = true
+		o.NewVerifier = func(ordinal int, geo gpu.Geometry) (func([]*gpu.Item) error, func() error, error) {
+			dev := fakes[ordinal]
+			verify := func(items []*gpu.Item) error {
+				for _, it := range items {
+					verified++
+					pitch := it.Pitch
+					if pitch == 0 {
+						pitch = geo.RowBytes
+					}
+					var b []byte
+					for r := range geo.Rows {
+						b = append(b, dev.Mem(it.Dst+uint64(r*pitch), geo.RowBytes)...)
+					}
+					if store.CRC32C(b) != it.CRC {
+						for r := range geo.Rows {
+							dev.Fill(it.Dst+uint64(r*pitch), make([]byte, geo.RowBytes))
+						}
+						it.Err = fmt.Errorf("fake verify: %w", store.ErrCorrupt)
+					}
+				}
+				return nil
+			}
+			return verify, func() error { return nil }, nil
+		}
+	})
+	dev := fakes[0]
+	ss := f.open(0, 0)
+	gb := uint64(f.gb)
+	keys := blockKeys(6)
+	f.put(keys, 4)
+	bad := keys[2]
+	f.corrupt(bad)
+	n := uint64(len(keys)+1) * gb * 2
+	id := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+	var es []abi.Entry
+	for i, k := range keys {
+		es = append(es, entry(k, id, uint64(i)*gb, 0))
+	}
+	rowBytes := uint64(testGeo.RowBytes())
+	es = append(es, entry(bad, id, n/2, uint32(2*rowBytes))) // pitched, corrupt
+	got := mustBatch(t, ss, true, es)
+	for i, k := range keys {
+		tile := dev.Mem(gputest.Base+uint64(i)*gb, int(gb))
+		if k == bad {
+			if got[i].Status != abi.Corrupt || !bytes.Equal(tile, make([]byte, gb)) {
+				t.Fatalf("corrupt group: %v", got[i].Status)
+			}
+			continue
+		}
+		if got[i].Status != abi.OK || !bytes.Equal(tile, groupData(k, 4)) {
+			t.Fatalf("entry %d: %v", i, got[i].Status)
+		}
+	}
+	if st := got[len(keys)].Status; st != abi.Corrupt {
+		t.Fatalf("pitched corrupt entry: %v", st)
+	}
+	for r := uint64(0); r < uint64(testGeo.BlockTokens); r++ {
+		if row := dev.Mem(gputest.Base+n/2+r*2*rowBytes, int(rowBytes)); !bytes.Equal(row, make([]byte, rowBytes)) {
+			t.Fatalf("pitched corrupt row %d not zeroed", r)
+		}
+	}
+	if verified != len(es) {
+		t.Fatalf("verifier saw %d groups, want %d", verified, len(es))
+	}
+}

@@ -1,0 +1,72 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvfs/kvfs/gpu/crc32c"
+	"github.com/kvfs/kvfs/gpu/cuda"
+	"github.com/kvfs/kvfs/store"
+)
+
+// GPUVerifier checks loaded groups where they lie in GPU memory with the
+// CRC32C kernel (package gpu/crc32c) on a stream of its own, so a check
+// never waits on other batches' copies: Pipeline.Verify runs it on a
+// chunk once that chunk's copies completed.
+type GPUVerifier struct {
+	geo Geometry
+	mod *crc32c.Module
+	s   cuda.Stream
+	chk *crc32c.Checker
+}
+
+// NewGPUVerifier loads the kernels on device ordinal.
+func NewGPUVerifier(ordinal int, geo Geometry) (*GPUVerifier, error) {
+	m, err := crc32c.Load(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	v := &GPUVerifier{geo: geo, mod: m}
+	if err := m.Context().Do(func() error {
+		var err error
+		v.s, err = cuda.StreamCreate(cuda.StreamNonBlocking)
+		return err
+	}); err != nil {
+		_ = m.Close()
+		return nil, err
+	}
+	v.chk = m.NewChecker(v.s)
+	return v, nil
+}
+
+// Verify implements Pipeline.Verify: groups whose CRC32C differs from
+// Item.CRC are zeroed on the device by the kernel and get ErrCorrupt.
+func (v *GPUVerifier) Verify(items []*Item) error {
+	g := v.geo
+	groups := make([]crc32c.Group, len(items))
+	want := make([]uint32, len(items))
+	for i, it := range items {
+		pitch := it.Pitch
+		if pitch == 0 {
+			pitch = g.RowBytes
+		}
+		groups[i] = crc32c.Group{Addr: it.Dst, Pitch: uint64(pitch), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
+		want[i] = it.CRC
+	}
+	got := make([]uint32, len(items))
+	bad, err := v.chk.Verify(groups, want, got)
+	if err != nil {
+		return fmt.Errorf("%w: GPU checksum: %w", ErrCopy, err)
+	}
+	for _, i := range bad {
+		items[i].Err = fmt.Errorf("%w: %v: crc32c %08x on the GPU, header says %08x", store.ErrCorrupt, items[i].Key, got[i], want[i])
+	}
+	return nil
+}
+
+// Close frees the checker, its stream and the module.
+func (v *GPUVerifier) Close() error {
+	err := v.chk.Close()
+	err = errors.Join(err, v.mod.Context().Do(v.s.Destroy))
+	return errors.Join(err, v.mod.Close())
+}
