@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvfs/kvfs/bench"
 )
 
 var sweep = Chart{
@@ -116,5 +118,28 @@ func TestRefusals(t *testing.T) {
 	zero := Chart{LogX: true, Series: []Series{{Name: "x", X: []float64{0, 1}, Y: []float64{1, 2}}}}
 	if err := zero.Render(io.Discard, "svg"); err == nil {
 		t.Fatal("x = 0 on a logarithmic axis rendered")
+	}
+}
+
+func TestSweepCharts(t *testing.T) {
+	f := 2.5
+	pts := []DepthPoint{{QD: 1, GBps: 1, FioGBps: &f, Engine: "uring", BlocksPerCall: 1}, {QD: 2, GBps: 2, FioGBps: &f, Engine: "uring", BlocksPerCall: 1}}
+	c := DepthSweep("s.kvfs", pts)
+	if c.XLabel != "queue depth" || !c.LogX || len(c.Series) != 2 || c.Series[1].Name != "fio" ||
+		c.Series[0].X[1] != 2 || c.Series[0].Y[1] != 2 || !strings.Contains(c.Title, "1 blocks per call") {
+		t.Fatalf("depth chart %+v", c)
+	}
+	pts[1].FioGBps = nil // fio's line only when every depth has it
+	if c := DepthSweep("s.kvfs", pts); len(c.Series) != 1 {
+		t.Fatalf("a partial fio line was drawn: %+v", c)
+	}
+	l := LoadSweep([]bench.LoadResult{{Mountpoint: "/mnt/kvcache", Engine: "uring", Jobs: 1, GBps: 3, GroupsPerCall: 256},
+		{Mountpoint: "/mnt/kvcache", Engine: "uring", Jobs: 4, GBps: 9, GroupsPerCall: 256}})
+	if l.XLabel != "callers" || len(l.Series) != 1 || l.Series[0].X[1] != 4 || l.Series[0].Y[1] != 9 ||
+		!strings.Contains(l.Title, "LOAD of 256 groups") {
+		t.Fatalf("load chart %+v", l)
+	}
+	if err := l.Render(io.Discard, "svg"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -10,9 +10,11 @@ import (
 	"github.com/kvfs/kvfs/layout"
 )
 
-// TestPythonClient runs the Python client's suite (python/tests: round
-// trips through the files, many entries, pitch, absent and corrupt groups,
-// hostile requests, register refusals) against a real mount.
+// TestPythonClient runs the Python client's suite against a real mount:
+// test_client.py (round trips through the files, many entries, pitch,
+// absent and corrupt groups, hostile requests, register refusals), and with
+// KVFS_PYTHON all of python/tests (kvfs.torch's too, where torch is
+// installed).
 //
 // With KVFS_PYTHON set (scripts/test-python.sh: a venv where `pip install
 // ./python` put the client) it runs `$KVFS_PYTHON -m pytest python/tests`
