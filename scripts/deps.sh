@@ -12,6 +12,7 @@ need cc gcc                # the ABI test compiles include/kvfs.h
 need hexdump bsdextrautils # hexdump in the FUSE tests
 need fio fio               # kvfs bench --vs-fio and its tests
 need rsync rsync           # rsync round trips through the mount (integration/fuse tools tests)
+need systemd-analyze systemd # systemd-analyze verify of dist/kvfs@.service (integration/fuse)
 if [ ${#want[@]} -eq 0 ]; then exit 0; fi
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 echo "deps: installing ${want[*]}" >&2

@@ -1,12 +1,15 @@
 package fuseint
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/layout"
@@ -133,4 +136,207 @@ func TestLogFileReopenOnSIGHUP(t *testing.T) {
 	if b, _ := os.ReadFile(stderrPath); len(b) != 0 {
 		t.Fatalf("stderr with --log-file: %q", b)
 	}
+}
+
+// repoRoot is the repository root (this package is integration/fuse).
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	abs, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
+// TestMakeInstallDESTDIR: make install into a DESTDIR with PREFIX=/usr puts
+// kvfs, mount.fuse.kvfs and kvfs@.service where PREFIX says, each pointing
+// at the installed kvfs; the unit passes systemd-analyze verify; make
+// uninstall removes all three.
+func TestMakeInstallDESTDIR(t *testing.T) {
+	need(t)
+	if !haveCmd("make") {
+		t.Skip("skipping: make is missing")
+	}
+	dest := t.TempDir()
+	mustSh(t, repoRoot(t), "make -s install DESTDIR="+dest+" PREFIX=/usr")
+	bin := filepath.Join(dest, "usr/bin/kvfs")
+	helper := filepath.Join(dest, "sbin/mount.fuse.kvfs")
+	unit := filepath.Join(dest, "usr/lib/systemd/system/kvfs@.service")
+	for _, p := range []string{bin, helper, unit} {
+		if !exists(p) {
+			t.Fatalf("make install: %s missing", p)
+		}
+	}
+	if out := mustSh(t, "", bin+" --help"); !strings.Contains(out, "mount") {
+		t.Fatalf("installed kvfs --help: %s", out)
+	}
+	if out := mustSh(t, "", helper+" /s /m -o engine=uring,allow_other,nofail -f"); strings.TrimSpace(out) != "/usr/bin/kvfs mount --daemon /s /m --engine=uring --allow-other" {
+		t.Fatalf("installed helper would run %q", out)
+	}
+	u, err := os.ReadFile(unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(u), "ExecStart=/usr/bin/kvfs mount ") || !strings.Contains(string(u), "Type=notify") {
+		t.Fatalf("installed unit:\n%s", u)
+	}
+	verifyUnit(t, strings.ReplaceAll(string(u), "/usr/bin/kvfs", bin))
+	mustSh(t, repoRoot(t), "make -s uninstall DESTDIR="+dest+" PREFIX=/usr")
+	for _, p := range []string{bin, helper, unit} {
+		if exists(p) {
+			t.Fatalf("make uninstall left %s", p)
+		}
+	}
+}
+
+// verifyUnit runs systemd-analyze verify on an instance of the unit text
+// (its ExecStart must name an existing kvfs): no complaint, exit 0.
+func verifyUnit(t *testing.T, text string) {
+	t.Helper()
+	if !haveCmd("systemd-analyze") {
+		// scripts/deps.sh installs systemd; only a machine without it skips.
+		t.Skip("skipping: systemd-analyze is missing (apt-get install systemd)")
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "kvfs@.service"), []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("systemd-analyze", "verify", filepath.Join(dir, "kvfs@default.service")).CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) != 0 {
+		t.Fatalf("systemd-analyze verify kvfs@default.service: %v\n%s\n%s", err, out, text)
+	}
+	// The check can fail: a unit whose ExecStart is missing does.
+	if err := os.WriteFile(filepath.Join(dir, "kvfs@.service"), []byte(strings.Replace(text, "ExecStart=/", "ExecStart=/nonexistent/", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("systemd-analyze", "verify", filepath.Join(dir, "kvfs@default.service")).CombinedOutput(); err == nil {
+		t.Fatalf("systemd-analyze verify passed a unit with a missing ExecStart:\n%s", out)
+	}
+}
+
+// installHelper puts dist/mount.fuse.kvfs at /sbin/mount.fuse.kvfs (where
+// mount(8) looks) for the test, restoring what was there.
+func installHelper(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 || !haveCmd("mount") {
+		t.Skip("skipping: mount -t fuse.kvfs needs root and mount(8)")
+	}
+	const dst = "/sbin/mount.fuse.kvfs"
+	src, err := os.ReadFile(filepath.Join(repoRoot(t), "dist/mount.fuse.kvfs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, oldErr := os.ReadFile(dst)
+	if err := os.WriteFile(dst, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if oldErr == nil {
+			_ = os.WriteFile(dst, old, 0o755)
+		} else {
+			_ = os.Remove(dst)
+		}
+	})
+	t.Setenv("KVFS_BIN", kvfsBin) // mount(8) run by root passes the environment on
+}
+
+// waitExit waits for the daemon pid in a "kvfs: mounted … (pid N," line to
+// exit (it closed the store), failing after 30 s.
+func waitExit(t *testing.T, mountOut string) {
+	t.Helper()
+	i := strings.Index(mountOut, "(pid ")
+	if i < 0 {
+		t.Fatalf("no daemon pid in %q", mountOut)
+	}
+	var pid int
+	if _, err := fmt.Sscanf(mountOut[i:], "(pid %d,", &pid); err != nil {
+		t.Fatalf("daemon pid in %q: %v", mountOut, err)
+	}
+	for range 3000 {
+		if !exists(filepath.Join("/proc", strconv.Itoa(pid))) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("daemon %d still running 30 s after umount", pid)
+}
+
+// TestMountTypeFuseKvfs: mount -t fuse.kvfs STORE DIR -o engine=…,allow_other
+// through the helper returns once the mount answers; umount(8) unmounts and
+// the daemon exits.
+func TestMountTypeFuseKvfs(t *testing.T) {
+	need(t)
+	installHelper(t)
+	st, mnt := newStore(t, "64MiB"), t.TempDir()
+	logPath := filepath.Join(t.TempDir(), "kvfs.log")
+	out := mustSh(t, "", "mount -t fuse.kvfs "+st+" "+mnt+" -o engine=posix,allow_other,log_level=info,log_file="+logPath)
+	t.Cleanup(func() { _ = fs.Detach(mnt) })
+	mi, ok, _ := fs.FindMount(mnt)
+	if !ok || mi.FSType != "fuse.kvfs" || mi.Source != st {
+		t.Fatalf("mountinfo after mount -t fuse.kvfs: %+v %v", mi, ok)
+	}
+	if info, _ := os.ReadFile("/proc/self/mountinfo"); !mountLineHas(string(info), mnt, "allow_other") {
+		t.Fatalf("allow_other is not among the mount's options:\n%s", info)
+	}
+	useMount(t, mnt, 3)
+	mustSh(t, "", "umount "+mnt)
+	waitExit(t, out)
+	if _, ok, _ := fs.FindMount(mnt); ok {
+		t.Fatal("still mounted after umount")
+	}
+	if b, _ := os.ReadFile(logPath); !strings.Contains(string(b), "engine") || !strings.Contains(string(b), "closing the store") {
+		t.Fatalf("log file (log_file=):\n%s", b)
+	}
+	// ro is refused with a reason.
+	if out, err := sh("", "mount -t fuse.kvfs "+st+" "+mnt+" -o ro"); err == nil || !strings.Contains(out, "read-only") {
+		t.Fatalf("mount -o ro: %v %s", err, out)
+	}
+}
+
+// TestFstabMountA: an fstab line of type fuse.kvfs with the fstab-only
+// options mounts with mount -a; a nofail line whose store is missing does
+// not make mount -a fail. The fstab is a temporary file (mount -T), so the
+// machine's /etc/fstab is never touched.
+func TestFstabMountA(t *testing.T) {
+	need(t)
+	installHelper(t)
+	st, mnt, mnt2 := newStore(t, "64MiB"), t.TempDir(), t.TempDir()
+	logDir := t.TempDir()
+	fstab := filepath.Join(t.TempDir(), "fstab")
+	lines := st + " " + mnt + " fuse.kvfs defaults,nofail,_netdev,noatime,x-systemd.requires=local-fs.target,engine=posix,log_file=" + logDir + "/a.log 0 0\n" +
+		filepath.Join(t.TempDir(), "missing.kvfs") + " " + mnt2 + " fuse.kvfs nofail,log_file=" + logDir + "/b.log 0 0\n"
+	if err := os.WriteFile(fstab, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := sh("", "mount -a -T "+fstab)
+	t.Cleanup(func() { _ = fs.Detach(mnt) })
+	if err != nil {
+		t.Fatalf("mount -a with a nofail line that fails: %v\n%s", err, out)
+	}
+	if mi, ok, _ := fs.FindMount(mnt); !ok || mi.FSType != "fuse.kvfs" || mi.Source != st {
+		t.Fatalf("mount -a: %+v %v\n%s", mi, ok, out)
+	}
+	if _, ok, _ := fs.FindMount(mnt2); ok {
+		t.Fatal("the missing store was mounted")
+	}
+	useMount(t, mnt, 4)
+	// A second mount -a leaves the mounted line alone.
+	if out2, err := sh("", "mount -a -T "+fstab); err != nil {
+		t.Fatalf("second mount -a: %v\n%s", err, out2)
+	}
+	mustSh(t, "", "umount "+mnt)
+	waitExit(t, out)
+	if _, ok, _ := fs.FindMount(mnt); ok {
+		t.Fatal("still mounted after umount")
+	}
+}
+
+// mountLineHas reports whether the mountinfo line of mnt mentions opt.
+func mountLineHas(mountinfo, mnt, opt string) bool {
+	for _, l := range strings.Split(mountinfo, "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == mnt && strings.Contains(l, opt) {
+			return true
+		}
+	}
+	return false
 }
