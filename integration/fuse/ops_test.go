@@ -2,6 +2,7 @@ package fuseint
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -339,4 +340,107 @@ func mountLineHas(mountinfo, mnt, opt string) bool {
 		}
 	}
 	return false
+}
+
+// TestNonRootMount: an unprivileged user (nobody) formats a store, mounts it
+// (through fusermount3), writes and reads a group, and unmounts.
+func TestNonRootMount(t *testing.T) {
+	need(t)
+	if os.Geteuid() != 0 || !haveCmd("runuser") || !haveCmd("fusermount3") {
+		t.Skip("skipping: needs root (to become nobody), runuser and fusermount3 (apt-get install fuse3)")
+	}
+	const uid, gid = 65534, 65534 // nobody, nogroup
+	// Let everyone open /dev/fuse (the distributions' default); restore.
+	var st syscall.Stat_t
+	if err := syscall.Stat("/dev/fuse", &st); err != nil {
+		t.Fatal(err)
+	}
+	if mode := os.FileMode(st.Mode & 0o777); mode&0o006 != 0o006 {
+		if err := os.Chmod("/dev/fuse", 0o666); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Chmod("/dev/fuse", mode) })
+	}
+	dir, err := os.MkdirTemp("", "kvfs-nonroot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin, mnt := filepath.Join(dir, "kvfs"), filepath.Join(dir, "mnt")
+	b, err := os.ReadFile(kvfsBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := groupBytes(21)
+	k := layout.Key{Block: 0x77, Layer: 5, Head: 2, Kind: layout.K}
+	for _, e := range []struct {
+		p    string
+		b    []byte
+		mode os.FileMode
+	}{{bin, b, 0o755}, {filepath.Join(dir, "group"), g, 0o644}} {
+		if err := os.WriteFile(e.p, e.b, e.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, mnt} {
+		if err := os.Chown(p, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, ok, _ := fs.FindMount(mnt); ok {
+			_ = fs.Detach(mnt)
+		}
+	})
+	store := filepath.Join(dir, "s.kvfs")
+	p := filepath.Join(mnt, defaultGeo.Name(k))
+	asNobody := func(script string) string {
+		t.Helper()
+		return mustSh(t, dir, "runuser -u nobody -- sh -ec '"+script+"'")
+	}
+	asNobody(bin + " format " + store + " --size 64MiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16")
+	out := asNobody(bin + " mount --daemon " + store + " " + mnt)
+	if info, _ := os.ReadFile("/proc/self/mountinfo"); !mountLineHas(string(info), mnt, "user_id=65534") {
+		t.Fatalf("no mount of nobody on %s after %q:\n%s", mnt, out, info)
+	}
+	asNobody("mkdir -p " + filepath.Dir(p) + " && cp group " + p + " && cmp group " + p + " && id -u")
+	asNobody(bin + " umount " + mnt)
+	if _, ok, _ := fs.FindMount(mnt); ok {
+		t.Fatal("still mounted after kvfs umount as nobody")
+	}
+	// The group is in the store: a second mount by nobody reads it.
+	asNobody(bin + " mount --daemon " + store + " " + mnt)
+	asNobody("cmp group " + p + " && " + bin + " umount " + mnt)
+}
+
+// TestSdNotify: with $NOTIFY_SOCKET set (systemd's Type=notify), the mount
+// sends READY=1 once it answers and STOPPING=1 on SIGTERM.
+func TestSdNotify(t *testing.T) {
+	need(t)
+	sock := filepath.Join(t.TempDir(), "notify")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t.Setenv("NOTIFY_SOCKET", sock)
+	d := startMount(t, newStore(t, "64MiB"), t.TempDir())
+	buf := make([]byte, 512)
+	n, err := c.Read(buf)
+	if err != nil || !strings.HasPrefix(string(buf[:n]), "READY=1\nMAINPID="+strconv.Itoa(d.cmd.Process.Pid)) {
+		t.Fatalf("first notification %q %v", buf[:n], err)
+	}
+	useMount(t, d.mnt, 5)
+	if err := d.stop(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if n, err = c.Read(buf); err != nil || string(buf[:n]) != "STOPPING=1" {
+		t.Fatalf("second notification %q %v", buf[:n], err)
+	}
 }
