@@ -184,6 +184,10 @@ func (o *mountOptions) parseReadAhead() (readAhead, cache int, err error) {
 }
 
 func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) error {
+	// A reader of stdout/stderr that goes away must not kill the mount (or
+	// --daemon's parent once the daemon runs): with SIGPIPE ignored a write
+	// to the closed pipe fails with EPIPE, which the log sink drops.
+	signal.Ignore(syscall.SIGPIPE)
 	if _, _, err := o.parseCtl(); err != nil {
 		return err
 	}
@@ -351,10 +355,6 @@ func checkMountpoint(mountpoint string) (stale bool, err error) {
 
 // serve mounts in this process and serves until a signal or an unmount.
 func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (err error) {
-	// A reader of stdout/stderr that goes away must not kill the mount:
-	// with SIGPIPE ignored a write to the closed pipe fails with EPIPE,
-	// which the log sink drops.
-	signal.Ignore(syscall.SIGPIPE)
 	sink := logsink.Stream(cmd.ErrOrStderr())
 	if o.logFile != "" {
 		if sink, err = logsink.Open(o.logFile); err != nil {

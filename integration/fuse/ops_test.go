@@ -155,8 +155,8 @@ func repoRoot(t *testing.T) string {
 // uninstall removes all three.
 func TestMakeInstallDESTDIR(t *testing.T) {
 	need(t)
-	if !haveCmd("make") {
-		t.Skip("skipping: make is missing")
+	if !haveCmd("make") || !haveCmd("go") {
+		t.Skip("skipping: make install needs make and the Go toolchain")
 	}
 	dest := t.TempDir()
 	mustSh(t, repoRoot(t), "make -s install DESTDIR="+dest+" PREFIX=/usr")
