@@ -54,6 +54,7 @@ type mountOptions struct {
 	gpuBufSize  string
 	gpuDepth    int
 	gpuVerify   string
+	gpuAhead    int
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -113,6 +114,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.IntVar(&o.gpuStaging, "gpu-staging-buffers", 16, "pinned staging buffers per GPU (created on the GPU's first registration)")
 	f.StringVar(&o.gpuBufSize, "gpu-staging-size", "4MiB", "bytes of each GPU staging buffer")
 	f.IntVar(&o.gpuDepth, "gpu-depth", 8, "staging buffers one GPU load keeps in flight (at most --gpu-staging-buffers)")
+	f.IntVar(&o.gpuAhead, "gpu-read-ahead", 4, "staging buffers one store read of a GPU load fills (the storage's I/O in flight per call; at most --gpu-depth)")
 	f.StringVar(&o.gpuVerify, "gpu-verify", "cpu", "where loads into GPU memory are checksummed: cpu (the store, in staging) or gpu (the CRC32C kernel, where the groups land)")
 	addCommand(c)
 }
@@ -123,14 +125,14 @@ func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
 	if err != nil || n < 4096 || n > 1<<30 {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-staging-size %q: want a size from 4KiB to 1GiB", o.gpuBufSize)
 	}
-	if o.gpuStaging < 1 || o.gpuStaging > 4096 || o.gpuDepth < 1 {
-		return ctl.GPUOptions{}, usageErrorf("--gpu-staging-buffers %d, --gpu-depth %d: want 1..4096 and ≥ 1", o.gpuStaging, o.gpuDepth)
+	if o.gpuStaging < 1 || o.gpuStaging > 4096 || o.gpuDepth < 1 || o.gpuAhead < 1 {
+		return ctl.GPUOptions{}, usageErrorf("--gpu-staging-buffers %d, --gpu-depth %d, --gpu-read-ahead %d: want 1..4096, ≥ 1, ≥ 1", o.gpuStaging, o.gpuDepth, o.gpuAhead)
 	}
 	if o.gpuVerify != "cpu" && o.gpuVerify != "gpu" {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-verify %q: want cpu or gpu", o.gpuVerify)
 	}
 	return ctl.GPUOptions{Disable: !o.gpu, StagingCount: o.gpuStaging, StagingSize: int(n), Depth: min(o.gpuDepth, o.gpuStaging),
-		VerifyOnGPU: o.gpuVerify == "gpu"}, nil
+		ReadAhead: o.gpuAhead, VerifyOnGPU: o.gpuVerify == "gpu"}, nil
 }
 
 // parseCtl checks --ctl-mode and --ctl-group.
