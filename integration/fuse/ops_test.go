@@ -330,6 +330,15 @@ func TestFstabMountA(t *testing.T) {
 	if _, ok, _ := fs.FindMount(mnt); ok {
 		t.Fatal("still mounted after umount")
 	}
+	// mount MOUNTPOINT takes the rest from the fstab line; the group
+	// written above is still there.
+	out = mustSh(t, "", "mount -T "+fstab+" "+mnt)
+	k := layout.Key{Block: 0xabc0 + 4, Layer: 2, Head: 3, Kind: layout.V}
+	if err := fileEqual(t, filepath.Join(mnt, defaultGeo.Name(k)), groupBytes(4)); err != nil {
+		t.Fatal(err)
+	}
+	mustSh(t, "", "umount "+mnt)
+	waitExit(t, out)
 }
 
 // mountLineHas reports whether the mountinfo line of mnt mentions opt.
