@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/internal/bytesize"
+	"github.com/kvfs/kvfs/internal/logsink"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
@@ -37,8 +38,14 @@ func init() {
 }
 
 // newLogger builds the logger the global flags ask for, writing to the
-// command's stderr. A bad flag value is a usage error.
+// command's stderr (lines that cannot be written are dropped). A bad flag
+// value is a usage error.
 func newLogger(cmd *cobra.Command) (*zap.Logger, error) {
+	return newLoggerTo(logsink.Stream(cmd.ErrOrStderr()))
+}
+
+// newLoggerTo is newLogger writing to ws.
+func newLoggerTo(ws zapcore.WriteSyncer) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(logOpts.level)
 	if err != nil {
 		return nil, usageErrorf("--log-level %q: want debug, info, warn or error", logOpts.level)
@@ -55,7 +62,7 @@ func newLogger(cmd *cobra.Command) (*zap.Logger, error) {
 	default:
 		return nil, usageErrorf("--log-format %q: want console or json", logOpts.format)
 	}
-	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(cmd.ErrOrStderr()), lvl)), nil
+	return zap.New(zapcore.NewCore(enc, ws, lvl)), nil
 }
 
 // runStarted is set once a command's RunE begins; errors before that point
