@@ -165,7 +165,50 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 	}
 	defer buf.Close()
 
-	lat := make([][]time.Duration, c.Jobs)
+	m, err := runCallers(c, func(j int) func() (int, error) {
+		rng := rand.New(rand.NewPCG(c.Seed, uint64(j)))
+		es := make([]client.Entry, c.GroupsPerCall)
+		st := make([]client.Status, c.GroupsPerCall)
+		base := uint64(int64(j) * callBytes)
+		return func() (int, error) {
+			n := 0
+			for n < len(es) {
+				b := blocks[rng.IntN(len(blocks))]
+				for i := 0; i < perBlock && n < len(es); i++ {
+					es[n] = client.Entry{Key: g.KeyAt(b, i), Buffer: buf.ID, Offset: base + uint64(n*gb)}
+					n++
+				}
+			}
+			nok, err := c.Client.Batch(true, es, st, nil)
+			return len(es) - nok, err
+		}
+	})
+	if err != nil {
+		return LoadResult{}, err
+	}
+	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: c.GroupsPerCall,
+		Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), NotOK: m.notOK}
+	m.fill(&res, callBytes)
+	return res, nil
+}
+
+// callers is what runCallers measured.
+type callers struct {
+	lat       [][]time.Duration // per job, per call
+	notOK     int               // sum of what the calls reported not ok
+	wall      time.Duration
+	clientCPU float64
+	daemonCPU float64
+	daemonOK  bool
+}
+
+// runCallers runs c.Jobs concurrent callers. Each gets its call from
+// newCall(j) (made before the clock starts), runs it c.Warmup times, then,
+// all released at once, c.Calls times, each timed. A call returns how many
+// of its items were not ok. The wall time and the CPU of this process and
+// of the daemon are measured around the timed calls only.
+func runCallers(c LoadConfig, newCall func(j int) func() (int, error)) (callers, error) {
+	m := callers{lat: make([][]time.Duration, c.Jobs)}
 	notOK := make([]int, c.Jobs)
 	errs := make([]error, c.Jobs)
 	var ready, wg sync.WaitGroup
@@ -175,39 +218,24 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		ready.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(c.Seed, uint64(j)))
-			es := make([]client.Entry, c.GroupsPerCall)
-			st := make([]client.Status, c.GroupsPerCall)
-			base := uint64(int64(j) * callBytes)
-			pick := func() {
-				n := 0
-				for n < len(es) {
-					b := blocks[rng.IntN(len(blocks))]
-					for i := 0; i < perBlock && n < len(es); i++ {
-						es[n] = client.Entry{Key: g.KeyAt(b, i), Buffer: buf.ID, Offset: base + uint64(n*gb)}
-						n++
-					}
-				}
-			}
+			call := newCall(j)
 			for range c.Warmup {
-				pick()
-				if _, err := c.Client.Batch(true, es, st, nil); err != nil {
+				if _, err := call(); err != nil {
 					errs[j] = err
 				}
 			}
 			ready.Done()
 			<-gate
-			lat[j] = make([]time.Duration, 0, c.Calls)
+			m.lat[j] = make([]time.Duration, 0, c.Calls)
 			for range c.Calls {
-				pick()
 				t0 := time.Now()
-				nok, err := c.Client.Batch(true, es, st, nil)
-				lat[j] = append(lat[j], time.Since(t0))
+				bad, err := call()
+				m.lat[j] = append(m.lat[j], time.Since(t0))
 				if err != nil {
 					errs[j] = err
 					return
 				}
-				notOK[j] += len(es) - nok
+				notOK[j] += bad
 			}
 		}()
 	}
@@ -217,34 +245,39 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 	start := time.Now()
 	close(gate)
 	wg.Wait()
-	wall := time.Since(start)
-	clientCPU := CPUSeconds() - cpu0
+	m.wall = time.Since(start)
+	m.clientCPU = CPUSeconds() - cpu0
 	d1, dok1 := daemonCPU(c)
 	if err := errors.Join(errs...); err != nil {
-		return LoadResult{}, err
+		return callers{}, err
 	}
-	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: c.GroupsPerCall,
-		Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), Seconds: wall.Seconds()}
-	all := slices.Concat(lat...)
+	for _, n := range notOK {
+		m.notOK += n
+	}
+	m.daemonCPU, m.daemonOK = d1-d0, dok0 && dok1
+	return m, nil
+}
+
+// fill sets r's measured fields (bytes, GB/s, latencies, CPU) from m, each
+// call having moved callBytes of r.GroupsPerCall groups.
+func (m callers) fill(r *LoadResult, callBytes int64) {
+	all := slices.Concat(m.lat...)
 	var sum time.Duration
 	for _, d := range all {
 		sum += d
 	}
-	for _, n := range notOK {
-		res.NotOK += n
-	}
 	slices.Sort(all)
-	res.Bytes = int64(len(all)) * callBytes
-	res.GBps = float64(res.Bytes) / wall.Seconds() / 1e9
-	res.UsPerCall = Micros(sum) / float64(len(all))
-	res.P50us, res.P99us = Micros(Percentile(all, 50)), Micros(Percentile(all, 99))
-	res.UsPerGroup = res.UsPerCall / float64(c.GroupsPerCall)
-	res.ClientCPUs = clientCPU
-	if dok0 && dok1 {
-		res.CPUs = d1 - d0
-		res.CPUsPerGB = PerGB(res.CPUs, res.Bytes)
+	r.Seconds = m.wall.Seconds()
+	r.Bytes = int64(len(all)) * callBytes
+	r.GBps = float64(r.Bytes) / m.wall.Seconds() / 1e9
+	r.UsPerCall = Micros(sum) / float64(len(all))
+	r.P50us, r.P99us = Micros(Percentile(all, 50)), Micros(Percentile(all, 99))
+	r.UsPerGroup = r.UsPerCall / float64(r.GroupsPerCall)
+	r.ClientCPUs = m.clientCPU
+	if m.daemonOK {
+		r.CPUs = m.daemonCPU
+		r.CPUsPerGB = PerGB(r.CPUs, r.Bytes)
 	}
-	return res, nil
 }
 
 func (r LoadResult) String() string {

@@ -1,14 +1,11 @@
 package bench
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/kvfs/kvfs/client"
@@ -193,89 +190,34 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 		}
 	}
 
-	lat := make([][]time.Duration, c.Jobs)
-	notOK := make([]int, c.Jobs)
-	errs := make([]error, c.Jobs)
-	var ready, wg sync.WaitGroup
-	gate := make(chan struct{})
-	for j := range c.Jobs {
-		wg.Add(1)
-		ready.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(c.Seed, uint64(j)))
-			jb := &jobs[j]
-			es := make([]client.BlockEntry, n)
-			call := func() (int, error) {
-				for i := range es {
-					es[i] = jb.t.WholeBlock(blocks[rng.IntN(len(blocks))], i)
-				}
-				var nok int
-				var err error
-				if jb.arr != nil {
-					nok, err = c.Client.BlocksIn(true, jb.id, jb.arr, 0, es)
-				} else {
-					nok, err = c.Client.LoadBlocks(jb.id, es)
-				}
-				if err == nil && jb.after != nil {
-					err = jb.after()
-				}
-				return nok, err
+	m, err := runCallers(c, func(j int) func() (int, error) {
+		rng := rand.New(rand.NewPCG(c.Seed, uint64(j)))
+		jb := &jobs[j]
+		es := make([]client.BlockEntry, n)
+		return func() (int, error) {
+			for i := range es {
+				es[i] = jb.t.WholeBlock(blocks[rng.IntN(len(blocks))], i)
 			}
-			for range c.Warmup {
-				if _, err := call(); err != nil {
-					errs[j] = err
-				}
+			var nok int
+			var err error
+			if jb.arr != nil {
+				nok, err = c.Client.BlocksIn(true, jb.id, jb.arr, 0, es)
+			} else {
+				nok, err = c.Client.LoadBlocks(jb.id, es)
 			}
-			ready.Done()
-			<-gate
-			lat[j] = make([]time.Duration, 0, c.Calls)
-			for range c.Calls {
-				t0 := time.Now()
-				nok, err := call()
-				lat[j] = append(lat[j], time.Since(t0))
-				if err != nil {
-					errs[j] = err
-					return
-				}
-				notOK[j] += len(es) - nok
+			if err == nil && jb.after != nil {
+				err = jb.after()
 			}
-		}()
-	}
-	ready.Wait()
-	d0, dok0 := daemonCPU(c)
-	cpu0 := CPUSeconds()
-	start := time.Now()
-	close(gate)
-	wg.Wait()
-	wall := time.Since(start)
-	clientCPU := CPUSeconds() - cpu0
-	d1, dok1 := daemonCPU(c)
-	if err := errors.Join(errs...); err != nil {
+			return len(es) - nok, err
+		}
+	})
+	if err != nil {
 		return LoadResult{}, err
 	}
 	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: n * g.GroupsPerBlock(),
-		BlocksPerCall: n, Layout: c.Layout, Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), Seconds: wall.Seconds()}
-	all := slices.Concat(lat...)
-	var sum time.Duration
-	for _, d := range all {
-		sum += d
-	}
-	for _, k := range notOK {
-		res.NotOKBlocks += k
-	}
-	slices.Sort(all)
-	res.Bytes = int64(len(all)) * callBytes
-	res.GBps = float64(res.Bytes) / wall.Seconds() / 1e9
-	res.UsPerCall = Micros(sum) / float64(len(all))
-	res.P50us, res.P99us = Micros(Percentile(all, 50)), Micros(Percentile(all, 99))
-	res.UsPerGroup = res.UsPerCall / float64(res.GroupsPerCall)
+		BlocksPerCall: n, Layout: c.Layout, Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), NotOKBlocks: m.notOK}
+	m.fill(&res, callBytes)
 	res.UsPerBlock = res.UsPerCall / float64(n)
-	res.ClientCPUs = clientCPU
-	if dok0 && dok1 {
-		res.CPUs = d1 - d0
-		res.CPUsPerGB = PerGB(res.CPUs, res.Bytes)
-	}
 	res.Into = "host"
 	if len(c.Devices) > 0 {
 		var names []string
@@ -283,10 +225,10 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 			names = append(names, strconv.Itoa(per[k].Device))
 			for j := range jobs {
 				if j%len(c.Devices) == k {
-					per[k].Bytes += int64(len(lat[j])) * callBytes
+					per[k].Bytes += int64(len(m.lat[j])) * callBytes
 				}
 			}
-			per[k].GBps = float64(per[k].Bytes) / wall.Seconds() / 1e9
+			per[k].GBps = float64(per[k].Bytes) / m.wall.Seconds() / 1e9
 		}
 		res.Into, res.PerDevice = "cuda:"+strings.Join(names, ","), per
 		if c.Pinned {

@@ -340,6 +340,10 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 	if !t.lay.Packed {
 		span = uint64((rows-1)*pitch + rowBytes)
 	}
+	reqPitch, reqRowBytes := 0, 0
+	if !t.lay.Packed {
+		reqPitch, reqRowBytes = pitch, rowBytes
+	}
 	for lo := 0; lo < len(ents); {
 		hi, groups, _ := nextWindow(ents, lo, 0, s.opts.MaxStagingBytes)
 		if groups == 0 {
@@ -368,20 +372,18 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 					r := t.region(layer, kind)
 					off := r.off + tileOff
 					key := layout.Key{Block: be.Block, Layer: int(layer), Head: int(be.HeadFirst), Kind: layout.Kind(kind)}
-					for range hn {
-						q := &reqs[k]
+					// reqs is all zeros here (fresh, or cleared after the
+					// previous window), so only the nonzero fields are
+					// written: no per-group copy of a whole ReadReq.
+					for j := range hn {
+						q := &reqs[k+j]
 						q.Key = key
 						q.Buf = r.b.mem[off : off+span]
-						q.Err = nil
-						if !t.lay.Packed {
-							q.Pitch, q.RowBytes = pitch, rowBytes
-						} else {
-							q.Pitch, q.RowBytes = 0, 0
-						}
-						k++
+						q.Pitch, q.RowBytes = reqPitch, reqRowBytes
 						key.Head++
 						off += hs
 					}
+					k += hn
 				}
 			}
 		}
@@ -395,22 +397,32 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 				if !e.valid {
 					continue
 				}
-				for _, q := range reqs[k : k+int(e.groups)] {
+				for j := k; j < k+int(e.groups); j++ {
+					// By pointer (a ReadReq is ~110 bytes), and zeroed
+					// once counted: one pass over the requests instead of
+					// a tally and a clear.
+					q := &reqs[j]
 					if q.Err == nil {
 						e.ok++
-						continue
+					} else {
+						st, det := loadStatus(q.Err)
+						e.tally(st, det)
+						if st == abi.Corrupt {
+							s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(q.Err))
+						}
 					}
-					st, det := loadStatus(q.Err)
-					e.tally(st, det)
-					if st == abi.Corrupt {
-						s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(q.Err))
-					}
+					*q = store.ReadReq{}
 				}
 				k += int(e.groups)
 			}
 			return nil
 		})
-		clear(reqs) // no references to client memory outlive the call
+		// No references to client memory outlive the call, and the next
+		// window finds reqs all zeros; the tally zeroed them unless the
+		// read failed.
+		if err != nil {
+			clear(reqs)
+		}
 		sc.rreqs = reqs[:0]
 		if err != nil {
 			return err

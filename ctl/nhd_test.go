@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"bytes"
+	"encoding/binary"
 	"sync"
 	"testing"
 	"unsafe"
@@ -47,7 +48,8 @@ func (l *landing) Do(ios []store.IO) error {
 // TestLoadNHDNoBounce: a LOAD into a token-major (NHD) cache, rows of
 // 512 bytes and the store's ScatterMin at 512, lands every byte straight in
 // the client's mapping (vector reads; nothing read into daemon memory, no
-// copy), every tile byte right and every byte between tiles untouched.
+// copy), every tile byte right and every byte between tiles untouched; the
+// same for LOAD_BLOCKS (ABI v2) into an NHD target.
 func TestLoadNHDNoBounce(t *testing.T) {
 	geo := layout.Geometry{Layers: 2, KVHeads: 4, HeadDim: 256, BlockTokens: 16, DType: layout.BF16, Align: 512}
 	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
@@ -125,5 +127,62 @@ func TestLoadNHDNoBounce(t *testing.T) {
 	}
 	if b := st.Metrics().Bounced - before; b != 0 {
 		t.Fatalf("%d bytes copied from bounce memory", b)
+	}
+
+	// The same through ABI v2: LOAD_BLOCKS of the whole block into cache
+	// block 1 of a two-block NHD target, the entry array in another
+	// registered buffer.
+	const nb = 2
+	T, H := geo.BlockTokens, geo.KVHeads
+	tensor := nb * T * H * rb
+	tsh := newShm(t, 2*geo.Layers*tensor, 4096)
+	tid := mustRegister(t, ss, tsh)
+	for i := range tsh.n {
+		tsh.mem[i] = 0x5A
+	}
+	tg := &abi.Target{ABI: abi.Version, NumBlocks: nb, RowBytes: uint32(rb), LayerCount: uint16(geo.Layers), HeadCount: uint16(H),
+		BlockStride: uint64(T * H * rb), HeadStride: uint64(rb), RowPitch: uint32(H * rb)}
+	for i := range 2 * geo.Layers {
+		tg.Regions[i] = abi.TargetRegion{Buffer: tid, Offset: uint64(i * tensor)}
+	}
+	tin, tout := make([]byte, abi.TargetSize), make([]byte, abi.TargetSize)
+	tg.Marshal(tin)
+	if _, errno := ss.Ioctl(abi.CmdRegisterTarget, tin, tout); errno != 0 {
+		t.Fatalf("register target: %v", errno)
+	}
+	ash := newShm(t, abi.BlockEntrySize, 0)
+	aid := mustRegister(t, ss, ash)
+	(&abi.BlockEntry{Block: 9, CacheBlock: 1, LayerCount: uint16(geo.Layers), HeadCount: uint16(H), Kinds: abi.KindsBoth}).Marshal(ash.mem)
+	var bin, bout [abi.BlocksSize]byte
+	(&abi.Blocks{ABI: abi.Version, Target: binary.LittleEndian.Uint32(tout[abi.TargetOutOff:]), Count: 1, Buffer: aid}).Marshal(bin[:])
+	want = bytes.Repeat([]byte{0x5A}, tsh.n)
+	for i := range n {
+		k := geo.KeyAt(9, i)
+		off := (k.Layer*2+int(k.Kind))*tensor + T*H*rb + k.Head*rb
+		for r := range T {
+			copy(want[off+r*pitch:], data[i][r*rb:(r+1)*rb])
+		}
+	}
+	ss.mu.Lock()
+	dm = ss.mu.bufs[tid].mem
+	ss.mu.Unlock()
+	eng.mu.Lock()
+	eng.lo = uintptr(unsafe.Pointer(&dm[0]))
+	eng.hi = eng.lo + uintptr(len(dm))
+	eng.inside, eng.beside = 0, 0
+	eng.mu.Unlock()
+	before = st.Metrics().Bounced
+	if nok, errno := ss.Ioctl(abi.CmdLoadBlocks, bin[:], bout[:]); errno != 0 || nok != 1 {
+		t.Fatalf("LOAD_BLOCKS: %d ok, %v", nok, errno)
+	}
+	if !bytes.Equal(tsh.mem[:tsh.n], want) {
+		t.Fatal("LOAD_BLOCKS: the cache differs from the groups scattered by hand")
+	}
+	tsh.checkGuard(t)
+	if eng.beside != 0 || eng.inside != n*gb {
+		t.Fatalf("LOAD_BLOCKS: reads landed %d bytes in the mapping, %d in daemon memory; want %d and 0", eng.inside, eng.beside, n*gb)
+	}
+	if b := st.Metrics().Bounced - before; b != 0 {
+		t.Fatalf("LOAD_BLOCKS: %d bytes copied from bounce memory", b)
 	}
 }

@@ -332,6 +332,29 @@ func startCPUProfile(path string) (func(), error) {
 	}, nil
 }
 
+// writeProfiles writes the named runtime profiles (pprof.Lookup) to path,
+// the first, and path.NAME for the others.
+func writeProfiles(path string, names ...string) error {
+	for i, name := range names {
+		p := path
+		if i > 0 {
+			p += "." + name
+		}
+		f, err := os.Create(p)
+		if err != nil {
+			return err
+		}
+		err = pprof.Lookup(name).WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("%s profile: %w", name, err)
+		}
+	}
+	return nil
+}
+
 func fromResult(path string, r bench.Result) benchReport {
 	return benchReport{Path: path, Engine: r.Engine, Op: r.Op, Pattern: r.Pattern, IOSize: r.IOSize, QD: r.QD,
 		GBps: r.GBps, IOPS: r.IOPS, P50us: r.P50us, P99us: r.P99us, Bytes: r.Bytes, Ops: r.Ops, Seconds: r.Seconds,

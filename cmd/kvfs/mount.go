@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"os/user"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,22 +40,23 @@ import (
 type mountOptions struct {
 	storeFlags
 	ringFlags
-	daemon      bool
-	allowOther  bool
-	metricsAddr string
-	ctlMode     string
-	ctlGroup    string
-	logFile     string
-	wait        time.Duration
-	debugFUSE   bool
-	readAhead   string
-	maxPinned   string
-	gpu         bool
-	gpuStaging  int
-	gpuBufSize  string
-	gpuDepth    int
-	gpuVerify   string
-	gpuAhead    int
+	daemon                   bool
+	cpuProfile, mutexProfile string
+	allowOther               bool
+	metricsAddr              string
+	ctlMode                  string
+	ctlGroup                 string
+	logFile                  string
+	wait                     time.Duration
+	debugFUSE                bool
+	readAhead                string
+	maxPinned                string
+	gpu                      bool
+	gpuStaging               int
+	gpuBufSize               string
+	gpuDepth                 int
+	gpuVerify                string
+	gpuAhead                 int
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -107,6 +109,8 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.StringVar(&o.ctlGroup, "ctl-group", "", "group owning .kvfs/ctl (name or gid; default: the mounting user's group)")
 	f.StringVar(&o.logFile, "log-file", "", "append the log to this file (reopened on SIGHUP); default: stderr, or for --daemon see above")
 	f.DurationVar(&o.wait, "wait", time.Minute, "how long --daemon waits for the mount to answer")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the daemon, from mount to unmount, to FILE (go tool pprof)")
+	f.StringVar(&o.mutexProfile, "mutexprofile", "", "write the daemon's mutex contention and blocking profiles, at unmount, to FILE and FILE.block (go tool pprof)")
 	f.BoolVar(&o.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
 	f.StringVar(&o.readAhead, "read-ahead", "1MiB", "largest layer extent read with one group file's read, with a 32 MiB cache (0: neither)")
 	f.StringVar(&o.maxPinned, "max-pinned", "", "cap on client memory the engine pins for zero-copy I/O, all callers (default half the RAM; one uid gets half of it; see docs/abi.md)")
@@ -215,6 +219,18 @@ func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) err
 	}
 	if err := o.ringFlags.apply(&engine.Options{}); err != nil {
 		return err
+	}
+	// The daemon runs in /: profile paths are made absolute here.
+	for _, name := range []string{"cpuprofile", "mutexprofile"} {
+		if v := cmd.Flags().Lookup(name).Value.String(); v != "" {
+			abs, err := filepath.Abs(v)
+			if err != nil {
+				return err
+			}
+			if err := cmd.Flags().Set(name, abs); err != nil {
+				return err
+			}
+		}
 	}
 	if o.daemon && os.Getenv(daemonEnv) == "" {
 		return o.startDaemon(cmd, storePath, mountpoint)
@@ -388,6 +404,22 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	abs, err := filepath.Abs(storePath)
 	if err != nil {
 		return err
+	}
+	if o.cpuProfile != "" {
+		stop, err := startCPUProfile(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if o.mutexProfile != "" {
+		runtime.SetMutexProfileFraction(1)
+		runtime.SetBlockProfileRate(int(time.Microsecond))
+		defer func() {
+			if werr := writeProfiles(o.mutexProfile, "mutex", "block"); werr != nil && err == nil {
+				err = werr
+			}
+		}()
 	}
 
 	// Signals are ours from here to the end, store close included: a

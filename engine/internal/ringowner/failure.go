@@ -40,6 +40,7 @@ func (o *Owner) fail(cause error, cqes []uring.CQE) {
 	err := fmt.Errorf("%s: ring failed: %w", o.name, cause)
 	o.mu.Lock()
 	o.mu.broken = err
+	o.down.Store(true)
 	o.pending = append(o.pending, o.mu.queue...)
 	o.mu.queue = nil
 	o.mu.Unlock()

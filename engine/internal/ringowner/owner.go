@@ -232,6 +232,11 @@ type Owner struct {
 	stats  counters
 	closed error // the wrapped store.ErrEngineClosed
 
+	// down is set (under mu) with mu.broken or mu.closed, so that picking
+	// a ring (Rings.pick) reads one atomic instead of taking every
+	// ring's lock: concurrent callers contended on it.
+	down atomic.Bool
+
 	mu struct {
 		sync.Mutex
 		queue    []*call
@@ -528,6 +533,7 @@ func (o *Owner) Close() error {
 		return nil
 	}
 	o.mu.closed = true
+	o.down.Store(true)
 	c := newCall(callClose, 1)
 	enqueued := o.mu.broken == nil
 	if enqueued {

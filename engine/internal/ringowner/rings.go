@@ -241,6 +241,9 @@ func (r *Rings) pick() (*Owner, error) {
 	var firstErr error
 	for k := range uint32(len(r.owners)) {
 		o := r.owners[(start+k)%uint32(len(r.owners))]
+		if !o.down.Load() {
+			return o, nil
+		}
 		o.mu.Lock()
 		err := o.mu.broken
 		if err == nil && o.mu.closed {
