@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -46,6 +47,15 @@ type infoReport struct {
 	Size           int64        `json:"size"`
 	Created        time.Time    `json:"created"`
 	FDP            *infoFDP     `json:"fdp,omitempty"` // only on the nvme engine
+	// Attachment is how the NVMe namespace is attached: its controller
+	// paths with transport (pcie, tcp, rdma, fc, loop) and address. Only
+	// on the nvme engine, and only when sysfs says.
+	Attachment *nvme.Attachment `json:"attachment,omitempty"`
+}
+
+// attachReporter is implemented by the nvme engine.
+type attachReporter interface {
+	Attachment() *nvme.Attachment
 }
 
 // infoFDP is the NVMe Flexible Data Placement state of the namespace.
@@ -110,6 +120,9 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 	if r.FDP, err = fdpReport(s.Engine()); err != nil {
 		return err
 	}
+	if a, ok := s.Engine().(attachReporter); ok {
+		r.Attachment = a.Attachment()
+	}
 	w := cmd.OutOrStdout()
 	if o.json {
 		return writeJSON(w, r)
@@ -138,6 +151,11 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if r.Attachment != nil {
+		if _, err := fmt.Fprintln(w, attachmentText(r.Attachment)); err != nil {
+			return err
+		}
+	}
 	if r.FDP != nil {
 		_, err = fmt.Fprintln(w, r.FDP.Text)
 	}
@@ -156,4 +174,19 @@ func newInfoReport(path string, s *store.Store) infoReport {
 		UsedSlots: in.UsedSlots, FreeSlots: in.FreeSlots, Blocks: len(s.Blocks()),
 		Size: in.Size, Created: in.Created.UTC(),
 	}
+}
+
+// attachmentText is info's attachment lines: "attachment: fabric, tcp …"
+// then one line per controller path.
+func attachmentText(a *nvme.Attachment) string {
+	var b strings.Builder
+	where := "local"
+	if a.Fabric() {
+		where = "fabric"
+	}
+	fmt.Fprintf(&b, "attachment: %s, transport %s, subsysnqn %s", where, a.Transport(), a.SubsysNQN)
+	for _, p := range a.Paths {
+		fmt.Fprintf(&b, "\n  path %s: %s %s (%s)", p.Name, p.Transport, p.Address, p.State)
+	}
+	return b.String()
 }

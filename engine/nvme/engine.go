@@ -92,6 +92,7 @@ type Engine struct {
 	maxXfer   int
 	placement nvmedev.Placement
 	fdp       *nvmedev.FDPInfo
+	attach    *nvmedev.Attachment // nil when sysfs does not say
 	ring      *ringowner.Rings
 	drvs      []*driver
 	placed    []atomic.Uint64 // written bytes per placement handle
@@ -171,6 +172,17 @@ func (e *Engine) init(o EngineOptions) error {
 	} else {
 		e.fdp = info
 	}
+	// How the namespace is attached (local PCIe or a fabric): sysfs, best
+	// effort; passthrough works the same over both.
+	if a, err := nvmedev.Attach(e.dev.Path); err != nil {
+		e.log.Debug("no sysfs attachment", zap.Error(err))
+	} else {
+		e.attach = a
+		if a.Fabric() && !e.fdp.Enabled {
+			e.log.Info("namespace is behind an NVMe over Fabrics target without FDP: writes go untagged (no placement, the target's default handle)",
+				zap.String("transport", a.Transport()), zap.String("fdp_reason", e.fdp.Reason))
+		}
+	}
 	if e.fdp.Enabled {
 		for _, h := range e.fdp.Handles {
 			e.placement.PIDs = append(e.placement.PIDs, h.PID)
@@ -231,7 +243,8 @@ func (e *Engine) init(o EngineOptions) error {
 		zap.Uint32("nsid", e.dev.NSID), zap.String("model", e.dev.Ctrl.Model),
 		zap.Int64("bytes", e.size), zap.Int("lba", e.lba), zap.Int("max_transfer", e.maxXfer),
 		zap.Int("queue_depth", e.qd), zap.Int("rings", r.N()), zap.String("no_fixed", noFixed),
-		zap.Bool("fdp", e.fdp.Enabled), zap.Int("handles", len(e.placement.PIDs)), zap.String("fdp_reason", e.fdp.Reason))
+		zap.Bool("fdp", e.fdp.Enabled), zap.Int("handles", len(e.placement.PIDs)), zap.String("fdp_reason", e.fdp.Reason),
+		zap.String("attachment", e.attachString()))
 	return nil
 }
 
@@ -253,6 +266,17 @@ func (e *Engine) MaxTransfer() int { return e.maxXfer }
 
 // Device is the open namespace (identify data, limits).
 func (e *Engine) Device() *nvmedev.Device { return e.dev }
+
+// Attachment is how the namespace is attached to this host (its
+// controller paths with transport and address), nil when sysfs did not say.
+func (e *Engine) Attachment() *nvmedev.Attachment { return e.attach }
+
+func (e *Engine) attachString() string {
+	if e.attach == nil {
+		return "unknown"
+	}
+	return e.attach.String()
+}
 
 // Placement is the stream → placement identifier map in use (empty
 // without FDP).
@@ -353,6 +377,9 @@ func (e *Engine) String() string {
 		fmt.Fprintf(&b, ", FDP config %d with %d handles", e.fdp.ConfigIndex, len(e.placement.PIDs))
 	} else {
 		fmt.Fprintf(&b, ", no FDP (%s)", e.fdp.Reason)
+	}
+	if e.attach != nil {
+		fmt.Fprintf(&b, ", %s", e.attach)
 	}
 	return b.String()
 }
