@@ -45,6 +45,12 @@ type EngineOptions struct {
 const (
 	defaultQueueDepth = 64
 	defaultBufferPool = 32 << 20
+	// maxCommandBytes caps one command whatever the device allows. A
+	// fabric target reports no MDTS and NVMe/TCP accepts about 256 MiB in
+	// one command (the rig's fabric namespace): such a command would hold
+	// a queue slot, and on TCP the connection, for the whole transfer, and
+	// need that much bounce memory when buffers are not registered.
+	maxCommandBytes = 4 << 20
 	memorySlots       = 64 // fixed buffer slots for RegisterMemory
 	maxRetries        = 8
 	uringCmdFixed     = 1 << 0 // IORING_URING_CMD_FIXED (uring_cmd_flags)
@@ -157,7 +163,7 @@ func (e *Engine) init(o EngineOptions) error {
 		return fmt.Errorf("%w: %s: LBA size %d above the page size", nvmedev.ErrUnsupported, e.dev.Path, e.lba)
 	}
 	e.size = ns.Size()
-	e.maxXfer = int(e.dev.Limits.MaxTransfer)
+	e.maxXfer = int(min(e.dev.Limits.MaxTransfer, maxCommandBytes))
 	e.qd = o.QueueDepth
 	if e.qd <= 0 {
 		e.qd = defaultQueueDepth
@@ -261,7 +267,8 @@ func (e *Engine) Size() int64 { return e.size }
 // must be multiples of it.
 func (e *Engine) Align() int { return e.lba }
 
-// MaxTransfer is the largest single command; Do splits larger IOs.
+// MaxTransfer is the largest single command (the device's limit, at most
+// 4 MiB); Do splits larger IOs.
 func (e *Engine) MaxTransfer() int { return e.maxXfer }
 
 // Device is the open namespace (identify data, limits).

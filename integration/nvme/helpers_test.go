@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"os"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap"
@@ -24,6 +25,11 @@ func testDevicePath(t *testing.T) string {
 		p = "/dev/ng0n1"
 	}
 	return p
+}
+
+// blockDevice is the block twin /dev/nvmeXnY of a char device /dev/ngXnY.
+func blockDevice(ng string) string {
+	return strings.Replace(ng, "/ng", "/nvme", 1)
 }
 
 func openEngine(t *testing.T, fdp string) *nvmeengine.Engine {
