@@ -51,9 +51,9 @@ const (
 	// a queue slot, and on TCP the connection, for the whole transfer, and
 	// need that much bounce memory when buffers are not registered.
 	maxCommandBytes = 4 << 20
-	memorySlots       = 64 // fixed buffer slots for RegisterMemory
-	maxRetries        = 8
-	uringCmdFixed     = 1 << 0 // IORING_URING_CMD_FIXED (uring_cmd_flags)
+	memorySlots     = 64 // fixed buffer slots for RegisterMemory
+	maxRetries      = 8
+	uringCmdFixed   = 1 << 0 // IORING_URING_CMD_FIXED (uring_cmd_flags)
 )
 
 // EngineStats are counters of an Engine since it was opened.
