@@ -367,16 +367,17 @@ func TestEngineNoFDP(t *testing.T) {
 }
 
 func TestEngineBlockDevicePath(t *testing.T) {
-	testDevicePath(t)
-	if _, err := os.Stat("/dev/nvme0n1"); err != nil {
-		t.Skip("no /dev/nvme0n1")
+	ng := testDevicePath(t)
+	blk := strings.Replace(ng, "/ng", "/nvme", 1)
+	if _, err := os.Stat(blk); err != nil {
+		t.Skipf("no %s", blk)
 	}
-	e, err := OpenEngine("/dev/nvme0n1", EngineOptions{Logger: zaptest.NewLogger(t)})
+	e, err := OpenEngine(blk, EngineOptions{Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if e.Device().Path != "/dev/ng0n1" {
+	if e.Device().Path != ng {
 		t.Fatalf("block device mapped to %s", e.Device().Path)
 	}
 }
