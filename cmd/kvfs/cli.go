@@ -178,11 +178,21 @@ func (f storeFlags) openStore(cmd *cobra.Command, path string, readOnly bool) (*
 	if err != nil {
 		return nil, nil, nil, usageErrorf("--engine: %v", err)
 	}
-	s, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind, ReadOnly: readOnly, Logger: log}, store.Options{Logger: log})
+	s, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind, ReadOnly: readOnly, Logger: log}, store.Options{Logger: log, Lease: writerLease(readOnly)})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	return s, closeAll, log, nil
+}
+
+// writerLease is the ownership lease a writing command takes (this host's
+// name, the default TTL, no takeover): a store another host's daemon owns
+// is refused with store.ErrLeaseHeld. nil for read-only opens.
+func writerLease(readOnly bool) *store.LeaseOptions {
+	if readOnly {
+		return nil
+	}
+	return &store.LeaseOptions{}
 }
 
 // closeInto runs closeAll and keeps its error when *err is nil; for defer.
