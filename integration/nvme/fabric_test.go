@@ -1,11 +1,13 @@
 package nvmeint
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/kvfs/kvfs/nvme"
+	"github.com/kvfs/kvfs/store"
 )
 
 // TestStoreFabric runs in the rig's fabric boot (KVFS_FABRIC=on), where
@@ -68,5 +70,29 @@ func TestStoreFabric(t *testing.T) {
 	}
 	if ea := e.Attachment(); ea == nil || !ea.Fabric() {
 		t.Errorf("engine attachment %v: want the fabric one", ea)
+	}
+
+	// One namespace, two attachments (the fabric path and the backing
+	// controller), standing for two hosts: the store's flock cannot see
+	// across them, the ownership lease does. The refused open only reads.
+	if _, err := store.Format(e, testGeometry, store.FormatOptions{Force: true, Size: 16 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	owner, err := store.Open(e, store.Options{Lease: &store.LeaseOptions{Host: "host-fabric"}})
+	if err != nil {
+		t.Fatalf("open through the fabric with a lease: %v", err)
+	}
+	other := openEngineAt(t, backing)
+	if _, err := store.Open(other, store.Options{Lease: &store.LeaseOptions{Host: "host-local"}}); !errors.Is(err, store.ErrLeaseHeld) {
+		t.Errorf("second host's open while the fabric host holds the lease: %v, want ErrLeaseHeld", err)
+	} else {
+		t.Logf("second host refused: %v", err)
+	}
+	if err := owner.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.ReadLease(other)
+	if err != nil || rec == nil || rec.Host != "host-fabric" || !rec.Expiry.IsZero() {
+		t.Errorf("lease through the backing after the owner closed: %+v, %v; want host-fabric's, released", rec, err)
 	}
 }
