@@ -142,6 +142,10 @@ type LeaseOptions struct {
 	// still runs, finds the lease lost at its next renewal and stops
 	// writing).
 	Force bool
+	// CheckOnly refuses the open while another host's lease is live but
+	// takes no lease and writes nothing: for short writers (one kvfs put)
+	// that must not change the store when their input turns out bad.
+	CheckOnly bool
 }
 
 // lease is the store's held lease.
@@ -187,6 +191,9 @@ func (s *Store) acquireLease(o LeaseOptions) error {
 				cur.Expiry.UTC().Format(time.RFC3339), cur.Expiry.Sub(now).Round(time.Second))
 		}
 		s.log.Warn("taking over a live ownership lease", zap.String("owner", cur.Host), zap.Time("expiry", cur.Expiry))
+	}
+	if o.CheckOnly {
+		return nil
 	}
 	l := &lease{o: o, rec: LeaseRecord{UUID: s.sb.UUID, Host: o.Host, Acquired: now, Expiry: now.Add(o.TTL)}}
 	if _, err := rand.Read(l.rec.Token[:]); err != nil {

@@ -70,6 +70,11 @@ func TestLeaseTwoHosts(t *testing.T) {
 	if _, err := leased(m, c, "host-b", false); !errors.Is(err, store.ErrLeaseHeld) {
 		t.Fatalf("after renewal: %v, want ErrLeaseHeld", err)
 	}
+	// A check-only open (a one-shot writer) is refused too, and writes
+	// nothing when it is not.
+	if _, err := store.Open(m, store.Options{Now: c.now, Lease: &store.LeaseOptions{Host: "host-b", CheckOnly: true}}); !errors.Is(err, store.ErrLeaseHeld) {
+		t.Fatalf("check-only open while the lease is live: %v, want ErrLeaseHeld", err)
+	}
 	// A read-only open takes no lease and is not refused.
 	ro, err := store.Open(m, store.Options{ReadOnly: true, Lease: &store.LeaseOptions{Host: "host-b"}})
 	if err != nil {

@@ -185,14 +185,16 @@ func (f storeFlags) openStore(cmd *cobra.Command, path string, readOnly bool) (*
 	return s, closeAll, log, nil
 }
 
-// writerLease is the ownership lease a writing command takes (this host's
-// name, the default TTL, no takeover): a store another host's daemon owns
-// is refused with store.ErrLeaseHeld. nil for read-only opens.
+// writerLease is the lease check of a writing command: a store another
+// host's daemon owns (live lease) is refused with store.ErrLeaseHeld. It
+// takes no lease itself (only kvfs mount does), so a command refused for
+// bad input leaves the store byte for byte as it was. nil for read-only
+// opens.
 func writerLease(readOnly bool) *store.LeaseOptions {
 	if readOnly {
 		return nil
 	}
-	return &store.LeaseOptions{}
+	return &store.LeaseOptions{CheckOnly: true}
 }
 
 // closeInto runs closeAll and keeps its error when *err is nil; for defer.

@@ -58,10 +58,10 @@ type infoReport struct {
 
 // infoOwner is the ownership lease record as info reports it.
 type infoOwner struct {
-	Host   string    `json:"host"`
-	Live   bool      `json:"live"`
+	Host   string     `json:"host"`
+	Live   bool       `json:"live"`
 	Expiry *time.Time `json:"expiry,omitempty"` // absent once released
-	Text   string    `json:"-"`
+	Text   string     `json:"-"`
 }
 
 func ownerReport(s *store.Store, now time.Time) (*infoOwner, error) {
