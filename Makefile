@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO ?= go
 BIN := bin/kvfs
 
-.PHONY: all build deps test check unit fuzz test-nvme test-fuse run bench clean
+.PHONY: all build deps test check unit fuzz test-python test-nvme test-fuse run bench clean
 
 all: build
 
@@ -26,6 +26,12 @@ FUZZTIME ?= 5s
 fuzz:
 	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
 
+# The Python client installed with `pip install ./python` into a venv under
+# out/ and its pytest suite run against that install and a real mount; see
+# scripts/test-python.sh.
+test-python: deps
+	GO=$(GO) bash scripts/test-python.sh
+
 # NVMe passthrough engine tests inside QEMU's emulated NVMe (FDP and plain
 # namespaces, power-cut crash test); see integration/nvme/run.sh.
 test-nvme:
@@ -40,7 +46,7 @@ test-fuse: deps
 run: build
 	bash scripts/run.sh
 
-test: deps check unit fuzz test-nvme
+test: deps check unit test-python fuzz test-nvme
 
 clean:
 	rm -rf bin out

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"syscall"
@@ -37,7 +38,13 @@ func fakeHandle(base, size uint64) [64]byte {
 	binary.LittleEndian.PutUint64(h[0:], base)
 	binary.LittleEndian.PutUint64(h[8:], size)
 	binary.LittleEndian.PutUint64(h[16:], fakeMagic)
+	binary.LittleEndian.PutUint32(h[24:], uint32(os.Getpid())) // the exporter: this process
 	return h
+}
+
+func (g *fakeGPU) Exporter(h [64]byte) (uint32, bool) {
+	pid := binary.LittleEndian.Uint32(h[24:])
+	return pid, pid != 0
 }
 
 type fakeMem struct {
@@ -191,7 +198,9 @@ func TestRegisterCUDAHostile(t *testing.T) {
 		want   syscall.Errno
 	}{
 		{"unknown caller", false, nil, syscall.ESRCH},
-		{"bad handle", true, func(r *abi.RegisterCUDA) { r.Handle = [64]byte{1, 2, 3} }, syscall.EINVAL},
+		{"bad handle", true, func(r *abi.RegisterCUDA) { binary.LittleEndian.PutUint64(r.Handle[16:], 7) }, syscall.EINVAL},
+		{"handle without exporter", true, func(r *abi.RegisterCUDA) { r.Handle = [64]byte{1, 2, 3} }, syscall.EACCES},
+		{"another process's handle", true, func(r *abi.RegisterCUDA) { binary.LittleEndian.PutUint32(r.Handle[24:], 1) }, syscall.EACCES},
 		{"past the allocation", true, func(r *abi.RegisterCUDA) { r.Offset = 4096; r.Length = 4097 }, syscall.ERANGE},
 		{"offset past the end", true, func(r *abi.RegisterCUDA) { r.Offset = 8193; r.Length = 1 }, syscall.ERANGE},
 		{"overflowing range", true, func(r *abi.RegisterCUDA) { r.Offset = 1 << 63; r.Length = 1 << 63 }, syscall.ERANGE},

@@ -50,6 +50,11 @@ type Pipeline struct {
 	// Depth is the number of staging buffers one batch keeps in flight
 	// (default 4, at most the pool's count).
 	Depth int
+	// ReadAhead is how many staging buffers' chunks one store read fills
+	// (default 4, at most Depth): a group of chunks is read with one call,
+	// so the storage has that many chunks' reads in flight, then each
+	// chunk's copies are queued as the next group is read.
+	ReadAhead int
 	// Verify, when set, checks loaded groups where they landed on the
 	// device instead of the store checking them on the CPU (the reads are
 	// store.ReadReq.Unverified and Item.CRC carries each group's recorded
@@ -58,6 +63,16 @@ type Pipeline struct {
 	// its Err (wrapping store.ErrCorrupt). An error fails every item it
 	// was given that has no outcome yet (their tiles are then undefined).
 	Verify func(items []*Item) error
+}
+
+// readAhead is how many chunks one store call reads (ReadAhead, default
+// 4, at most depth).
+func (p *Pipeline) readAhead() int {
+	r := p.ReadAhead
+	if r <= 0 {
+		r = 4
+	}
+	return max(1, min(r, p.depth()))
 }
 
 func (p *Pipeline) depth() int {
@@ -125,6 +140,33 @@ func (h *held) acquire(finish func(*chunk)) (*Staging, error) {
 		}
 		h.owned-- // withdrawn
 	}
+}
+
+// tryAcquire is acquire without blocking: a free buffer from the pool while
+// the batch holds fewer than depth, else its oldest chunk's buffer if that
+// chunk's copies have already completed; nil otherwise.
+func (h *held) tryAcquire(finish func(*chunk)) *Staging {
+	if h.owned < h.p.depth() {
+		if st := h.p.Pool.TryGet(); st != nil {
+			h.owned++
+			return st
+		}
+	}
+	for len(h.chunks) > 0 {
+		c := h.chunks[0]
+		if c.st.busy {
+			if done, _ := c.st.ev.Query(); !done {
+				return nil
+			}
+		}
+		h.chunks = h.chunks[1:]
+		finish(c)
+		if h.p.settle(c) {
+			return c.st
+		}
+		h.owned-- // withdrawn
+	}
+	return nil
 }
 
 // wait blocks until the chunk's event completed; the error is the failure
@@ -225,39 +267,62 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 	var batchErr error
 	reached := 0 // items before it were handed to a chunk
 	reqs := make([]store.ReadReq, 0, per)
-	for lo := 0; lo < len(items) && batchErr == nil; lo += per {
-		hi := min(lo+per, len(items))
-		st, err := h.acquire(finish)
-		if err != nil {
-			batchErr = err
+	var group []*chunk
+	var bounds []int
+	for lo := 0; lo < len(items) && batchErr == nil; {
+		// A group of up to readAhead chunks is read with one store call
+		// (more I/O in flight); the first buffer may be waited for, the
+		// others are taken only if free now.
+		group, bounds, reqs = group[:0], bounds[:0], reqs[:0]
+		for len(group) < p.readAhead() && lo < len(items) {
+			var st *Staging
+			if len(group) == 0 {
+				var err error
+				if st, err = h.acquire(finish); err != nil {
+					batchErr = err
+					break
+				}
+			} else if st = h.tryAcquire(finish); st == nil {
+				break
+			}
+			hi := min(lo+per, len(items))
+			c := &chunk{st: st, copied: make([]bool, hi-lo)}
+			bounds = append(bounds, len(reqs))
+			for i := lo; i < hi; i++ {
+				off := (i - lo) * gb
+				// Capacity to the buffer's end: the store lands adjacent
+				// groups of one slot with one read.
+				reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
+				c.items = append(c.items, &items[i])
+			}
+			group = append(group, c)
+			reached, lo = hi, hi
+		}
+		if len(group) == 0 {
 			break
 		}
-		reached = hi
-		c := &chunk{st: st, copied: make([]bool, hi-lo)}
-		reqs = reqs[:0]
-		for i := lo; i < hi; i++ {
-			off := (i - lo) * gb
-			// Capacity to the buffer's end: the store lands adjacent groups
-			// of one slot with one read.
-			reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
-			c.items = append(c.items, &items[i])
-		}
+		bounds = append(bounds, len(reqs))
 		if err := r.Read(reqs); err != nil {
 			batchErr = err
-			for _, it := range c.items {
-				it.Err = err
+			for _, c := range group {
+				for _, it := range c.items {
+					it.Err = err
+				}
+				h.chunks = append(h.chunks, c)
 			}
-			h.chunks = append(h.chunks, c)
 			break
 		}
-		if p.Verify != nil {
-			for k := range reqs {
-				c.items[k].CRC = reqs[k].CRC
+		for k, c := range group {
+			rq := reqs[bounds[k]:bounds[k+1]]
+			if p.Verify != nil {
+				for j := range rq {
+					c.items[j].CRC = rq[j].CRC
+				}
 			}
+			p.bind(func(q Device) { p.queueH2D(q, c, rq) })
+			p.record(c)
+			h.chunks = append(h.chunks, c)
 		}
-		p.bind(func(q Device) { p.queueH2D(q, c, reqs) })
-		p.record(c)
-		h.chunks = append(h.chunks, c)
 	}
 	h.release(finish)
 	if batchErr != nil {

@@ -56,7 +56,9 @@ fio_disk() { # file bs qd
 load() {
 	local label=$1 jobs=$2 calls=$3 into=$4 bpc=$5 lay=${6:-hnd}
 	local f="$R/load-$label-$into-$lay-j$jobs-b$bpc.json"
-	if "$KVFS" bench-load "$MNT" --blocks-per-call "$bpc" --layout "$lay" --calls "$calls" --warmup 1 --jobs "$jobs" \
+	# A row that runs past ROWTIMEOUT seconds is cut (and reported FAILED)
+	# so one slow path cannot take the whole device budget.
+	if timeout "${ROWTIMEOUT:-45}" "$KVFS" bench-load "$MNT" --blocks-per-call "$bpc" --layout "$lay" --calls "$calls" --warmup 1 --jobs "$jobs" \
 		--into "$into" --daemon-pid "$pid" --json >"$f" 2>"$f.err"; then
 		python3 - "$f" "$label" <<'PY' | tee -a "$SUM"
 import json, sys

@@ -46,6 +46,9 @@ type Options struct {
 	// ownership lease and the store renew it until Close; see LeaseOffset.
 	// Open fails with ErrLeaseHeld while another host holds it.
 	Lease *LeaseOptions
+	// OpenProgress, when set, is called during Open's scan of every slot's
+	// headers with the bytes of header copies read so far of the total.
+	OpenProgress func(done, total int64)
 }
 
 // slotState is the in-memory copy of one slot's current header. Guarded by
@@ -324,6 +327,9 @@ func (s *Store) rebuildIndex() error {
 		scans, err := s.scanHeaders(first, cnt)
 		if err != nil {
 			return err
+		}
+		if p := s.opts.OpenProgress; p != nil {
+			p((first+cnt)*2*s.sb.HeaderBytes, n*2*s.sb.HeaderBytes)
 		}
 		for i, sc := range scans {
 			slot := first + int64(i)

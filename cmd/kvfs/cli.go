@@ -170,6 +170,12 @@ type storeFlags struct {
 // openStore locks and opens the store at path. Errors in flag values are
 // usage errors; the rest (locked, not a store, damaged) are failures.
 func (f storeFlags) openStore(cmd *cobra.Command, path string, readOnly bool) (*store.Store, func() error, *zap.Logger, error) {
+	return f.openStoreProgress(cmd, path, readOnly, nil)
+}
+
+// openStoreProgress is openStore that reports Open's header scan to
+// progress (nil: none).
+func (f storeFlags) openStoreProgress(cmd *cobra.Command, path string, readOnly bool, progress func(done, total int64)) (*store.Store, func() error, *zap.Logger, error) {
 	log, err := newLogger(cmd)
 	if err != nil {
 		return nil, nil, nil, err
@@ -178,7 +184,7 @@ func (f storeFlags) openStore(cmd *cobra.Command, path string, readOnly bool) (*
 	if err != nil {
 		return nil, nil, nil, usageErrorf("--engine: %v", err)
 	}
-	s, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind, ReadOnly: readOnly, Logger: log}, store.Options{Logger: log, Lease: writerLease(readOnly)})
+	s, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind, ReadOnly: readOnly, Logger: log}, store.Options{Logger: log, OpenProgress: progress, Lease: writerLease(readOnly)})
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -55,6 +55,7 @@ type mountOptions struct {
 	hostID        string
 	leaseTTL      time.Duration
 	forceTakeover bool
+	gpuAhead      int
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -110,6 +111,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.StringVar(&o.hostID, "host-id", "", "this host's id in the store's ownership lease (default: the host name; unique per host)")
 	f.DurationVar(&o.leaseTTL, "lease-ttl", store.DefaultLeaseTTL, "ownership lease lifetime; the daemon renews it every third of it (docs/scale-out.md)")
 	f.BoolVar(&o.forceTakeover, "force-takeover", false, "take the store over from a daemon on another host whose lease is still live (it stops writing at its next renewal)")
+	f.IntVar(&o.gpuAhead, "gpu-read-ahead", 4, "staging buffers one store read of a GPU load fills (the storage's I/O in flight per call; at most --gpu-depth)")
 	f.StringVar(&o.gpuVerify, "gpu-verify", "cpu", "where loads into GPU memory are checksummed: cpu (the store, in staging) or gpu (the CRC32C kernel, where the groups land)")
 	addCommand(c)
 }
@@ -120,14 +122,14 @@ func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
 	if err != nil || n < 4096 || n > 1<<30 {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-staging-size %q: want a size from 4KiB to 1GiB", o.gpuBufSize)
 	}
-	if o.gpuStaging < 1 || o.gpuStaging > 4096 || o.gpuDepth < 1 {
-		return ctl.GPUOptions{}, usageErrorf("--gpu-staging-buffers %d, --gpu-depth %d: want 1..4096 and ≥ 1", o.gpuStaging, o.gpuDepth)
+	if o.gpuStaging < 1 || o.gpuStaging > 4096 || o.gpuDepth < 1 || o.gpuAhead < 1 {
+		return ctl.GPUOptions{}, usageErrorf("--gpu-staging-buffers %d, --gpu-depth %d, --gpu-read-ahead %d: want 1..4096, ≥ 1, ≥ 1", o.gpuStaging, o.gpuDepth, o.gpuAhead)
 	}
 	if o.gpuVerify != "cpu" && o.gpuVerify != "gpu" {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-verify %q: want cpu or gpu", o.gpuVerify)
 	}
 	return ctl.GPUOptions{Disable: !o.gpu, StagingCount: o.gpuStaging, StagingSize: int(n), Depth: min(o.gpuDepth, o.gpuStaging),
-		VerifyOnGPU: o.gpuVerify == "gpu"}, nil
+		ReadAhead: o.gpuAhead, VerifyOnGPU: o.gpuVerify == "gpu"}, nil
 }
 
 // parseCtl checks --ctl-mode and --ctl-group.
