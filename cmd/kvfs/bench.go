@@ -407,7 +407,7 @@ func (o *benchOptions) runBlocks(ctx context.Context, stderr io.Writer, path str
 		return benchReport{}, usageErrorf("--fill writes blocks into the store (evicting others when it is full); pass --force-write")
 	}
 	eo.ReadOnly = o.fill == 0
-	s, closeAll, err := engine.OpenStore(path, eo, store.Options{Logger: eo.Logger})
+	s, closeAll, err := engine.OpenStore(path, eo, store.Options{Logger: eo.Logger, Lease: writerLease(eo.ReadOnly)})
 	if err != nil {
 		return benchReport{}, err
 	}

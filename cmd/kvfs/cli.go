@@ -191,11 +191,23 @@ func (f storeFlags) openStoreProgress(cmd *cobra.Command, path string, readOnly 
 	if err != nil {
 		return nil, nil, nil, usageErrorf("--engine: %v", err)
 	}
-	s, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind, ReadOnly: readOnly, Logger: log}, store.Options{Logger: log, OpenProgress: progress})
+	s, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind, ReadOnly: readOnly, Logger: log}, store.Options{Logger: log, OpenProgress: progress, Lease: writerLease(readOnly)})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	return s, closeAll, log, nil
+}
+
+// writerLease is the lease check of a writing command: a store another
+// host's daemon owns (live lease) is refused with store.ErrLeaseHeld. It
+// takes no lease itself (only kvfs mount does), so a command refused for
+// bad input leaves the store byte for byte as it was. nil for read-only
+// opens.
+func writerLease(readOnly bool) *store.LeaseOptions {
+	if readOnly {
+		return nil
+	}
+	return &store.LeaseOptions{CheckOnly: true}
 }
 
 // closeInto runs closeAll and keeps its error when *err is nil; for defer.

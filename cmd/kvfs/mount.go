@@ -57,6 +57,9 @@ type mountOptions struct {
 	gpuDepth                 int
 	gpuVerify                string
 	gpuAhead                 int
+	hostID                   string
+	leaseTTL                 time.Duration
+	forceTakeover            bool
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -118,6 +121,9 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.IntVar(&o.gpuStaging, "gpu-staging-buffers", 16, "pinned staging buffers per GPU (created on the GPU's first registration)")
 	f.StringVar(&o.gpuBufSize, "gpu-staging-size", "4MiB", "bytes of each GPU staging buffer")
 	f.IntVar(&o.gpuDepth, "gpu-depth", 8, "staging buffers one GPU load keeps in flight (at most --gpu-staging-buffers)")
+	f.StringVar(&o.hostID, "host-id", "", "this host's id in the store's ownership lease (default: the host name; unique per host)")
+	f.DurationVar(&o.leaseTTL, "lease-ttl", store.DefaultLeaseTTL, "ownership lease lifetime; the daemon renews it every third of it (docs/scale-out.md)")
+	f.BoolVar(&o.forceTakeover, "force-takeover", false, "take the store over from a daemon on another host whose lease is still live (it stops writing at its next renewal)")
 	f.IntVar(&o.gpuAhead, "gpu-read-ahead", 4, "staging buffers one store read of a GPU load fills (the storage's I/O in flight per call; at most --gpu-depth)")
 	f.StringVar(&o.gpuVerify, "gpu-verify", "cpu", "where loads into GPU memory are checksummed: cpu (the store, in staging) or gpu (the CRC32C kernel, where the groups land)")
 	addCommand(c)
@@ -438,7 +444,8 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 		return err
 	}
 	s, closeAll, err := engine.OpenStore(storePath, eo,
-		store.Options{Logger: log, Observe: pm.observe})
+		store.Options{Logger: log, Observe: pm.observe,
+			Lease: &store.LeaseOptions{Host: o.hostID, TTL: o.leaseTTL, Force: o.forceTakeover}})
 	if err != nil {
 		return err
 	}
