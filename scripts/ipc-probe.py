@@ -26,9 +26,12 @@ if len(sys.argv) > 1 and sys.argv[1] == "child":
     sys.exit(0)
 if len(sys.argv) > 1 and sys.argv[1] == "open":
     torch.zeros(1, device="cuda")  # a context
-    h = (ctypes.c_ubyte * 64).from_buffer_copy(bytes.fromhex(sys.argv[2]))
+    class Handle(ctypes.Structure):  # CUipcMemHandle, passed by value
+        _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+    h = Handle.from_buffer_copy(bytes.fromhex(sys.argv[2]))
     p = ctypes.c_uint64()
-    r = lib.cuIpcOpenMemHandle_v2(ctypes.byref(p), h, ctypes.c_uint(1))
+    lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), Handle, ctypes.c_uint]
+    r = lib.cuIpcOpenMemHandle_v2(ctypes.byref(p), h, 1)
     print(r)
     sys.exit(0)
 pid = os.getpid()
