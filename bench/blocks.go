@@ -181,7 +181,9 @@ func pickDistinct(rng *rand.Rand, n int, picks []int) []int {
 // FillBlocks writes every group of new blocks (ids from 0 up, the same
 // random bytes in each group) until s holds n blocks, or until it is full:
 // it never evicts. It writes into the store: the caller asked for it.
-func FillBlocks(s *store.Store, n int) error {
+// progress, when not nil, gets the blocks present so far of n after each
+// block written.
+func FillBlocks(s *store.Store, n int, progress func(done, total int64)) error {
 	g := s.Geometry()
 	have := map[uint64]bool{}
 	for _, b := range s.Blocks() {
@@ -212,6 +214,9 @@ func FillBlocks(s *store.Store, n int) error {
 			}
 		}
 		have[id] = true
+		if progress != nil {
+			progress(int64(len(have)), int64(n))
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -33,8 +34,17 @@ func TestRunBlocks(t *testing.T) {
 		t.Fatalf("empty store: %v", err)
 	}
 	// FillBlocks stops at a full store rather than evicting.
-	if err := FillBlocks(s, 9); err != nil {
+	var calls []int64
+	if err := FillBlocks(s, 9, func(done, total int64) {
+		if total != 9 {
+			t.Errorf("fill progress total %d, want 9", total)
+		}
+		calls = append(calls, done)
+	}); err != nil {
 		t.Fatal(err)
+	}
+	if !slices.Equal(calls, []int64{1, 2, 3, 4}) {
+		t.Fatalf("fill progress %v, want each block present counted: 1 2 3 4", calls)
 	}
 	if n := len(s.Blocks()); n != 4 {
 		t.Fatalf("FillBlocks left %d blocks in 4 slots", n)
@@ -62,5 +72,16 @@ func TestRunBlocks(t *testing.T) {
 	}
 	if _, err := RunBlocks(ctx, BlocksConfig{Duration: time.Millisecond}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("no store: %v", err)
+	}
+}
+
+func TestSweepDepths(t *testing.T) {
+	for _, c := range []struct {
+		max  int
+		want []int
+	}{{1, []int{1}}, {4, []int{1, 2, 4}}, {6, []int{1, 2, 4, 6}}, {64, []int{1, 2, 4, 8, 16, 32, 64}}} {
+		if got := SweepDepths(c.max); !slices.Equal(got, c.want) {
+			t.Errorf("SweepDepths(%d) = %v, want %v", c.max, got, c.want)
+		}
 	}
 }

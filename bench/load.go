@@ -40,6 +40,9 @@ type LoadConfig struct {
 	// Fill, when above the blocks present, first STOREs random blocks
 	// until Fill are present (this writes to the store).
 	Fill int
+	// FillProgress, when not nil, gets the blocks present so far of Fill
+	// after each block the fill stores.
+	FillProgress func(done, total int64)
 	// Seed seeds the choice of blocks.
 	Seed uint64
 	// BlocksPerCall, when above 0, measures LOAD_BLOCKS (ABI minor 2)
@@ -140,7 +143,7 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return LoadResult{}, err
 	}
 	if len(blocks) < c.Fill {
-		if blocks, err = fillBlocksCtl(c.Client, blocks, c.Fill, c.Seed); err != nil {
+		if blocks, err = fillBlocksCtl(c.Client, blocks, c.Fill, c.Seed, c.FillProgress); err != nil {
 			return LoadResult{}, err
 		}
 	}
@@ -348,7 +351,7 @@ func ListBlocks(mountpoint string, g layout.Geometry) ([]uint64, error) {
 
 // fillBlocksCtl stores random whole blocks through STORE until want blocks
 // are present.
-func fillBlocksCtl(c *client.Client, have []uint64, want int, seed uint64) ([]uint64, error) {
+func fillBlocksCtl(c *client.Client, have []uint64, want int, seed uint64, progress func(done, total int64)) ([]uint64, error) {
 	info := c.Info()
 	g, gb, per := info.Geometry, info.GroupBytes, info.Geometry.GroupsPerBlock()
 	buf, err := c.NewHostBuffer("", int64(per*gb))
@@ -384,6 +387,9 @@ func fillBlocksCtl(c *client.Client, have []uint64, want int, seed uint64) ([]ui
 		}
 		present[b] = true
 		have = append(have, b)
+		if progress != nil {
+			progress(int64(len(have)), int64(want))
+		}
 	}
 	return have, nil
 }

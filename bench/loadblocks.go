@@ -19,6 +19,19 @@ var Layouts = []string{"nhd", "hnd", "hf"}
 // SweepJobs are the caller counts of a sweep.
 var SweepJobs = []int{1, 2, 4, 8, 16}
 
+// SweepDepthMax is the deepest queue of kvfs bench --sweep by default.
+const SweepDepthMax = 64
+
+// SweepDepths are the queue depths of a depth sweep up to max: the powers
+// of two below it, then max itself.
+func SweepDepths(max int) []int {
+	var ds []int
+	for d := 1; d < max; d *= 2 {
+		ds = append(ds, d)
+	}
+	return append(ds, max)
+}
+
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat (100
 // on every Linux architecture Go supports).
 const clockTicks = 100

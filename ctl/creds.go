@@ -25,6 +25,7 @@ const (
 // thread's credentials change only by its own system calls).
 type cred struct {
 	tid, tgid    int
+	nstgid       []int  // the process id in each pid namespace, outermost first (NStgid)
 	ruid         uint32 // pinned memory is charged to the real uid, as io_uring does
 	fsuid, fsgid uint32
 	groups       []uint32
@@ -32,6 +33,24 @@ type cred struct {
 }
 
 func (c *cred) hasCap(bit uint) bool { return c.capEff&(1<<bit) != 0 }
+
+// isProcess reports whether pid names the caller's process, in the
+// daemon's pid namespace or in any namespace the caller lives in (a client
+// in a container knows itself by its innermost pid).
+func (c *cred) isProcess(pid uint32) bool {
+	if pid == 0 {
+		return false
+	}
+	if int64(pid) == int64(c.tgid) {
+		return true
+	}
+	for _, n := range c.nstgid {
+		if int64(n) == int64(pid) {
+			return true
+		}
+	}
+	return false
+}
 
 // callerCred reads the credentials of thread tid (the pid FUSE reports for
 // a request is the calling thread's id). tid 0 (a caller outside the
@@ -68,6 +87,14 @@ func parseStatus(tid int, b []byte) (*cred, error) {
 				}
 				c.tgid = n
 				have |= 1
+			}
+		case "NStgid":
+			for _, x := range f {
+				n, err := strconv.Atoi(x)
+				if err != nil {
+					return nil, fmt.Errorf("%w: thread %d: NStgid %q", ErrCaller, tid, v)
+				}
+				c.nstgid = append(c.nstgid, n)
 			}
 		case "Uid", "Gid":
 			if len(f) != 4 {

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -23,8 +24,9 @@ var (
 	ErrNoGPU = errors.New("ctl: no usable GPU")
 	// ErrGPUHandle: the driver refused the IPC handle (EINVAL).
 	ErrGPUHandle = errors.New("ctl: CUDA IPC handle could not be opened")
-	// ErrGPUOwner: the caller may not use the GPU itself (EACCES).
-	ErrGPUOwner = errors.New("ctl: caller may not open the GPU device files")
+	// ErrGPUOwner: the caller may not use the GPU itself, or the handle
+	// is not its own process's (EACCES).
+	ErrGPUOwner = errors.New("ctl: GPU memory not the caller's")
 )
 
 // GPU is one device as the server uses it: the copy queue, events and
@@ -35,6 +37,10 @@ type GPU interface {
 	// OpenIPC maps an allocation exported with cuIpcGetMemHandle (taken at
 	// its base); the mapping is the whole allocation.
 	OpenIPC(handle [64]byte) (GPUMemory, error)
+	// Exporter is the id of the process that exported handle, as the
+	// driver recorded it in the handle; ok is false when the handle does
+	// not say.
+	Exporter(handle [64]byte) (pid uint32, ok bool)
 	// Close releases the device (after its pool was closed).
 	Close() error
 }
@@ -70,7 +76,13 @@ type GPUOptions struct {
 	// with the CRC32C kernel (gpu.GPUVerifier) instead of on the CPU in
 	// staging. NewVerifier, when set, replaces the kernel (tests).
 	VerifyOnGPU bool
-	NewVerifier func(ordinal int, geo gpu.Geometry) (verify func([]*gpu.Item) error, close func() error, err error)
+	// TrustHandles skips the exporter check: by default a caller may
+	// register only a handle its own process exported (GPU.Exporter
+	// against the caller's process id). Only for a daemon that serves one
+	// trusted client, or tests that export from one process and register
+	// from another; kvfs mount never sets it.
+	TrustHandles bool
+	NewVerifier  func(ordinal int, geo gpu.Geometry) (verify func([]*gpu.Item) error, close func() error, err error)
 }
 
 // OpenCUDA opens a CUDA device for the server.
@@ -83,6 +95,18 @@ func OpenCUDA(ordinal int) (GPU, error) {
 }
 
 type cudaGPU struct{ *gpu.CUDA }
+
+// Exporter reads the exporting process's id from a legacy CUDA IPC handle:
+// the driver stores it, little-endian, in bytes 8..11 (not documented by
+// NVIDIA; observed with driver 580 on the H200 by scripts/ipc-probe.py,
+// which prints it for two processes, and checked by the device test
+// TestForeignHandleRefused). cuIpcOpenMemHandle finds the exporter's
+// memory through that pid, so a handle rewritten to carry the caller's pid
+// does not open another process's allocation.
+func (g cudaGPU) Exporter(h [64]byte) (uint32, bool) {
+	pid := binary.LittleEndian.Uint32(h[8:12])
+	return pid, pid != 0
+}
 
 func (g cudaGPU) OpenIPC(h [64]byte) (GPUMemory, error) {
 	m, err := g.CUDA.OpenIPC(h)
@@ -276,6 +300,15 @@ func (ss *Session) registerCUDA(tid uint32, r *abi.RegisterCUDA) (registration, 
 	d, err := s.gpus.device(int(r.Device))
 	if err != nil {
 		return registration{}, err
+	}
+	if !s.gpus.opts.TrustHandles {
+		pid, ok := d.g.Exporter(r.Handle)
+		if !ok {
+			return registration{}, fmt.Errorf("%w: the handle names no exporting process", ErrGPUOwner)
+		}
+		if !c.isProcess(pid) {
+			return registration{}, fmt.Errorf("%w: the handle was exported by process %d, not by the caller (process %d)", ErrGPUOwner, pid, c.tgid)
+		}
 	}
 	m, err := d.g.OpenIPC(r.Handle)
 	if err != nil {

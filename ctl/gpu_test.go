@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"syscall"
@@ -37,7 +38,13 @@ func fakeHandle(base, size uint64) [64]byte {
 	binary.LittleEndian.PutUint64(h[0:], base)
 	binary.LittleEndian.PutUint64(h[8:], size)
 	binary.LittleEndian.PutUint64(h[16:], fakeMagic)
+	binary.LittleEndian.PutUint32(h[24:], uint32(os.Getpid())) // the exporter: this process
 	return h
+}
+
+func (g *fakeGPU) Exporter(h [64]byte) (uint32, bool) {
+	pid := binary.LittleEndian.Uint32(h[24:])
+	return pid, pid != 0
 }
 
 type fakeMem struct {
@@ -191,7 +198,9 @@ func TestRegisterCUDAHostile(t *testing.T) {
 		want   syscall.Errno
 	}{
 		{"unknown caller", false, nil, syscall.ESRCH},
-		{"bad handle", true, func(r *abi.RegisterCUDA) { r.Handle = [64]byte{1, 2, 3} }, syscall.EINVAL},
+		{"bad handle", true, func(r *abi.RegisterCUDA) { binary.LittleEndian.PutUint64(r.Handle[16:], 7) }, syscall.EINVAL},
+		{"handle without exporter", true, func(r *abi.RegisterCUDA) { r.Handle = [64]byte{1, 2, 3} }, syscall.EACCES},
+		{"another process's handle", true, func(r *abi.RegisterCUDA) { binary.LittleEndian.PutUint32(r.Handle[24:], 1) }, syscall.EACCES},
 		{"past the allocation", true, func(r *abi.RegisterCUDA) { r.Offset = 4096; r.Length = 4097 }, syscall.ERANGE},
 		{"offset past the end", true, func(r *abi.RegisterCUDA) { r.Offset = 8193; r.Length = 1 }, syscall.ERANGE},
 		{"overflowing range", true, func(r *abi.RegisterCUDA) { r.Offset = 1 << 63; r.Length = 1 << 63 }, syscall.ERANGE},
@@ -475,7 +484,14 @@ func TestBlocksCUDA(t *testing.T) {
 	whole := func(b uint64, cb uint32) abi.BlockEntry {
 		return abi.BlockEntry{Block: b, CacheBlock: cb, LayerCount: uint16(L), HeadCount: uint16(H), Kinds: abi.KindsBoth}
 	}
+	c0, c2d0 := dev.Copies(), dev.Copies2D()
 	got := blocks(abi.CmdLoadBlocksInline, []abi.BlockEntry{whole(2, 0), whole(1, 2)})
+	// The heads of one (layer, kind) of a cache block land interleaved in
+	// staging, as on the device: whole NHD blocks move with plain copies,
+	// at most one per (block, layer, kind), never one 2D copy per group.
+	if n2, n := dev.Copies2D()-c2d0, dev.Copies()-c0; n2 != 0 || n > 2*2*L {
+		t.Fatalf("loading 2 NHD blocks took %d copies and %d 2D copies, want ≤ %d and 0", n, n2, 2*2*L)
+	}
 	for i, e := range got {
 		if e.Status != abi.OK || int(e.GroupsOK) != geo.GroupsPerBlock() {
 			t.Fatalf("entry %d: %+v", i, e)
@@ -513,8 +529,35 @@ func TestBlocksCUDA(t *testing.T) {
 			t.Fatalf("stored %v differs", k)
 		}
 	}
-	if dev.Copies2D() != 3*geo.GroupsPerBlock() {
-		t.Fatalf("%d 2D copies for 3 NHD blocks moved", dev.Copies2D())
+	if n := dev.Copies2D() - c2d0; n != geo.GroupsPerBlock() {
+		t.Fatalf("%d 2D copies for storing one NHD block, want one per group (%d)", n, geo.GroupsPerBlock())
+	}
+	// A tensor-parallel shard (the upper half of the heads) of block 2 into
+	// cache block 1: one 2D copy per (layer, kind), the other heads' rows
+	// untouched.
+	before := dev.Mem(gputest.Base, 2*L*tensor)
+	c2d0 = dev.Copies2D()
+	shard := abi.BlockEntry{Block: 2, CacheBlock: 1, LayerCount: uint16(L), HeadFirst: uint16(H / 2), HeadCount: uint16(H - H/2), Kinds: abi.KindsBoth}
+	if got := blocks(abi.CmdLoadBlocksInline, []abi.BlockEntry{shard}); got[0].Status != abi.OK {
+		t.Fatalf("shard load: %+v", got[0])
+	}
+	if n := dev.Copies2D() - c2d0; H/2 > 1 && n != 2*L {
+		t.Fatalf("shard load took %d 2D copies, want %d", n, 2*L)
+	}
+	for _, k := range blockKeys(2) {
+		tile := tileOf(k, 1)
+		if k.Head >= H/2 {
+			if !bytes.Equal(tile, groupData(k, 2)) {
+				t.Fatalf("shard: %v differs", k)
+			}
+			continue
+		}
+		for r := range T {
+			off := (2*k.Layer+int(k.Kind))*tensor + (1*T*H+r*H+k.Head)*rb
+			if !bytes.Equal(tile[r*rb:(r+1)*rb], before[off:off+rb]) {
+				t.Fatalf("shard load wrote %v's row %d, outside its heads", k, r)
+			}
+		}
 	}
 	// A target mixing host and CUDA regions is refused.
 	s := newShm(t, tensor, 0)

@@ -99,7 +99,10 @@ type chunk struct {
 	st     *Staging
 	items  []*Item
 	copied []bool // the item's copy was queued (its outcome waits on the event)
-	failed error  // queueing failed; items not yet final fail with it
+	// set is, per item, the length of the interleaved set it starts
+	// (interleaved), 0 for the set's other members, 1 for a lone group.
+	set    []int32
+	failed error // queueing failed; items not yet final fail with it
 	runs   []run
 }
 
@@ -286,14 +289,33 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 				break
 			}
 			hi := min(lo+per, len(items))
-			c := &chunk{st: st, copied: make([]bool, hi-lo)}
+			c := &chunk{st: st, copied: make([]bool, hi-lo), set: make([]int32, 0, hi-lo)}
 			bounds = append(bounds, len(reqs))
-			for i := lo; i < hi; i++ {
+			rows, rb := p.Geo.Rows, p.Geo.RowBytes
+			for i := lo; i < hi; {
 				off := (i - lo) * gb
-				// Capacity to the buffer's end: the store lands adjacent
-				// groups of one slot with one read.
-				reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
-				c.items = append(c.items, &items[i])
+				n := p.interleaved(items[i:hi])
+				if n == 1 {
+					// Capacity to the buffer's end: the store lands adjacent
+					// groups of one slot with one read.
+					reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
+					c.items = append(c.items, &items[i])
+					c.set = append(c.set, 1)
+					i++
+					continue
+				}
+				// An interleaved set lands in staging as its tiles lie on
+				// the device (row r of member j at r*n*RowBytes + j*RowBytes),
+				// so the set moves with one copy instead of one 2D copy per
+				// group.
+				sp := n * rb
+				for j := range n {
+					b := off + j*rb
+					reqs = append(reqs, store.ReadReq{Key: items[i+j].Key, Buf: st.Mem[b : b+(rows-1)*sp+rb], Pitch: sp, RowBytes: rb, Unverified: p.Verify != nil})
+					c.items = append(c.items, &items[i+j])
+					c.set = append(c.set, int32(n*btoi(j == 0)))
+				}
+				i += n
 			}
 			group = append(group, c)
 			reached, lo = hi, hi
@@ -347,7 +369,12 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 			c.failed = copyErr(err)
 		}
 	}
-	for i := range reqs {
+	for i := 0; i < len(reqs); {
+		if n := int(c.set[i]); n > 1 {
+			runs = p.queueSet(q, c2, c, reqs, i, n, runs, fail)
+			i += n
+			continue
+		}
 		it := c.items[i]
 		rerr := reqs[i].Err
 		switch {
@@ -357,20 +384,24 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 			clear(c.st.Mem[i*gb : (i+1)*gb])
 		default:
 			it.Err = rerr
+			i++
 			continue
 		}
 		it.Err = rerr
 		if c.failed != nil {
 			it.Err = c.failed
+			i++
 			continue
 		}
 		c.copied[i] = true
 		if it.Pitch == 0 || it.Pitch == rb {
 			if n := len(runs); n > 0 && runs[n-1].src+runs[n-1].n == i*gb && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
 				runs[n-1].n += gb
+				i++
 				continue
 			}
 			runs = append(runs, run{src: i * gb, dst: it.Dst, n: gb})
+			i++
 			continue
 		}
 		var err error
@@ -384,6 +415,7 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		if err != nil {
 			fail(err)
 		}
+		i++
 	}
 	if c.failed == nil {
 		if err := copyRuns(q, c, runs, c2); err != nil {
@@ -391,6 +423,92 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		}
 	}
 	c.runs = runs[:0]
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// interleaved is how many of its, from the first, form an interleaved set:
+// pitched tiles (the heads of one (layer, kind) of an NHD cache block)
+// whose rows sit side by side on the device, each RowBytes after the
+// previous, with the same pitch: row r of the set is one span of
+// n*RowBytes bytes. 1 when the first tile starts no such set.
+func (p *Pipeline) interleaved(its []Item) int {
+	rb, pitch := p.Geo.RowBytes, its[0].Pitch
+	if pitch == 0 || pitch == rb || p.Geo.Rows < 2 {
+		return 1
+	}
+	n := 1
+	for n < len(its) && its[n].Pitch == pitch && its[n].Dst == its[0].Dst+uint64(n*rb) && (n+1)*rb <= pitch {
+		n++
+	}
+	return n
+}
+
+// queueSet sets the outcomes of the interleaved set reqs[i:i+n] and queues
+// its copies: the whole set as one run (its rows fill the pitch: merged
+// with adjacent runs) or one 2D copy when every member goes to the device
+// (good, or corrupt and zeroed by the store in staging); else one 2D copy
+// per member that does, so a missing group's tile is left as it was.
+func (p *Pipeline) queueSet(q Device, c2 Copier2D, c *chunk, reqs []store.ReadReq, i, n int, runs []run, fail func(error)) []run {
+	gb, rows, rb := p.Geo.GroupBytes, p.Geo.Rows, p.Geo.RowBytes
+	all := true
+	for j := i; j < i+n; j++ {
+		it, rerr := c.items[j], reqs[j].Err
+		if rerr != nil && !errors.Is(rerr, store.ErrCorrupt) {
+			it.Err, all = rerr, false
+			continue
+		}
+		it.Err = rerr
+		if c.failed != nil {
+			it.Err = c.failed
+			continue
+		}
+		c.copied[j] = true
+	}
+	if c.failed != nil {
+		return runs
+	}
+	sp := n * rb
+	img := c.st.Mem[i*gb : (i+n)*gb]
+	dst, pitch := c.items[i].Dst, c.items[i].Pitch
+	var err error
+	switch {
+	case all && pitch == sp:
+		if k := len(runs); k > 0 && runs[k-1].src+runs[k-1].n == i*gb && runs[k-1].dst+uint64(runs[k-1].n) == dst {
+			runs[k-1].n += n * gb
+		} else {
+			runs = append(runs, run{src: i * gb, dst: dst, n: n * gb})
+		}
+	case all && c2 != nil:
+		err = c2.CopyH2D2D(dst, pitch, img, sp, sp, rows)
+	case all:
+		for r := 0; r < rows && err == nil; r++ {
+			err = q.CopyH2D(dst+uint64(r*pitch), img[r*sp:r*sp+sp])
+		}
+	default:
+		for j := i; j < i+n && err == nil; j++ {
+			if !c.copied[j] {
+				continue
+			}
+			o := (j - i) * rb
+			if c2 != nil {
+				err = c2.CopyH2D2D(c.items[j].Dst, pitch, img[o:o+(rows-1)*sp+rb], sp, rb, rows)
+				continue
+			}
+			for r := 0; r < rows && err == nil; r++ {
+				err = q.CopyH2D(c.items[j].Dst+uint64(r*pitch), img[o+r*sp:o+r*sp+rb])
+			}
+		}
+	}
+	if err != nil {
+		fail(err)
+	}
+	return runs
 }
 
 // run is a contiguous span of staging going to a contiguous span of device

@@ -142,10 +142,9 @@ struct kvfs_register_fd {
  * INFO reports KVFS_CAP_CUDA only where the daemon's driver works.
  * Errors: ENODEV no usable GPU or ordinal; EACCES the caller may not open
  * /dev/nvidiactl or /dev/nvidia-uvm itself; EINVAL the driver refused the
- * handle; ERANGE offset+length beyond the allocation. The handle is a
- * bearer capability: the driver does not report its exporter, so the daemon
- * checks only that the caller could open it itself (docs/abi.md, "What is
- * trusted"). 128 bytes. */
+ * handle; ERANGE offset+length beyond the allocation; EACCES also when the
+ * handle was exported by another process than the caller (the exporter's
+ * pid the handle carries: docs/abi.md, "What is trusted"). 128 bytes. */
 struct kvfs_register_cuda {
 	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
 	__u32 flags;                 /*   4 in: 0 */

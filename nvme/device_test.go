@@ -2,6 +2,7 @@ package nvme
 
 import (
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -59,7 +60,7 @@ func TestDeviceIdentify(t *testing.T) {
 
 func TestDeviceBlockPath(t *testing.T) {
 	path := testDevicePath(t)
-	blk := "/dev/nvme0n1"
+	blk := strings.Replace(path, "/ng", "/nvme", 1)
 	if _, err := os.Stat(blk); err != nil {
 		t.Skipf("no block device %s", blk)
 	}

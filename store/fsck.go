@@ -46,11 +46,35 @@ func (r *FsckReport) Clean() bool { return len(r.Problems) == 0 }
 // header copy from the good one and drops groups whose checksum fails. It
 // runs while the store is open; writes wait for it.
 func (s *Store) Fsck(repair bool) (*FsckReport, error) {
+	return s.FsckProgress(repair, nil)
+}
+
+// FsckProgress is Fsck that reports, when progress is not nil, the bytes
+// checked so far of the total: every slot's header copies, then every
+// present group. It is called from Fsck's goroutine after each chunk.
+func (s *Store) FsckProgress(repair bool, progress func(done, total int64)) (*FsckReport, error) {
 	if err := s.checkOpen(); err != nil {
 		return nil, err
 	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	var done, total int64
+	report := func(n int64) {
+		done += n
+		if progress != nil && n > 0 {
+			progress(done, total)
+		}
+	}
+	if progress != nil {
+		total = s.sb.Slots * 2 * s.sb.HeaderBytes
+		for _, b := range s.Blocks() {
+			for idx := range s.geo.GroupsPerBlock() {
+				if b.Has(idx) {
+					total += int64(s.geo.GroupBytes())
+				}
+			}
+		}
+	}
 	rep := &FsckReport{Slots: s.sb.Slots}
 	for _, msg := range s.sbProblems {
 		p := Problem{Slot: -1, Reason: msg}
@@ -68,10 +92,12 @@ func (s *Store) Fsck(repair bool) (*FsckReport, error) {
 	var bad []layout.Key
 	var rewrite []int64
 	for first := int64(0); first < s.sb.Slots; first += scanChunk {
-		scans, err := s.scanHeaders(first, min(scanChunk, s.sb.Slots-first))
+		n := min(scanChunk, s.sb.Slots-first)
+		scans, err := s.scanHeaders(first, n)
 		if err != nil {
 			return nil, err
 		}
+		report(n * 2 * s.sb.HeaderBytes)
 		for i, sc := range scans {
 			slot := first + int64(i)
 			for _, c := range sc.damaged {
@@ -102,6 +128,7 @@ func (s *Store) Fsck(repair bool) (*FsckReport, error) {
 				rep.Problems = append(rep.Problems, Problem{Slot: s.slotOf(k.Block), Block: k.Block, Key: &k, Reason: r.Err.Error()})
 			}
 		}
+		report(int64(len(reqs) * s.geo.GroupBytes()))
 		reqs = reqs[:0]
 		return nil
 	}

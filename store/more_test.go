@@ -510,3 +510,51 @@ func TestPosixEngine(t *testing.T) {
 func dirForDirect(t *testing.T) (string, error) {
 	return t.TempDir(), nil
 }
+
+// FsckProgress reports growing amounts that end at the total: both header
+// copies of every slot plus every present group.
+func TestFsckProgress(t *testing.T) {
+	s, _ := newMemStore(t, 4, testGeo)
+	put(t, s, blockKeys(testGeo, 5), 1)
+	put(t, s, keysOf(9, 0, 1), 1)
+	sb := s.Superblock()
+	want := sb.Slots*2*sb.HeaderBytes + int64((testGeo.GroupsPerBlock()+2)*testGeo.GroupBytes())
+	var calls int
+	var last int64
+	rep, err := s.FsckProgress(false, func(done, total int64) {
+		calls++
+		if total != want || done <= last || done > total {
+			t.Errorf("progress(%d, %d) after %d, want a growing amount of %d", done, total, last, want)
+		}
+		last = done
+	})
+	if err != nil || !rep.Clean() {
+		t.Fatalf("fsck: %+v %v", rep, err)
+	}
+	if calls == 0 || last != want {
+		t.Fatalf("%d progress calls ending at %d, want the last at %d", calls, last, want)
+	}
+}
+
+// Open reports its scan of the slot headers, ending at all of them.
+func TestOpenProgress(t *testing.T) {
+	size := store.SizeFor(testGeo, 600) // more than one scan chunk
+	m := storetest.NewMem(size, 512)
+	sb, err := store.Format(m, testGeo, store.FormatOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sb.Slots * 2 * sb.HeaderBytes
+	var calls int
+	var last int64
+	openStore(t, m, store.Options{OpenProgress: func(done, total int64) {
+		calls++
+		if total != want || done <= last || done > total {
+			t.Errorf("progress(%d, %d) after %d, want a growing amount of %d", done, total, last, want)
+		}
+		last = done
+	}})
+	if calls < 2 || last != want {
+		t.Fatalf("%d progress calls ending at %d, want several ending at %d", calls, last, want)
+	}
+}

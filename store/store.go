@@ -42,6 +42,13 @@ type Options struct {
 	ScatterMin int
 	// Observe, when set, is called after each Read and Write batch.
 	Observe func(op Op, groups int, d time.Duration)
+	// Lease, when set (and not ReadOnly), makes Open take the store's
+	// ownership lease and the store renew it until Close; see LeaseOffset.
+	// Open fails with ErrLeaseHeld while another host holds it.
+	Lease *LeaseOptions
+	// OpenProgress, when set, is called during Open's scan of every slot's
+	// headers with the bytes of header copies read so far of the total.
+	OpenProgress func(done, total int64)
 }
 
 // slotState is the in-memory copy of one slot's current header. Guarded by
@@ -65,13 +72,14 @@ type slotState struct {
 // (Write, Delete, DeleteBlock, RenameBlock, Fsck); mu guards the index, the slot states,
 // the LRU and the free list, and is never held across I/O.
 type Store struct {
-	e    Engine
-	sb   Superblock
-	geo  layout.Geometry
-	log  *zap.Logger
-	now  func() time.Time
-	opts Options
-	vec  bool // the engine takes vector reads (VectorReader)
+	e     Engine
+	sb    Superblock
+	geo   layout.Geometry
+	log   *zap.Logger
+	now   func() time.Time
+	opts  Options
+	vec   bool   // the engine takes vector reads (VectorReader)
+	lease *lease // the ownership lease held, nil without Options.Lease
 
 	sbProblems []string // superblock copies found damaged at open
 
@@ -192,7 +200,13 @@ func Open(e Engine, o Options) (*Store, error) {
 	// Whole groups per I/O, at least one.
 	stride := int(s.geo.GroupStride())
 	s.opts.MaxIO = max(1, s.opts.MaxIO/stride) * stride
+	if o.Lease != nil && !o.ReadOnly {
+		if err := s.acquireLease(*o.Lease); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.rebuildIndex(); err != nil {
+		_ = s.releaseLease()
 		return nil, err
 	}
 	return s, nil
@@ -313,6 +327,9 @@ func (s *Store) rebuildIndex() error {
 		scans, err := s.scanHeaders(first, cnt)
 		if err != nil {
 			return err
+		}
+		if p := s.opts.OpenProgress; p != nil {
+			p((first+cnt)*2*s.sb.HeaderBytes, n*2*s.sb.HeaderBytes)
 		}
 		for i, sc := range scans {
 			slot := first + int64(i)
@@ -448,7 +465,12 @@ func (s *Store) tombstone(slots []int64) error {
 	return firstErr
 }
 
+// failpoint runs before each write phase: it refuses the write once the
+// ownership lease is lost, then calls Options.Failpoint.
 func (s *Store) failpoint(name string) error {
+	if err := s.checkLease(); err != nil {
+		return err
+	}
 	if s.opts.Failpoint == nil {
 		return nil
 	}
@@ -679,6 +701,9 @@ func (s *Store) Close() error {
 	s.bounce.Unlock()
 	if s.opts.ReadOnly {
 		return nil
+	}
+	if err := s.releaseLease(); err != nil {
+		s.log.Warn("releasing the ownership lease", zap.Error(err))
 	}
 	if err := s.e.Sync(); err != nil {
 		return fmt.Errorf("store: sync on close: %w", err)

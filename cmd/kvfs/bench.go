@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -14,10 +15,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvfs/kvfs/bench"
+	"github.com/kvfs/kvfs/benchplot"
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/engine/posix"
 	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/nvme"
+	"github.com/kvfs/kvfs/progress"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -37,6 +40,8 @@ type benchOptions struct {
 	forceWrite bool
 	blocks     int
 	fill       int
+	sweep      bool
+	plot       string
 }
 
 // benchReport is kvfs bench's output; the fio keys are null when fio was
@@ -77,7 +82,7 @@ type benchReport struct {
 func init() {
 	var o benchOptions
 	c := &cobra.Command{
-		Use:   "bench STORE [--engine posix|uring] [--op read|write] [--pattern seq|random] [--io-size SIZE] [--qd N] [--seconds N]",
+		Use:   "bench STORE [--engine posix|uring] [--op read|write] [--pattern seq|random] [--io-size SIZE] [--qd N | --sweep [--plot FILE]] [--seconds N]",
 		Short: "Measure an engine (or the store's batched reads) on STORE",
 		Long: `Measure throughput and latency on STORE.
 
@@ -93,7 +98,11 @@ figure shows how close the store's coalesced reads come to the engine's.
 It takes the store's lock (not while mounted); --fill K --force-write first
 writes random blocks until the store holds K. iops then counts calls and
 io_size is the bytes of one call; --vs-fio compares with fio random reads
-of --io-size at --qd.`,
+of --io-size at --qd.
+
+--sweep measures at queue depths 1, 2, 4, ... up to --qd (64 when --qd is
+not given), one line (or JSON object) per depth; --plot FILE.svg|.png then
+draws GB/s against depth (and fio's, with --vs-fio).`,
 		Args: storeArg,
 		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
 	}
@@ -109,6 +118,8 @@ of --io-size at --qd.`,
 	f.IntVar(&o.blocks, "blocks", 0, "blocks mode: read N whole random blocks per store.Read call")
 	f.IntVar(&o.fill, "fill", 0, "blocks mode: first write random blocks until the store holds K (needs --force-write)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the measurement to FILE (go tool pprof)")
+	f.BoolVar(&o.sweep, "sweep", false, "measure at queue depths 1, 2, 4, ... up to --qd (default 64) and print one line each")
+	f.StringVar(&o.plot, "plot", "", "with --sweep: write a plot of GB/s against queue depth to FILE (.svg or .png)")
 	f.IntVar(&o.fioJobs, "fio-jobs", 1, "--vs-fio: fio jobs (processes), each with --qd in flight")
 	addEngineFlag(c, &o.engine)
 	addRingFlags(c, &o.ringFlags)
@@ -146,18 +157,24 @@ func (o *benchOptions) run(cmd *cobra.Command, path string) error {
 	case o.fioJobs < 1 || o.fioJobs > 256:
 		return usageErrorf("--fio-jobs %d: want 1 to 256", o.fioJobs)
 	}
+	var plotFormat string
+	switch {
+	case o.plot != "" && !o.sweep:
+		return usageErrorf("--plot draws a sweep: add --sweep")
+	case o.plot != "":
+		if plotFormat, err = benchplot.FormatOf(o.plot); err != nil {
+			return usageErrorf("--plot: %v", err)
+		}
+	}
+	depths := []int{o.qd}
+	if o.sweep {
+		if !cmd.Flags().Changed("qd") {
+			o.qd = bench.SweepDepthMax
+		}
+		depths = bench.SweepDepths(o.qd)
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	dur := time.Duration(o.seconds * float64(time.Second))
-	eo := engine.Options{Kind: kind, Logger: log, QueueDepth: max(o.qd, 1)}
-	if o.blocks > 0 {
-		// One call of B blocks is up to B·(groups per block) IOs (fewer
-		// when coalesced); the engine must not be the throttle.
-		eo.QueueDepth = blocksQueueDepth(o.qd, o.blocks)
-	}
-	if err := o.ringFlags.apply(&eo); err != nil {
-		return err
-	}
 	if o.cpuProfile != "" {
 		stopProfile, err := startCPUProfile(o.cpuProfile)
 		if err != nil {
@@ -165,30 +182,75 @@ func (o *benchOptions) run(cmd *cobra.Command, path string) error {
 		}
 		defer stopProfile()
 	}
-
-	var rep benchReport
-	if o.blocks > 0 {
-		rep, err = o.runBlocks(ctx, path, eo, dur)
-	} else {
-		rep, err = o.runEngine(ctx, path, eo, int(ioSize), dur, log)
-	}
-	if err != nil {
-		if errors.Is(err, bench.ErrConfig) {
-			return usageErrorf("%v", err)
+	var reps []benchReport
+	for _, qd := range depths {
+		rep, err := o.measure(ctx, cmd, path, log, kind, int(ioSize), qd)
+		if err != nil {
+			if errors.Is(err, bench.ErrConfig) {
+				return usageErrorf("%v", err)
+			}
+			return err
 		}
-		return err
+		reps = append(reps, rep)
+		o.fill = 0 // filled once
 	}
-	if o.vsFio {
-		if err := o.compareFio(ctx, path, &rep, int(ioSize), dur, log); err != nil {
+	if plotFormat != "" {
+		if err := benchplot.Write(o.plot, benchplot.DepthSweep(path, benchPoints(reps))); err != nil {
 			return err
 		}
 	}
 	w := cmd.OutOrStdout()
-	if o.json {
-		return writeJSON(w, rep)
+	switch {
+	case o.json && o.sweep:
+		return writeJSON(w, reps)
+	case o.json:
+		return writeJSON(w, reps[0])
 	}
-	fmt.Fprintln(w, rep)
+	for _, rep := range reps {
+		fmt.Fprintln(w, rep)
+	}
 	return nil
+}
+
+// measure runs one measurement at depth qd (and fio's, with --vs-fio).
+func (o *benchOptions) measure(ctx context.Context, cmd *cobra.Command, path string, log *zap.Logger, kind string, ioSize, qd int) (benchReport, error) {
+	o.qd = qd
+	dur := time.Duration(o.seconds * float64(time.Second))
+	eo := engine.Options{Kind: kind, Logger: log, QueueDepth: max(qd, 1)}
+	if o.blocks > 0 {
+		// One call of B blocks is up to B·(groups per block) IOs (fewer
+		// when coalesced); the engine must not be the throttle.
+		eo.QueueDepth = blocksQueueDepth(qd, o.blocks)
+	}
+	if err := o.ringFlags.apply(&eo); err != nil {
+		return benchReport{}, err
+	}
+	var rep benchReport
+	var err error
+	if o.blocks > 0 {
+		rep, err = o.runBlocks(ctx, cmd.ErrOrStderr(), path, eo, dur)
+	} else {
+		rep, err = o.runEngine(ctx, path, eo, ioSize, dur, log)
+	}
+	if err != nil {
+		return benchReport{}, err
+	}
+	if o.vsFio {
+		if err := o.compareFio(ctx, path, &rep, ioSize, dur, log); err != nil {
+			return benchReport{}, err
+		}
+	}
+	return rep, nil
+}
+
+// benchPoints are the plotted figures of a depth sweep.
+func benchPoints(reps []benchReport) []benchplot.DepthPoint {
+	pts := make([]benchplot.DepthPoint, len(reps))
+	for i, r := range reps {
+		pts[i] = benchplot.DepthPoint{QD: r.QD, GBps: r.GBps, FioGBps: r.FioGBps, Engine: r.Engine,
+			Op: r.Op, Pattern: r.Pattern, IOSize: r.IOSize, BlocksPerCall: r.BlocksPerCall}
+	}
+	return pts
 }
 
 // guardWrite refuses to overwrite a store unless --force-write.
@@ -340,18 +402,21 @@ func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchRe
 }
 
 // runBlocks measures store.Read of whole random blocks (bench.RunBlocks).
-func (o *benchOptions) runBlocks(ctx context.Context, path string, eo engine.Options, dur time.Duration) (rep benchReport, err error) {
+func (o *benchOptions) runBlocks(ctx context.Context, stderr io.Writer, path string, eo engine.Options, dur time.Duration) (rep benchReport, err error) {
 	if o.fill > 0 && !o.forceWrite {
 		return benchReport{}, usageErrorf("--fill writes blocks into the store (evicting others when it is full); pass --force-write")
 	}
 	eo.ReadOnly = o.fill == 0
-	s, closeAll, err := engine.OpenStore(path, eo, store.Options{Logger: eo.Logger})
+	s, closeAll, err := engine.OpenStore(path, eo, store.Options{Logger: eo.Logger, Lease: writerLease(eo.ReadOnly)})
 	if err != nil {
 		return benchReport{}, err
 	}
 	defer closeInto(&err, closeAll)
 	if o.fill > 0 {
-		if err := bench.FillBlocks(s, o.fill); err != nil {
+		m := progress.New(stderr, "fill", "blocks", progress.Count, int64(o.fill))
+		err := bench.FillBlocks(s, o.fill, m.Update)
+		m.Done()
+		if err != nil {
 			return benchReport{}, err
 		}
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/xml"
 	"math"
 	"os"
 	"os/exec"
@@ -108,6 +109,41 @@ func TestBenchBlocks(t *testing.T) {
 	kvfs(t, nil, "bench", path, "--blocks", "4", "--seconds", "0.1").want(t, 2, "holds only 3 blocks")
 }
 
+// --sweep measures each depth up to --qd and --plot draws them; the fill
+// before shows no progress when stderr is not a terminal.
+func TestBenchSweepPlot(t *testing.T) {
+	path := newStore(t)
+	svg := filepath.Join(t.TempDir(), "qd.svg")
+	r := kvfs(t, nil, "bench", path, "--blocks", "1", "--fill", "3", "--force-write", "--sweep", "--qd", "4",
+		"--plot", svg, "--json", "--seconds", "0.1")
+	r.want(t, 0)
+	if r.stderr != "" {
+		t.Errorf("stderr (not a terminal) got %q", r.stderr)
+	}
+	var reps []benchReport
+	decodeJSON(t, r.stdout, &reps)
+	if len(reps) != 3 || reps[0].QD != 1 || reps[1].QD != 2 || reps[2].QD != 4 {
+		t.Fatalf("--sweep --qd 4 measured %+v, want depths 1 2 4", reps)
+	}
+	for _, rep := range reps {
+		if rep.Ops == 0 || rep.GBps <= 0 || rep.BlocksPerCall != 1 {
+			t.Errorf("%+v", rep)
+		}
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(b, new(struct{})); err != nil {
+		t.Fatalf("--plot wrote no SVG: %v", err)
+	}
+	for _, want := range []string{">queue depth<", ">GB/s<", ">4<"} {
+		if !bytes.Contains(b, []byte(want)) {
+			t.Errorf("the plot lacks %q", want)
+		}
+	}
+}
+
 func TestBenchUsage(t *testing.T) {
 	path := newStore(t)
 	before := snapshot(t, path)
@@ -129,6 +165,8 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--pool-max", "lots"}, `--pool-max "lots"`},
 		{[]string{"--async-reads", "maybe"}, `--async-reads "maybe"`},
 		{[]string{"--fio-jobs", "0"}, "--fio-jobs 0"},
+		{[]string{"--plot", "qd.svg"}, "--plot draws a sweep: add --sweep"},
+		{[]string{"--sweep", "--plot", "qd.pdf"}, "want a .svg or .png file"},
 	} {
 		kvfs(t, nil, append([]string{"bench", path, "--seconds", "0.1"}, c.args...)...).want(t, 2, c.msg)
 	}

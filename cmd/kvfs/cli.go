@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/internal/bytesize"
+	"github.com/kvfs/kvfs/internal/logsink"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
@@ -37,8 +38,14 @@ func init() {
 }
 
 // newLogger builds the logger the global flags ask for, writing to the
-// command's stderr. A bad flag value is a usage error.
+// command's stderr (lines that cannot be written are dropped). A bad flag
+// value is a usage error.
 func newLogger(cmd *cobra.Command) (*zap.Logger, error) {
+	return newLoggerTo(logsink.Stream(cmd.ErrOrStderr()))
+}
+
+// newLoggerTo is newLogger writing to ws.
+func newLoggerTo(ws zapcore.WriteSyncer) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(logOpts.level)
 	if err != nil {
 		return nil, usageErrorf("--log-level %q: want debug, info, warn or error", logOpts.level)
@@ -55,7 +62,7 @@ func newLogger(cmd *cobra.Command) (*zap.Logger, error) {
 	default:
 		return nil, usageErrorf("--log-format %q: want console or json", logOpts.format)
 	}
-	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(cmd.ErrOrStderr()), lvl)), nil
+	return zap.New(zapcore.NewCore(enc, ws, lvl)), nil
 }
 
 // runStarted is set once a command's RunE begins; errors before that point
@@ -170,6 +177,12 @@ type storeFlags struct {
 // openStore locks and opens the store at path. Errors in flag values are
 // usage errors; the rest (locked, not a store, damaged) are failures.
 func (f storeFlags) openStore(cmd *cobra.Command, path string, readOnly bool) (*store.Store, func() error, *zap.Logger, error) {
+	return f.openStoreProgress(cmd, path, readOnly, nil)
+}
+
+// openStoreProgress is openStore that reports Open's header scan to
+// progress (nil: none).
+func (f storeFlags) openStoreProgress(cmd *cobra.Command, path string, readOnly bool, progress func(done, total int64)) (*store.Store, func() error, *zap.Logger, error) {
 	log, err := newLogger(cmd)
 	if err != nil {
 		return nil, nil, nil, err
@@ -178,11 +191,23 @@ func (f storeFlags) openStore(cmd *cobra.Command, path string, readOnly bool) (*
 	if err != nil {
 		return nil, nil, nil, usageErrorf("--engine: %v", err)
 	}
-	s, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind, ReadOnly: readOnly, Logger: log}, store.Options{Logger: log})
+	s, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind, ReadOnly: readOnly, Logger: log}, store.Options{Logger: log, OpenProgress: progress, Lease: writerLease(readOnly)})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	return s, closeAll, log, nil
+}
+
+// writerLease is the lease check of a writing command: a store another
+// host's daemon owns (live lease) is refused with store.ErrLeaseHeld. It
+// takes no lease itself (only kvfs mount does), so a command refused for
+// bad input leaves the store byte for byte as it was. nil for read-only
+// opens.
+func writerLease(readOnly bool) *store.LeaseOptions {
+	if readOnly {
+		return nil
+	}
+	return &store.LeaseOptions{CheckOnly: true}
 }
 
 // closeInto runs closeAll and keeps its error when *err is nil; for defer.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvfs/kvfs/progress"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -65,15 +66,21 @@ Exit status: 0 clean (or, with --repair, every problem repaired),
 }
 
 func (o *fsckOptions) run(cmd *cobra.Command, path string) (err error) {
-	s, closeAll, _, err := o.openStore(cmd, path, !o.repair)
+	scan := progress.New(cmd.ErrOrStderr(), "fsck: open", "", progress.Bytes, 0)
+	s, closeAll, _, err := o.openStoreProgress(cmd, path, !o.repair, scan.Update)
 	if err != nil {
+		scan.Clear()
 		return err
 	}
+	scan.Done()
 	defer closeInto(&err, closeAll)
-	rep, err := s.Fsck(o.repair)
+	m := progress.New(cmd.ErrOrStderr(), "fsck: check", "", progress.Bytes, 0)
+	rep, err := s.FsckProgress(o.repair, m.Update)
 	if err != nil {
+		m.Clear()
 		return err
 	}
+	m.Done()
 	out := newFsckReport(rep)
 	w := cmd.OutOrStdout()
 	if o.json {

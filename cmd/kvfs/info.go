@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -46,6 +47,46 @@ type infoReport struct {
 	Size           int64        `json:"size"`
 	Created        time.Time    `json:"created"`
 	FDP            *infoFDP     `json:"fdp,omitempty"` // only on the nvme engine
+	// Attachment is how the NVMe namespace is attached: its controller
+	// paths with transport (pcie, tcp, rdma, fc, loop) and address. Only
+	// on the nvme engine, and only when sysfs says.
+	Attachment *nvme.Attachment `json:"attachment,omitempty"`
+	// Owner is the store's ownership lease (docs/scale-out.md), absent
+	// when no writer ever took one.
+	Owner *infoOwner `json:"owner,omitempty"`
+}
+
+// infoOwner is the ownership lease record as info reports it.
+type infoOwner struct {
+	Host   string     `json:"host"`
+	Live   bool       `json:"live"`
+	Expiry *time.Time `json:"expiry,omitempty"` // absent once released
+	Text   string     `json:"-"`
+}
+
+func ownerReport(s *store.Store, now time.Time) (*infoOwner, error) {
+	rec, err := store.ReadLease(s.Engine())
+	if err != nil || rec == nil || rec.UUID != s.Superblock().UUID {
+		return nil, err
+	}
+	o := &infoOwner{Host: rec.Host, Live: rec.Live(rec.UUID, now)}
+	if !rec.Expiry.IsZero() {
+		o.Expiry = &rec.Expiry
+	}
+	switch {
+	case o.Live:
+		o.Text = fmt.Sprintf("owner: %s, lease live until %s (%s from now)", rec.Host, rec.Expiry.UTC().Format(time.RFC3339), rec.Expiry.Sub(now).Round(time.Second))
+	case rec.Expiry.IsZero():
+		o.Text = fmt.Sprintf("owner: none (released by %s)", rec.Host)
+	default:
+		o.Text = fmt.Sprintf("owner: none (lease of %s expired at %s)", rec.Host, rec.Expiry.UTC().Format(time.RFC3339))
+	}
+	return o, nil
+}
+
+// attachReporter is implemented by the nvme engine.
+type attachReporter interface {
+	Attachment() *nvme.Attachment
 }
 
 // infoFDP is the NVMe Flexible Data Placement state of the namespace.
@@ -110,6 +151,12 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 	if r.FDP, err = fdpReport(s.Engine()); err != nil {
 		return err
 	}
+	if a, ok := s.Engine().(attachReporter); ok {
+		r.Attachment = a.Attachment()
+	}
+	if r.Owner, err = ownerReport(s, time.Now()); err != nil {
+		return err
+	}
 	w := cmd.OutOrStdout()
 	if o.json {
 		return writeJSON(w, r)
@@ -138,6 +185,16 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if r.Owner != nil {
+		if _, err := fmt.Fprintln(w, r.Owner.Text); err != nil {
+			return err
+		}
+	}
+	if r.Attachment != nil {
+		if _, err := fmt.Fprintln(w, attachmentText(r.Attachment)); err != nil {
+			return err
+		}
+	}
 	if r.FDP != nil {
 		_, err = fmt.Fprintln(w, r.FDP.Text)
 	}
@@ -156,4 +213,19 @@ func newInfoReport(path string, s *store.Store) infoReport {
 		UsedSlots: in.UsedSlots, FreeSlots: in.FreeSlots, Blocks: len(s.Blocks()),
 		Size: in.Size, Created: in.Created.UTC(),
 	}
+}
+
+// attachmentText is info's attachment lines: "attachment: fabric, tcp …"
+// then one line per controller path.
+func attachmentText(a *nvme.Attachment) string {
+	var b strings.Builder
+	where := "local"
+	if a.Fabric() {
+		where = "fabric"
+	}
+	fmt.Fprintf(&b, "attachment: %s, transport %s, subsysnqn %s", where, a.Transport(), a.SubsysNQN)
+	for _, p := range a.Paths {
+		fmt.Fprintf(&b, "\n  path %s: %s %s (%s)", p.Name, p.Transport, p.Address, p.State)
+	}
+	return b.String()
 }

@@ -14,8 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/bench"
+	"github.com/kvfs/kvfs/benchplot"
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/internal/bytesize"
+	"github.com/kvfs/kvfs/progress"
 )
 
 // kvfs load and kvfs bench-load: clients of the control ioctls of a mount.
@@ -240,6 +242,7 @@ type benchLoadOptions struct {
 	blocksPerCall int
 	layout        string
 	sweep         bool
+	plot          string
 	daemonPID     int
 	into          string
 	h2dChunk      string
@@ -248,7 +251,7 @@ type benchLoadOptions struct {
 func init() {
 	var o benchLoadOptions
 	c := &cobra.Command{
-		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep] [--fill K] [--into host|cuda[:N,M]|pinned[:N]] [--daemon-pid PID] [--json]",
+		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep [--plot FILE]] [--fill K] [--into host|cuda[:N,M]|pinned[:N]] [--daemon-pid PID] [--json]",
 		Short: "Measure loads through the control ioctls into host shared memory",
 		Long: `Measure end-to-end LOAD throughput of the kvfs mounted on MOUNTPOINT: each
 call is one LOAD ioctl of --groups-per-call groups of whole random blocks
@@ -277,7 +280,8 @@ memory, then copied by this process to its GPU memory inside each call.
 
 Reports GB/s (wall clock), µs per ioctl (mean, p50, p99 of each call's
 latency) and µs per group (mean call latency / groups per call). --sweep runs
-the measurement with 1, 2, 4, 8 and 16 callers and prints a table.
+the measurement with 1, 2, 4, 8 and 16 callers and prints a table; --plot
+FILE.svg|.png also draws GB/s against callers.
 --daemon-pid PID adds the daemon's CPU time during each measurement
 (/proc/PID/stat), in core-seconds per GB moved. Compare with
 'kvfs bench STORE --blocks B --qd J' on the same store, unmounted, for the
@@ -301,6 +305,7 @@ store's own cost with the same access pattern.`,
 	f.IntVar(&o.blocksPerCall, "blocks-per-call", 0, "whole blocks per LOAD_BLOCKS (1..65536; 0: LOAD of --groups-per-call groups)")
 	f.StringVar(&o.layout, "layout", "nhd", "cache layout of --blocks-per-call: nhd, hnd or hf")
 	f.BoolVar(&o.sweep, "sweep", false, "measure with 1, 2, 4, 8 and 16 callers and print a table")
+	f.StringVar(&o.plot, "plot", "", "with --sweep: write a plot of GB/s against callers to FILE (.svg or .png)")
 	f.IntVar(&o.daemonPID, "daemon-pid", 0, "the daemon's pid: report its CPU core-seconds per GB")
 	f.StringVar(&o.into, "into", "host", "where the targets live: host (/dev/shm), cuda (device 0), cuda:N or cuda:N,M (jobs round-robin over the devices; per-device and aggregate GB/s, with the pinned H2D rate measured in the same run), or pinned[:N,…] (host targets pinned for CUDA, the client copies to the GPU after each call); needs --blocks-per-call")
 	f.StringVar(&o.h2dChunk, "h2d-chunk", "4MiB", "bytes per copy of the pinned H2D measurement of --into cuda")
@@ -319,6 +324,13 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 		return usageErrorf("--layout %q: want nhd, hnd or hf", o.layout)
 	case o.daemonPID < 0:
 		return usageErrorf("--daemon-pid %d", o.daemonPID)
+	case o.plot != "" && !o.sweep:
+		return usageErrorf("--plot draws a sweep: add --sweep")
+	}
+	if o.plot != "" {
+		if _, err := benchplot.FormatOf(o.plot); err != nil {
+			return usageErrorf("--plot: %v", err)
+		}
 	}
 	devs, pinned, err := bench.ParseInto(o.into)
 	if err != nil {
@@ -339,10 +351,24 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	cfg := bench.LoadConfig{Devices: devs, Pinned: pinned, H2DChunk: int(chunk), Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
 		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed,
 		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID}
+	// The fill's progress line ends when the fill does, before measuring.
+	fill := progress.New(cmd.ErrOrStderr(), "fill", "blocks", progress.Count, int64(o.fill))
+	defer fill.Done()
+	cfg.FillProgress = func(done, total int64) {
+		fill.Update(done, total)
+		if done >= total {
+			fill.Done()
+		}
+	}
 	if o.sweep {
 		reps, err := bench.RunLoadSweep(cfg, nil)
 		if err != nil {
 			return o.loadErr(err)
+		}
+		if o.plot != "" {
+			if err := benchplot.Write(o.plot, benchplot.LoadSweep(reps)); err != nil {
+				return err
+			}
 		}
 		out := cmd.OutOrStdout()
 		if o.json {

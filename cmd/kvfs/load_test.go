@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	imagepng "image/png"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -133,6 +134,9 @@ func TestBenchLoad(t *testing.T) {
 	r.want(t, 1, "holds 0 blocks", "--fill")
 	r = kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "12", "--calls", "20", "--jobs", "2", "--fill", "3", "--json")
 	r.want(t, 0)
+	if r.stderr != "" { // the fill's progress line is for terminals only
+		t.Errorf("bench-load --fill wrote to stderr (not a terminal): %q", r.stderr)
+	}
 	var rep bench.LoadResult
 	if err := json.Unmarshal(r.stdout, &rep); err != nil {
 		t.Fatalf("%v: %s", err, r.stdout)
@@ -174,9 +178,18 @@ func TestBenchLoad(t *testing.T) {
 	// More than 509 blocks per call: the entry array.
 	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "600", "--layout", "hnd", "--calls", "2", "--json")
 	r.want(t, 0)
-	// A sweep prints one row per caller count.
-	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--calls", "3", "--sweep", "--daemon-pid", strconv.Itoa(os.Getpid()))
+	// A sweep prints one row per caller count; --plot draws them.
+	png := filepath.Join(t.TempDir(), "callers.png")
+	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--calls", "3", "--sweep", "--daemon-pid", strconv.Itoa(os.Getpid()),
+		"--plot", png)
 	r.want(t, 0)
+	if f, err := os.Open(png); err != nil {
+		t.Fatalf("--plot: %v", err)
+	} else if _, err := imagepng.Decode(f); err != nil {
+		t.Fatalf("--plot wrote no PNG: %v", err)
+	} else {
+		f.Close()
+	}
 	if lines := strings.Split(strings.TrimSpace(string(r.stdout)), "\n"); len(lines) != 2+len(bench.SweepJobs) ||
 		!strings.Contains(lines[1], "core-s/GB") || !strings.HasPrefix(strings.TrimSpace(lines[6]), "16 ") {
 		t.Fatalf("sweep table:\n%s", r.stdout)
@@ -186,4 +199,6 @@ func TestBenchLoad(t *testing.T) {
 	kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "512").want(t, 2, "1..511")
 	kvfs(t, nil, "bench-load", mnt, "--calls", "0").want(t, 2, "--calls")
 	kvfs(t, nil, "bench-load").want(t, 2)
+	kvfs(t, nil, "bench-load", mnt, "--plot", "x.svg").want(t, 2, "add --sweep")
+	kvfs(t, nil, "bench-load", mnt, "--sweep", "--plot", "x.jpg").want(t, 2, "want a .svg or .png file")
 }

@@ -31,6 +31,8 @@ import (
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/internal/bytesize"
+	"github.com/kvfs/kvfs/internal/logsink"
+	"github.com/kvfs/kvfs/internal/sdnotify"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -55,6 +57,9 @@ type mountOptions struct {
 	gpuDepth                 int
 	gpuVerify                string
 	gpuAhead                 int
+	hostID                   string
+	leaseTTL                 time.Duration
+	forceTakeover            bool
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -78,6 +83,13 @@ detached first.
 output to --log-file) and returns once the mount answers, or fails after
 --wait with the end of the log. The default log file is
 /var/log/kvfs/<store name>.log as root, else <STORE>.log next to the store.
+In the foreground the log goes to stderr, or to --log-file when given.
+SIGHUP reopens the log file (after logrotate moved it). A log reader that
+goes away (kvfs mount … | head, a closed ssh session) never stops the mount:
+SIGPIPE is ignored and lines that cannot be written are dropped.
+
+Under systemd (Type=notify, $NOTIFY_SOCKET set) the mount reports READY=1
+once it answers and STOPPING=1 when it unmounts; see dist/kvfs@.service.
 
 As root the mount is made with mount(2); other users need fusermount3
 (Debian: apt-get install fuse3) and, for --allow-other, user_allow_other in
@@ -98,7 +110,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on ADDR (host:port) at /metrics")
 	f.StringVar(&o.ctlMode, "ctl-mode", "0600", "permission bits of .kvfs/ctl (octal)")
 	f.StringVar(&o.ctlGroup, "ctl-group", "", "group owning .kvfs/ctl (name or gid; default: the mounting user's group)")
-	f.StringVar(&o.logFile, "log-file", "", "log file of --daemon (default: see above)")
+	f.StringVar(&o.logFile, "log-file", "", "append the log to this file (reopened on SIGHUP); default: stderr, or for --daemon see above")
 	f.DurationVar(&o.wait, "wait", time.Minute, "how long --daemon waits for the mount to answer")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the daemon, from mount to unmount, to FILE (go tool pprof)")
 	f.StringVar(&o.mutexProfile, "mutexprofile", "", "write the daemon's mutex contention and blocking profiles, at unmount, to FILE and FILE.block (go tool pprof)")
@@ -109,6 +121,9 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.IntVar(&o.gpuStaging, "gpu-staging-buffers", 16, "pinned staging buffers per GPU (created on the GPU's first registration)")
 	f.StringVar(&o.gpuBufSize, "gpu-staging-size", "4MiB", "bytes of each GPU staging buffer")
 	f.IntVar(&o.gpuDepth, "gpu-depth", 8, "staging buffers one GPU load keeps in flight (at most --gpu-staging-buffers)")
+	f.StringVar(&o.hostID, "host-id", "", "this host's id in the store's ownership lease (default: the host name; unique per host)")
+	f.DurationVar(&o.leaseTTL, "lease-ttl", store.DefaultLeaseTTL, "ownership lease lifetime; the daemon renews it every third of it (docs/scale-out.md)")
+	f.BoolVar(&o.forceTakeover, "force-takeover", false, "take the store over from a daemon on another host whose lease is still live (it stops writing at its next renewal)")
 	f.IntVar(&o.gpuAhead, "gpu-read-ahead", 4, "staging buffers one store read of a GPU load fills (the storage's I/O in flight per call; at most --gpu-depth)")
 	f.StringVar(&o.gpuVerify, "gpu-verify", "cpu", "where loads into GPU memory are checksummed: cpu (the store, in staging) or gpu (the CRC32C kernel, where the groups land)")
 	addCommand(c)
@@ -181,6 +196,10 @@ func (o *mountOptions) parseReadAhead() (readAhead, cache int, err error) {
 }
 
 func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) error {
+	// A reader of stdout/stderr that goes away must not kill the mount (or
+	// --daemon's parent once the daemon runs): with SIGPIPE ignored a write
+	// to the closed pipe fails with EPIPE, which the log sink drops.
+	signal.Ignore(syscall.SIGPIPE)
 	if _, _, err := o.parseCtl(); err != nil {
 		return err
 	}
@@ -283,7 +302,18 @@ func (o *mountOptions) startDaemon(cmd *cobra.Command, storePath, mountpoint str
 		return err
 	}
 	args := []string{cmd.Name(), absStore, absMount}
-	cmd.Flags().Visit(func(f *pflag.Flag) { args = append(args, "--"+f.Name+"="+f.Value.String()) })
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if f.Name != "log-file" {
+			args = append(args, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	// The daemon opens the log itself, to reopen it on SIGHUP; its stderr
+	// goes there too (a panic's trace).
+	absLog, err := filepath.Abs(logPath)
+	if err != nil {
+		return err
+	}
+	args = append(args, "--log-file="+absLog)
 	child := exec.Command(exe, args...)
 	child.Env = append(os.Environ(), daemonEnv+"=1")
 	child.Stdin, child.Stdout, child.Stderr = devnull, logf, logf
@@ -349,7 +379,14 @@ func checkMountpoint(mountpoint string) (stale bool, err error) {
 
 // serve mounts in this process and serves until a signal or an unmount.
 func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (err error) {
-	log, err := newLogger(cmd)
+	sink := logsink.Stream(cmd.ErrOrStderr())
+	if o.logFile != "" {
+		if sink, err = logsink.Open(o.logFile); err != nil {
+			return err
+		}
+		defer sink.Close()
+	}
+	log, err := newLoggerTo(sink)
 	if err != nil {
 		return err
 	}
@@ -397,6 +434,9 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
 
 	pm := newPromMetrics()
 	eo := engine.Options{Kind: kind, Logger: log}
@@ -404,7 +444,8 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 		return err
 	}
 	s, closeAll, err := engine.OpenStore(storePath, eo,
-		store.Options{Logger: log, Observe: pm.observe})
+		store.Options{Logger: log, Observe: pm.observe,
+			Lease: &store.LeaseOptions{Host: o.hostID, TTL: o.leaseTTL, Force: o.forceTakeover}})
 	if err != nil {
 		return err
 	}
@@ -456,14 +497,31 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 		log.Info("mount: metrics", zap.String("addr", ln.Addr().String()))
 	}
 
+	if sent, err := sdnotify.Notify("READY=1\nMAINPID=" + strconv.Itoa(os.Getpid())); err != nil {
+		log.Warn("mount: telling systemd the mount is ready", zap.Error(err))
+	} else if sent {
+		log.Info("mount: told systemd READY=1")
+	}
+
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		select {
-		case sig := <-sigs:
-			log.Info("mount: signal, unmounting", zap.String("signal", sig.String()))
-			shutdown(log, mountpoint, fuseConn, sigs, done)
-		case <-done:
+		for {
+			select {
+			case sig := <-sigs:
+				log.Info("mount: signal, unmounting", zap.String("signal", sig.String()))
+				_, _ = sdnotify.Notify("STOPPING=1")
+				shutdown(log, mountpoint, fuseConn, sigs, done)
+				return
+			case <-hups:
+				if err := sink.Reopen(); err != nil {
+					log.Error("mount: SIGHUP: reopening the log file", zap.Error(err))
+				} else {
+					log.Info("mount: SIGHUP: log file reopened", zap.String("path", sink.Path()))
+				}
+			case <-done:
+				return
+			}
 		}
 	})
 	srv.Wait()

@@ -45,9 +45,15 @@ type EngineOptions struct {
 const (
 	defaultQueueDepth = 64
 	defaultBufferPool = 32 << 20
-	memorySlots       = 64 // fixed buffer slots for RegisterMemory
-	maxRetries        = 8
-	uringCmdFixed     = 1 << 0 // IORING_URING_CMD_FIXED (uring_cmd_flags)
+	// maxCommandBytes caps one command whatever the device allows. A
+	// fabric target reports no MDTS and NVMe/TCP accepts about 256 MiB in
+	// one command (the rig's fabric namespace): such a command would hold
+	// a queue slot, and on TCP the connection, for the whole transfer, and
+	// need that much bounce memory when buffers are not registered.
+	maxCommandBytes = 4 << 20
+	memorySlots     = 64 // fixed buffer slots for RegisterMemory
+	maxRetries      = 8
+	uringCmdFixed   = 1 << 0 // IORING_URING_CMD_FIXED (uring_cmd_flags)
 )
 
 // EngineStats are counters of an Engine since it was opened.
@@ -92,6 +98,7 @@ type Engine struct {
 	maxXfer   int
 	placement nvmedev.Placement
 	fdp       *nvmedev.FDPInfo
+	attach    *nvmedev.Attachment // nil when sysfs does not say
 	ring      *ringowner.Rings
 	drvs      []*driver
 	placed    []atomic.Uint64 // written bytes per placement handle
@@ -156,7 +163,7 @@ func (e *Engine) init(o EngineOptions) error {
 		return fmt.Errorf("%w: %s: LBA size %d above the page size", nvmedev.ErrUnsupported, e.dev.Path, e.lba)
 	}
 	e.size = ns.Size()
-	e.maxXfer = int(e.dev.Limits.MaxTransfer)
+	e.maxXfer = int(min(e.dev.Limits.MaxTransfer, maxCommandBytes))
 	e.qd = o.QueueDepth
 	if e.qd <= 0 {
 		e.qd = defaultQueueDepth
@@ -170,6 +177,17 @@ func (e *Engine) init(o EngineOptions) error {
 		e.fdp = &nvmedev.FDPInfo{Supported: e.dev.Ctrl.FDP(), Reason: err.Error()}
 	} else {
 		e.fdp = info
+	}
+	// How the namespace is attached (local PCIe or a fabric): sysfs, best
+	// effort; passthrough works the same over both.
+	if a, err := nvmedev.Attach(e.dev.Path); err != nil {
+		e.log.Debug("no sysfs attachment", zap.Error(err))
+	} else {
+		e.attach = a
+		if a.Fabric() && !e.fdp.Enabled {
+			e.log.Info("namespace is behind an NVMe over Fabrics target without FDP: writes go untagged (no placement, the target's default handle)",
+				zap.String("transport", a.Transport()), zap.String("fdp_reason", e.fdp.Reason))
+		}
 	}
 	if e.fdp.Enabled {
 		for _, h := range e.fdp.Handles {
@@ -231,7 +249,8 @@ func (e *Engine) init(o EngineOptions) error {
 		zap.Uint32("nsid", e.dev.NSID), zap.String("model", e.dev.Ctrl.Model),
 		zap.Int64("bytes", e.size), zap.Int("lba", e.lba), zap.Int("max_transfer", e.maxXfer),
 		zap.Int("queue_depth", e.qd), zap.Int("rings", r.N()), zap.String("no_fixed", noFixed),
-		zap.Bool("fdp", e.fdp.Enabled), zap.Int("handles", len(e.placement.PIDs)), zap.String("fdp_reason", e.fdp.Reason))
+		zap.Bool("fdp", e.fdp.Enabled), zap.Int("handles", len(e.placement.PIDs)), zap.String("fdp_reason", e.fdp.Reason),
+		zap.String("attachment", e.attachString()))
 	return nil
 }
 
@@ -248,11 +267,23 @@ func (e *Engine) Size() int64 { return e.size }
 // must be multiples of it.
 func (e *Engine) Align() int { return e.lba }
 
-// MaxTransfer is the largest single command; Do splits larger IOs.
+// MaxTransfer is the largest single command (the device's limit, at most
+// 4 MiB); Do splits larger IOs.
 func (e *Engine) MaxTransfer() int { return e.maxXfer }
 
 // Device is the open namespace (identify data, limits).
 func (e *Engine) Device() *nvmedev.Device { return e.dev }
+
+// Attachment is how the namespace is attached to this host (its
+// controller paths with transport and address), nil when sysfs did not say.
+func (e *Engine) Attachment() *nvmedev.Attachment { return e.attach }
+
+func (e *Engine) attachString() string {
+	if e.attach == nil {
+		return "unknown"
+	}
+	return e.attach.String()
+}
 
 // Placement is the stream → placement identifier map in use (empty
 // without FDP).
@@ -353,6 +384,9 @@ func (e *Engine) String() string {
 		fmt.Fprintf(&b, ", FDP config %d with %d handles", e.fdp.ConfigIndex, len(e.placement.PIDs))
 	} else {
 		fmt.Fprintf(&b, ", no FDP (%s)", e.fdp.Reason)
+	}
+	if e.attach != nil {
+		fmt.Fprintf(&b, ", %s", e.attach)
 	}
 	return b.String()
 }

@@ -242,13 +242,21 @@ func TestDaemonAndUmount(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// Prometheus metrics.
-	resp, err := http.Get("http://127.0.0.1:" + port + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// Prometheus metrics. The kernel sends the RELEASE of .kvfs/ctl after
+	// close(2) returns: scrape until the session is gone.
+	var body []byte
+	for range 200 {
+		resp, err := http.Get("http://127.0.0.1:" + port + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), "kvfs_ctl_sessions_open 0") {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	for _, want := range []string{"kvfs_store_reads_total 2", "kvfs_store_writes_total 1", "kvfs_fs_stored_total 1", "kvfs_ctl_groups_loaded_total 1",
 		`kvfs_store_batch_seconds_bucket{op="read"`, "kvfs_store_slots_used 1", "kvfs_ctl_sessions_open 0"} {
 		if !strings.Contains(string(body), want) {

@@ -122,9 +122,16 @@ func startMount(t *testing.T, storePath, mnt string, extra ...string) *daemon {
 		t.Fatal(err)
 	}
 	defer logf.Close()
+	return startMountOut(t, logf, logPath, storePath, mnt, extra...)
+}
+
+// startMountOut is startMount with the daemon's stdout and stderr on out
+// (logPath, if not "", is where logText reads).
+func startMountOut(t *testing.T, out *os.File, logPath, storePath, mnt string, extra ...string) *daemon {
+	t.Helper()
 	args := append([]string{"mount", storePath, mnt, "--log-level", "info"}, extra...)
 	cmd := exec.Command(kvfsBin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

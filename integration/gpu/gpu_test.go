@@ -68,7 +68,11 @@ func requireGPU(t *testing.T) {
 
 // mount mounts an in-memory store holding blocks 0..nblocks-1 in this
 // process (the daemon).
-func mount(t *testing.T, nblocks int, verifyOnGPU bool) *env {
+// mount serves a store of nblocks blocks through a real FUSE mount, the
+// daemon in this process. trustHandles turns the exporter check off: the
+// tests that register another process's memory from this process (the
+// daemon cannot open its own process's handles) need it.
+func mount(t *testing.T, nblocks int, verifyOnGPU, trustHandles bool) *env {
 	requireGPU(t)
 	e := &env{t: t, mem: storetest.NewMem(store.SizeFor(geo, int64(nblocks)+64), 4096)}
 	if _, err := store.Format(e.mem, geo, store.FormatOptions{}); err != nil {
@@ -80,7 +84,7 @@ func mount(t *testing.T, nblocks int, verifyOnGPU bool) *env {
 	}
 	e.st = st
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	e.srv = ctl.NewServer(st, ctl.Options{Logger: log, GPU: ctl.GPUOptions{StagingCount: 8, StagingSize: 1 << 20, VerifyOnGPU: verifyOnGPU}})
+	e.srv = ctl.NewServer(st, ctl.Options{Logger: log, GPU: ctl.GPUOptions{StagingCount: 8, StagingSize: 1 << 20, VerifyOnGPU: verifyOnGPU, TrustHandles: trustHandles}})
 	e.dir = t.TempDir()
 	srv, err := fs.Mount(e.dir, st, fs.Options{Logger: log, Ctl: handler{e.srv}})
 	if err != nil {
@@ -250,7 +254,7 @@ func TestRoundTrip(t *testing.T) {
 
 func roundTrip(t *testing.T, verifyOnGPU bool) {
 	const nb = 16
-	e := mount(t, nb, verifyOnGPU)
+	e := mount(t, nb, verifyOnGPU, true)
 	c, err := client.Open(e.dir)
 	if err != nil {
 		t.Fatal(err)
@@ -366,7 +370,7 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 // another client's loads go on, byte for byte.
 func TestClientKilledMidLoad(t *testing.T) {
 	const nb = 64
-	e := mount(t, nb, false)
+	e := mount(t, nb, false, true)
 	c, err := client.Open(e.dir)
 	if err != nil {
 		t.Fatal(err)
@@ -436,4 +440,33 @@ func TestClientKilledMidLoad(t *testing.T) {
 	check(5)
 	c.UnregisterTarget(tid)
 	c.Unregister(id)
+}
+
+// TestExporterChecked: with the exporter check on (kvfs mount's default),
+// a caller cannot register memory another process exported (EACCES), and
+// a client registering its own memory, from its own process, loads.
+func TestExporterChecked(t *testing.T) {
+	const nb = 8
+	e := mount(t, nb, false, false)
+	c, err := client.Open(e.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	exp, h := exporterProc(t, 1<<20)
+	_ = exp
+	if _, err := c.RegisterCUDA(h, 0, 1<<20, 0); !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("registering another process's handle: %v, want EACCES", err)
+	}
+	if m := e.srv.Metrics(); m.Buffers != 0 {
+		t.Fatalf("%d buffers registered after a refused registration", m.Buffers)
+	}
+	own := start(t, "loader", "KVFS_GPU_MOUNT="+e.dir, "KVFS_GPU_BLOCKS="+strconv.Itoa(nb))
+	if l := own.line(); l != "loading" {
+		t.Fatalf("a client registering its own memory said %q", l)
+	}
+	if err := own.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = own.cmd.Wait()
 }

@@ -12,7 +12,7 @@ import (
 // the namespace: --engine auto must pick the nvme engine for the NVMe
 // block and char devices, and the uring engine must read the same store.
 func TestStoreCLI(t *testing.T) {
-	testDevicePath(t)
+	ng := testDevicePath(t)
 	bin := os.Getenv("KVFS_BIN")
 	if bin == "" {
 		bin = "/bin/kvfs"
@@ -29,7 +29,7 @@ func TestStoreCLI(t *testing.T) {
 		}
 		return string(out)
 	}
-	const blk = "/dev/nvme0n1"
+	blk := blockDevice(ng)
 	if _, err := os.Stat(blk); err != nil {
 		t.Skipf("no %s", blk)
 	}
@@ -37,7 +37,7 @@ func TestStoreCLI(t *testing.T) {
 		"--block-tokens", "16", "--dtype", "bf16", "--force", "--log-level", "info")
 	for _, c := range []struct{ path, engine, want string }{
 		{blk, "auto", "nvme"},
-		{"/dev/ng0n1", "auto", "nvme"},
+		{ng, "auto", "nvme"},
 		{blk, "uring", "uring"},
 	} {
 		out := run("info", c.path, "--engine", c.engine, "--log-level", "info")
@@ -53,6 +53,15 @@ func TestStoreCLI(t *testing.T) {
 		}
 	} else if !strings.Contains(out, "fdp: off") {
 		t.Errorf("kvfs info on a namespace without FDP: no \"fdp: off\" line")
+	}
+	// kvfs info says how the namespace is attached: over the fabric in
+	// the rig's fabric boot, PCIe otherwise.
+	want := "attachment: local, transport pcie"
+	if os.Getenv("KVFS_FABRIC") == "on" {
+		want = "attachment: fabric, transport tcp"
+	}
+	if !strings.Contains(out, want) {
+		t.Errorf("kvfs info %s: no %q line", blk, want)
 	}
 	run("fsck", blk)
 }

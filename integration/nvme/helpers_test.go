@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"os"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap"
@@ -26,9 +27,24 @@ func testDevicePath(t *testing.T) string {
 	return p
 }
 
+// blockDevice is the block twin /dev/nvmeXnY of a char device /dev/ngXnY.
+func blockDevice(ng string) string {
+	return strings.Replace(ng, "/ng", "/nvme", 1)
+}
+
 func openEngine(t *testing.T, fdp string) *nvmeengine.Engine {
 	t.Helper()
-	path := testDevicePath(t)
+	return openEngineOpts(t, testDevicePath(t), fdp)
+}
+
+// openEngineAt opens the nvme engine on another namespace path.
+func openEngineAt(t *testing.T, path string) *nvmeengine.Engine {
+	t.Helper()
+	return openEngineOpts(t, path, "auto")
+}
+
+func openEngineOpts(t *testing.T, path, fdp string) *nvmeengine.Engine {
+	t.Helper()
 	e, err := nvmeengine.OpenEngine(path, nvmeengine.EngineOptions{QueueDepth: 32, FDP: fdp, Logger: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))})
 	if err != nil {
 		t.Fatalf("OpenEngine(%s): %v", path, err)

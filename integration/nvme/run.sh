@@ -17,11 +17,19 @@
 #            then the crash writer, which prints each acknowledged batch;
 #            QEMU is killed mid-write (a power cut).
 #   nofdp    boot with a plain namespace (engine without placement).
-#   crash    boot on the fdp boot's disk image: every acknowledged group
-#            reads back, none reads corrupt.
+#   crash-check  boot on the fdp boot's disk image: every acknowledged
+#            group reads back, none reads corrupt.
+#   fabric   boot with the FDP subsystem whose namespace the guest exports
+#            through the kernel's NVMe over Fabrics target (nvmet-tcp,
+#            configfs) on 127.0.0.1:4420 and connects to as a host
+#            (nvme-tcp, /dev/nvme-fabrics): kvfs bench on the local then
+#            the fabric namespace, all tests on the fabric namespace, then
+#            the crash writer there; crash-check-fabric checks it through
+#            the fabric after the power cut. See docs/scale-out.md.
 #
 # Environment: KVFS_NVME_CACHE (default integration/nvme/.cache),
 # KVFS_NVME_RUN (go test -run regexp for the nvme and engine/nvme package tests),
+# KVFS_NVME_BOOTS (which of "fdp nofdp fabric" to boot, default all),
 # KVFS_NVME_TIMEOUT (seconds per boot, default 240), KVFS_NVME_CRASH_ACKS
 # (acknowledged batches before the power cut, default 60), KVFS_NVME_KEEP=1
 # keeps the work dir. Exit status: 0 when every boot's tests passed and
@@ -202,6 +210,10 @@ add_mod() {
 	order+=("$n")
 }
 add_mod nvme
+# NVMe over Fabrics on TCP, both ends: the target (nvmet, nvmet-tcp; they
+# pull configfs) and the host (nvme-tcp, nvme-fabrics).
+add_mod nvmet-tcp
+add_mod nvme-tcp
 printf '%s\n' "${order[@]}" >"$root/etc/modules"
 cp "$here/init.sh" "$root/init"
 chmod +x "$root/init"
@@ -290,6 +302,8 @@ record() { # NAME RC
 declare -A allowed_skips=(
 	[fdp]="TestEngineNoFDP=booted with FDP"
 	[nofdp]="TestEnginePlacement=booted without FDP"
+	[fabric]="TestEnginePlacement=booted without FDP"
+	[crash-check-fabric]=""
 	[crash-check]=""
 )
 n_pass=0 n_fail=0 n_skip=0 n_bad_skip=0
@@ -340,36 +354,54 @@ run_boot() { # NAME FDP VARS
 }
 
 run_re=${KVFS_NVME_RUN:-.}
+boots=" ${KVFS_NVME_BOOTS:-fdp nofdp fabric} "
+want_boot() { [[ $boots == *" $1 "* ]]; }
 crash_disk=$work/crash.img
 
-# Boot 1: FDP namespace. All tests, then the crash writer until the rig
-# cuts the power after some acknowledged batches (on the same disk image
-# the crash boot checks).
-stage_start fdp
-truncate -s 1G "$crash_disk"
-boot fdp "$crash_disk" on "KVFS_FDP=on KVFS_RUN=$run_re KVFS_MODE=crash-write" "${KVFS_NVME_CRASH_ACKS:-60}"
-record fdp "$boot_rc"
-go_summary fdp "$work/fdp.log"
-acked=$(tr -d '\r' <"$work/fdp.log" | grep -a '^KVFS-ACK [0-9][0-9]*$' | awk '{print $2}' | sort -n | tail -1 || true)
-stage_end fdp "(rc $boot_rc)"
+# crash_pair NAME VARS CHECK-VARS: boot NAME on an FDP namespace with VARS, all tests,
+# then the crash writer until the rig cuts the power after some
+# acknowledged batches; then boot crash-check-NAME on the same disk image:
+# every acknowledged group must read back.
+crash_pair() {
+	local name=$1 vars=$2 checkvars=$3 disk=$work/$1.img acked check sfx=""
+	[[ $name == fdp ]] || sfx=-$name
+	check=crash-check$sfx
+	stage_start "$name"
+	truncate -s 1G "$disk"
+	boot "$name" "$disk" on "KVFS_FDP=on KVFS_RUN=$run_re KVFS_MODE=crash-write $vars" "${KVFS_NVME_CRASH_ACKS:-60}"
+	record "$name" "$boot_rc"
+	go_summary "$name" "$work/$name.log"
+	acked=$(tr -d '\r' <"$work/$name.log" | grep -a '^KVFS-ACK [0-9][0-9]*$' | awk '{print $2}' | sort -n | tail -1 || true)
+	stage_end "$name" "(rc $boot_rc)"
+	stage_start "$check"
+	if [[ -z $acked ]]; then
+		record "crash-write$sfx" 102
+		results+=("$(printf '%-12s no batch was acknowledged before the power cut' "crash-write$sfx")")
+	else
+		results+=("$(printf '%-12s power cut after batch %s was acknowledged' "crash-write$sfx" "$acked")")
+		boot "$check" "$disk" on "KVFS_FDP=on KVFS_MODE=crash-check KVFS_ACKED=$acked $checkvars"
+		record "$check" "$boot_rc"
+		go_summary "$check" "$work/$check.log"
+		while IFS= read -r l; do results+=("      $l"); done < <(tr -d '\r' <"$work/$check.log" | grep -a '^KVFS-CRASH ' || true)
+	fi
+	stage_end "$check" "(rc $boot_rc)"
+	rm -f "$disk"
+}
 
-# Boot 2: plain namespace (no FDP: the engine's fallback path).
-run_boot nofdp off "KVFS_FDP=off KVFS_RUN=$run_re"
+# Boot 1 and 2: FDP namespace, then the power-cut check.
+want_boot fdp && crash_pair fdp "" ""
 
-# Boot 3: after the power cut, every acknowledged group must read back.
-stage_start crash
-if [[ -z $acked ]]; then
-	record crash-write 102
-	results+=("$(printf '%-12s no batch was acknowledged before the power cut' crash-write)")
-else
-	results+=("$(printf '%-12s power cut after batch %s was acknowledged' crash-write "$acked")")
-	boot crash-check "$crash_disk" on "KVFS_FDP=on KVFS_MODE=crash-check KVFS_ACKED=$acked"
-	record crash-check "$boot_rc"
-	go_summary crash-check "$work/crash-check.log"
-	while IFS= read -r l; do results+=("      $l"); done < <(tr -d '\r' <"$work/crash-check.log" | grep -a '^KVFS-CRASH ' || true)
+# Boot 3: plain namespace (no FDP: the engine's fallback path).
+want_boot nofdp && run_boot nofdp off "KVFS_FDP=off KVFS_RUN=$run_re"
+
+# Boot 4 and 5: the FDP namespace exported by the kernel's NVMe/TCP target
+# on the guest's loopback; the tests, the benchmarks (local namespace first,
+# then the fabric one, same boot) and the power cut all on the fabric
+# namespace.
+if want_boot fabric; then
+	crash_pair fabric "KVFS_FABRIC=on KVFS_BENCH=on" "KVFS_FABRIC=on"
+	while IFS= read -r l; do results+=("      $l"); done < <(tr -d '\r' <"$work/fabric.log" | grep -a -e '^KVFS-BENCH ' -e '^KVFS-RIG: connected' || true)
 fi
-stage_end crash "(rc $boot_rc)"
-rm -f "$crash_disk"
 
 total=$(awk -v a="$t_all" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
 echo

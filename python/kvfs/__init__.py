@@ -89,13 +89,24 @@ _REGISTER_REASONS = {
     _errno.ENOMEM: "over the pinned-memory limit (RLIMIT_MEMLOCK, or the daemon's per-uid or total cap)",
     _errno.EBADF: "not an open descriptor (O_PATH or closed)",
 }
+_CUDA_REASONS = {
+    _errno.ENOTTY: "the daemon has no CUDA support (KVFS_CAP_CUDA not set)",
+    _errno.ENODEV: "no usable GPU in the daemon (no driver or device, no such ordinal, or kvfs mount --gpu=false)",
+    _errno.ESRCH: "the daemon cannot see this process (another pid namespace?)",
+    _errno.EACCES: "caller may not open /dev/nvidiactl and /dev/nvidia-uvm read-write",
+    _errno.EINVAL: "the driver refused the handle (not the base of an allocation, exporter gone), or malformed request",
+    _errno.ERANGE: "offset + length beyond the allocation",
+    _errno.EMFILE: "too many buffers registered on this handle",
+    _errno.EDQUOT: "registered-bytes limit of this handle",
+}
 
 
 class KvfsError(OSError):
     """A failed control ioctl; .errno is the errno, .op the operation."""
 
     def __init__(self, op, err, extra=""):
-        reason = ((op in ("register", "register-fd") and _REGISTER_REASONS.get(err)) or _REASONS.get(err)
+        reason = ((op in ("register", "register-fd") and _REGISTER_REASONS.get(err))
+                  or (op == "register-cuda" and _CUDA_REASONS.get(err)) or _REASONS.get(err)
                   or os.strerror(err))
         super().__init__(err, "kvfs %s: %s%s" % (op, reason, extra))
         self.op = op
@@ -249,6 +260,20 @@ class Client:
         self.ioctl(abi.IOC_REGISTER_FD, b, "register-fd")
         v = abi.REGISTER_FD.unpack(b)
         return v[3], bool(v[5])
+
+    def register_cuda(self, handle, offset, length, device=0):
+        """Register bytes [offset, offset+length) of a CUDA allocation of this
+        process (REGISTER_CUDA): handle is the raw 64-byte CUipcMemHandle of
+        the allocation's base (cuIpcGetMemHandle; not PyTorch's _share_cuda_
+        bytes), device the ordinal as the daemon's driver numbers devices
+        (same CUDA_VISIBLE_DEVICES on both sides, or unset in both).
+        Returns the buffer id; unregister() drops it. kvfs.torch does all of
+        this for tensors."""
+        b = abi.pack_register_cuda(handle, offset, length, device)
+        if not self._info.caps & abi.CAP_CUDA:
+            raise KvfsError("register-cuda", _errno.ENOTTY)
+        self.ioctl(abi.IOC_REGISTER_CUDA, b, "register-cuda")
+        return struct.unpack_from("<I", b, abi.REGISTER_CUDA_BUFFER_OFF)[0]
 
     def _own(self, buf):
         with self._owned_lock:

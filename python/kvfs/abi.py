@@ -114,3 +114,25 @@ IOC_STORE_BLOCKS_INLINE = _ioc(_IOC_READ | _IOC_WRITE, 0x25, BLOCKS_INLINE_SIZE)
 
 assert TARGET_HDR.size == 64 and TARGET_SIZE == 16320 and BLOCKS.size == 64 and BLOCK_ENTRY.size == 32
 assert IOC_REGISTER_TARGET == 0xffc0b720 and IOC_LOAD_BLOCKS == 0xc040b722 and IOC_LOAD_BLOCKS_INLINE == 0xffe0b724
+
+# REGISTER_CUDA (0x04; ctl/abi/cuda.go, include/kvfs.h): struct kvfs_register_cuda (128 bytes):
+# abi flags handle[64] offset length device buffer reserved[4]
+REGISTER_CUDA = struct.Struct("<II64sQQII4Q")
+REGISTER_CUDA_BUFFER_OFF = 92
+REGISTER_CUDA_LENGTH_OFF = 80
+IPC_HANDLE_SIZE = 64
+IOC_REGISTER_CUDA = _ioc(_IOC_READ | _IOC_WRITE, 0x04, REGISTER_CUDA.size)
+
+assert REGISTER_CUDA.size == 128 and IOC_REGISTER_CUDA == 0xc080b704
+
+
+def pack_register_cuda(handle, offset, length, device):
+    """The 128 bytes of a REGISTER_CUDA request (a bytearray, in/out)."""
+    handle = bytes(handle)
+    if len(handle) != IPC_HANDLE_SIZE:
+        raise ValueError("a CUipcMemHandle is %d bytes, not %d" % (IPC_HANDLE_SIZE, len(handle)))
+    if length <= 0 or offset < 0 or offset + length >= 1 << 64:
+        raise ValueError("register-cuda range: length %d at offset %d" % (length, offset))
+    if not 0 <= device < 1 << 32:
+        raise ValueError("device ordinal %d" % device)
+    return bytearray(REGISTER_CUDA.pack(ABI_VERSION, 0, handle, offset, length, device, 0, 0, 0, 0, 0))
