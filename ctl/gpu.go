@@ -98,11 +98,11 @@ type cudaGPU struct{ *gpu.CUDA }
 
 // Exporter reads the exporting process's id from a legacy CUDA IPC handle:
 // the driver stores it, little-endian, in bytes 8..11 (not documented by
-// NVIDIA; observed with driver 580 on the H200 by scripts/ipc-probe.py,
-// which prints it for two processes, and checked by the device test
-// TestForeignHandleRefused). cuIpcOpenMemHandle finds the exporter's
-// memory through that pid, so a handle rewritten to carry the caller's pid
-// does not open another process's allocation.
+// NVIDIA; observed with driver 580 on the H200 by scripts/ipc-probe.py).
+// The driver does not rely on it when opening (a handle with the field
+// rewritten still opens), so the check it enables stops a process that was
+// merely given another's handle, not one that forges the field: the handle
+// stays a bearer capability (docs/abi.md, "What is trusted").
 func (g cudaGPU) Exporter(h [64]byte) (uint32, bool) {
 	pid := binary.LittleEndian.Uint32(h[8:12])
 	return pid, pid != 0

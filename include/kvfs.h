@@ -143,8 +143,9 @@ struct kvfs_register_fd {
  * Errors: ENODEV no usable GPU or ordinal; EACCES the caller may not open
  * /dev/nvidiactl or /dev/nvidia-uvm itself; EINVAL the driver refused the
  * handle; ERANGE offset+length beyond the allocation; EACCES also when the
- * handle was exported by another process than the caller (the exporter's
- * pid the handle carries: docs/abi.md, "What is trusted"). 128 bytes. */
+ * handle records another exporting process than the caller. The handle is
+ * still a bearer capability (the recorded pid can be forged: docs/abi.md,
+ * "What is trusted"). 128 bytes. */
 struct kvfs_register_cuda {
 	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
 	__u32 flags;                 /*   4 in: 0 */
