@@ -14,10 +14,13 @@ import (
 type CUDA struct {
 	Ordinal int
 	Name    string
-	dev     cuda.Device
-	ctx     cuda.Context
-	stream  cuda.Stream
-	once    sync.Once
+	// Node is the NUMA node the GPU sits on (-1: unknown, or one node);
+	// pinned staging memory is allocated there.
+	Node   int
+	dev    cuda.Device
+	ctx    cuda.Context
+	stream cuda.Stream
+	once   sync.Once
 }
 
 // OpenCUDA retains device ordinal's primary context and creates its copy
@@ -34,6 +37,13 @@ func OpenCUDA(ordinal int) (*CUDA, error) {
 	}
 	g := &CUDA{Ordinal: ordinal, dev: d, ctx: ctx}
 	g.Name, _ = d.Name()
+	g.Node = -1
+	dom, e1 := d.Attribute(cuda.AttrPCIDomainID)
+	bus, e2 := d.Attribute(cuda.AttrPCIBusID)
+	dev, e3 := d.Attribute(cuda.AttrPCIDeviceID)
+	if e1 == nil && e2 == nil && e3 == nil {
+		g.Node = numaNodeOf(dom, bus, dev)
+	}
 	err = ctx.Do(func() error {
 		s, err := cuda.StreamCreate(cuda.StreamNonBlocking)
 		g.stream = s
@@ -122,13 +132,16 @@ func (g *CUDA) Synchronize() error {
 	return g.ctx.Do(g.stream.Synchronize)
 }
 
-// AllocHost implements Device: portable pinned memory.
+// AllocHost implements Device: portable pinned memory, on the GPU's NUMA
+// node where the machine has several.
 func (g *CUDA) AllocHost(n int) ([]byte, func() error, error) {
 	var mem []byte
 	err := g.ctx.Do(func() error {
-		var err error
-		mem, err = cuda.MemHostAlloc(n, cuda.MemHostAllocPortable)
-		return err
+		return onNode(g.Node, func() error {
+			var err error
+			mem, err = cuda.MemHostAlloc(n, cuda.MemHostAllocPortable)
+			return err
+		})
 	})
 	if err != nil {
 		return nil, nil, err
