@@ -85,12 +85,28 @@ func (s *fakeStore) Read(reqs []store.ReadReq) error {
 			s.mu.Lock()
 			s.unverified++
 			s.mu.Unlock()
+		case bad && q.Pitch != 0:
+			// A pitched destination: the store zeroes its rows.
+			for r := range rows {
+				clear(q.Buf[r*q.Pitch : r*q.Pitch+q.RowBytes])
+			}
+			q.Err = fmt.Errorf("fake: %w", store.ErrCorrupt)
 		case bad:
 			// Leave garbage: the pipeline must zero it itself.
 			for k := range q.Buf {
 				q.Buf[k] = 0xEE
 			}
 			q.Err = fmt.Errorf("fake: %w", store.ErrCorrupt)
+		case q.Pitch != 0:
+			if len(q.Buf) != (rows-1)*q.Pitch+q.RowBytes {
+				s.mu.Lock()
+				s.viol = append(s.viol, fmt.Sprintf("pitched read of %v: %d bytes for pitch %d", q.Key, len(q.Buf), q.Pitch))
+				s.mu.Unlock()
+			}
+			for r := range rows {
+				copy(q.Buf[r*q.Pitch:r*q.Pitch+q.RowBytes], g[r*q.RowBytes:(r+1)*q.RowBytes])
+			}
+			q.Err = nil
 		default:
 			copy(q.Buf, g)
 			q.Err = nil
@@ -638,4 +654,83 @@ func TestReadAheadGroupsChunks(t *testing.T) {
 		}
 		r.checkClean(t)
 	}
+}
+
+// TestInterleavedSets: pitched tiles whose rows sit side by side on the
+// device (the heads of an NHD cache block) land interleaved in staging and
+// move as one span (full rows) or one 2D copy (a head shard); a corrupt
+// member lands as zeros, an absent member's tile is left as it was, and
+// nothing outside the tiles is written.
+func TestInterleavedSets(t *testing.T) {
+	for _, twoD := range []bool{false, true} {
+		for _, heads := range []int{3, 4} { // 3 of 4 heads per row: a shard
+			t.Run(fmt.Sprintf("2d=%v/heads=%d", twoD, heads), func(t *testing.T) { testInterleaved(t, twoD, heads) })
+		}
+	}
+}
+
+func testInterleaved(t *testing.T, twoD bool, heads int) {
+	r := newRig(t, 2, 8, 2)
+	r.dev.Enable2D = twoD
+	const pitch = 4 * rowBytes
+	const sets = 5
+	span := uint64(rows * pitch)
+	sentinel := bytes.Repeat([]byte{0x77}, int(sets*span))
+	r.dev.Fill(gputest.Base, sentinel)
+	var its []gpu.Item
+	for s := range sets {
+		for h := range heads {
+			i := s*heads + h
+			r.st.groups[key(i)] = content(i)
+			its = append(its, gpu.Item{Key: key(i), Dst: gputest.Base + uint64(s)*span + uint64(h*rowBytes), Pitch: pitch})
+		}
+	}
+	absent, corrupt := heads+1, 3*heads
+	delete(r.st.groups, key(absent))
+	r.st.corrupt[key(corrupt)] = true
+	c0, c2 := r.dev.Copies(), r.dev.Copies2D()
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), sentinel...)
+	for i, it := range its {
+		o := int(it.Dst - gputest.Base)
+		switch {
+		case i == absent:
+			if !errors.Is(it.Err, store.ErrNotFound) {
+				t.Fatalf("absent item: %v", it.Err)
+			}
+			continue
+		case i == corrupt:
+			if !errors.Is(it.Err, store.ErrCorrupt) {
+				t.Fatalf("corrupt item: %v", it.Err)
+			}
+			for row := range rows {
+				clear(want[o+row*pitch : o+row*pitch+rowBytes])
+			}
+			continue
+		case it.Err != nil:
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+		for row := range rows {
+			copy(want[o+row*pitch:o+row*pitch+rowBytes], content(i)[row*rowBytes:(row+1)*rowBytes])
+		}
+	}
+	if got := r.dev.Mem(gputest.Base, len(want)); !bytes.Equal(got, want) {
+		for k := range got {
+			if got[k] != want[k] {
+				t.Fatalf("device byte %d: %#x, want %#x", k, got[k], want[k])
+			}
+		}
+	}
+	if twoD {
+		// One copy per set at most (full rows merge across sets), plus one
+		// per member of the set with the absent group.
+		// (the fake counts each row of a 2D copy as a copy)
+		n2 := r.dev.Copies2D() - c2
+		if n := r.dev.Copies() - c0 - rows*n2 + n2; n > sets+heads {
+			t.Fatalf("%d copies for %d sets of %d tiles", n, sets, heads)
+		}
+	}
+	r.checkClean(t)
 }
