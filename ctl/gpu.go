@@ -285,17 +285,8 @@ func (ss *Session) registerCUDA(tid uint32, r *abi.RegisterCUDA) (registration, 
 	if err := checkGPUAccess(c); err != nil {
 		return registration{}, err
 	}
-	ss.mu.Lock()
-	closed, nbuf, nbytes := ss.mu.closed, len(ss.mu.bufs), ss.mu.bytes
-	ss.mu.Unlock()
-	if closed {
-		return registration{}, ErrClosed
-	}
-	if nbuf >= s.opts.MaxBuffers {
-		return registration{}, fmt.Errorf("%w: %d", ErrTooManyBuffers, s.opts.MaxBuffers)
-	}
-	if r.Length > uint64(s.opts.MaxRegisteredBytes-nbytes) {
-		return registration{}, fmt.Errorf("%w: %d bytes registered, %d more asked, limit %d", ErrQuota, nbytes, r.Length, s.opts.MaxRegisteredBytes)
+	if err := ss.checkRoom(r.Length); err != nil {
+		return registration{}, err
 	}
 	d, err := s.gpus.device(int(r.Device))
 	if err != nil {

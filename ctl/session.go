@@ -235,6 +235,26 @@ func (ss *Session) registerFD(tid uint32, fd int32, length uint64) (registration
 	return ss.register(c, f, name, length)
 }
 
+// checkRoom refuses a registration of n more bytes that the session has
+// no room for: it is closed, at its buffer limit (EMFILE) or over its
+// registered-bytes quota (EDQUOT).
+func (ss *Session) checkRoom(n uint64) error {
+	s := ss.srv
+	ss.mu.Lock()
+	closed, nbuf, nbytes := ss.mu.closed, len(ss.mu.bufs), ss.mu.bytes
+	ss.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if nbuf >= s.opts.MaxBuffers {
+		return fmt.Errorf("%w: %d", ErrTooManyBuffers, s.opts.MaxBuffers)
+	}
+	if n > uint64(max(0, s.opts.MaxRegisteredBytes-nbytes)) {
+		return fmt.Errorf("%w: %d bytes registered, %d more asked, limit %d", ErrQuota, nbytes, n, s.opts.MaxRegisteredBytes)
+	}
+	return nil
+}
+
 // register maps an opened, checked file for the session: length, then the
 // handle's limits, then the pinning limits, then mmap and the engine.
 func (ss *Session) register(c *cred, f *shmFile, name string, length uint64) (registration, error) {
@@ -243,17 +263,8 @@ func (ss *Session) register(c *cred, f *shmFile, name string, length uint64) (re
 	if err != nil {
 		return registration{}, err
 	}
-	ss.mu.Lock()
-	closed, nbuf, nbytes := ss.mu.closed, len(ss.mu.bufs), ss.mu.bytes
-	ss.mu.Unlock()
-	if closed {
-		return registration{}, ErrClosed
-	}
-	if nbuf >= s.opts.MaxBuffers {
-		return registration{}, fmt.Errorf("%w: %d", ErrTooManyBuffers, s.opts.MaxBuffers)
-	}
-	if int64(n) > s.opts.MaxRegisteredBytes-nbytes {
-		return registration{}, fmt.Errorf("%w: %d bytes registered, %d more asked, limit %d", ErrQuota, nbytes, n, s.opts.MaxRegisteredBytes)
+	if err := ss.checkRoom(uint64(n)); err != nil {
+		return registration{}, err
 	}
 	b := &buffer{path: name, uid: c.ruid}
 	// Pin only memory that exists: pinning a hole would allocate it inside
