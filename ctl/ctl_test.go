@@ -792,3 +792,26 @@ func TestDirectLanding(t *testing.T) {
 		}
 	}
 }
+
+// TestBufferLimit: a session registers at most MaxBuffers buffers (the
+// next is EMFILE and changes nothing), an unregistration makes room again,
+// and the default leaves room for a target's every region.
+func TestBufferLimit(t *testing.T) {
+	f := newFixture(t, 4, Options{MaxBuffers: 3})
+	ss := f.open(0, 0)
+	s := newShm(t, 4096, 0)
+	var ids []uint32
+	for range 3 {
+		ids = append(ids, mustRegister(t, ss, s))
+	}
+	if _, errno := register(t, ss, s.path, 4096); errno != syscall.EMFILE {
+		t.Fatalf("fourth registration: %v, want EMFILE", errno)
+	}
+	if errno := unregister(ss, ids[0]); errno != 0 {
+		t.Fatal(errno)
+	}
+	mustRegister(t, ss, s)
+	if d := newFixture(t, 4, Options{}).srv.opts.MaxBuffers; d < abi.TargetMaxRegions {
+		t.Fatalf("default MaxBuffers %d is below the regions a target may name (%d)", d, abi.TargetMaxRegions)
+	}
+}

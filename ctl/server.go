@@ -20,7 +20,10 @@ type Options struct {
 	Logger *zap.Logger
 	// MaxSessions bounds open control files (default 1024).
 	MaxSessions int
-	// MaxBuffers bounds registrations per session (default 64).
+	// MaxBuffers bounds registrations per session (default 1024: a target
+	// may name up to 1,016 regions, and engines such as vLLM allocate one
+	// tensor per layer, so a large model's cache is 80+ allocations; bytes
+	// are bounded apart, by MaxRegisteredBytes and the pinning limits).
 	MaxBuffers int
 	// MaxRegisteredBytes bounds the bytes registered per session
 	// (default 1 TiB; registrations are mappings, not copies).
@@ -57,7 +60,7 @@ func (o *Options) EnsureDefaults() {
 		o.MaxSessions = 1024
 	}
 	if o.MaxBuffers <= 0 {
-		o.MaxBuffers = 64
+		o.MaxBuffers = 1024
 	}
 	if o.MaxRegisteredBytes <= 0 {
 		o.MaxRegisteredBytes = 1 << 40
