@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/term"
+
+	"github.com/kvfs/kvfs/internal/bytesize"
 )
 
 // Unit says how Meter prints amounts.
@@ -186,7 +188,7 @@ func (m *Meter) line(t time.Time, final bool) string {
 		rate := float64(m.done) / s
 		b.WriteString(", ")
 		if m.unit == Bytes {
-			b.WriteString(humanBytes(int64(rate)) + "/s")
+			b.WriteString(bytesize.Format(int64(rate)) + "/s")
 		} else {
 			fmt.Fprintf(&b, "%.0f/s", rate)
 		}
@@ -203,7 +205,7 @@ func (m *Meter) line(t time.Time, final bool) string {
 
 func (m *Meter) amount(n int64) string {
 	if m.unit == Bytes {
-		return humanBytes(n)
+		return bytesize.Format(n)
 	}
 	return fmt.Sprint(n)
 }
@@ -217,17 +219,4 @@ func roundDur(d time.Duration) time.Duration {
 	default:
 		return d.Round(time.Millisecond)
 	}
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for v := n / unit; v >= unit && exp < 5; v /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

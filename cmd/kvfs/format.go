@@ -102,20 +102,6 @@ func (o *formatOptions) run(cmd *cobra.Command, path string) error {
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "formatted %s: %v, %d slots of %s (%d groups of %d bytes each), %s used, uuid %s\n",
-		path, g, sb.Slots, humanBytes(sb.SlotBytes), g.GroupsPerBlock(), g.GroupBytes(), humanBytes(sb.DataOffset+sb.Slots*sb.SlotBytes), sb.UUIDString())
+		path, g, sb.Slots, bytesize.Format(sb.SlotBytes), g.GroupsPerBlock(), g.GroupBytes(), bytesize.Format(sb.DataOffset+sb.Slots*sb.SlotBytes), sb.UUIDString())
 	return nil
-}
-
-// humanBytes formats n with a binary unit.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 5; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

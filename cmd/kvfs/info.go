@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/nvme"
 	"github.com/kvfs/kvfs/store"
 )
@@ -174,10 +175,10 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 		{"group bytes", fmt.Sprintf("%d (%s %s)", r.GroupBytes, g.Shape(), g.DType)},
 		{"group stride", fmt.Sprint(r.GroupStride)},
 		{"header bytes", fmt.Sprint(r.HeaderBytes)},
-		{"slot bytes", fmt.Sprintf("%d (%s)", r.SlotBytes, humanBytes(r.SlotBytes))},
+		{"slot bytes", fmt.Sprintf("%d (%s)", r.SlotBytes, bytesize.Format(r.SlotBytes))},
 		{"slots", fmt.Sprintf("%d (%d used, %d free)", r.Slots, r.UsedSlots, r.FreeSlots)},
 		{"blocks", fmt.Sprint(r.Blocks)},
-		{"size", fmt.Sprintf("%d (%s)", r.Size, humanBytes(r.Size))},
+		{"size", fmt.Sprintf("%d (%s)", r.Size, bytesize.Format(r.Size))},
 		{"created", r.Created.Format(time.RFC3339)},
 	} {
 		fmt.Fprintf(tw, "%s:\t%s\n", l[0], l[1])

@@ -2,7 +2,8 @@
 // 4GiB, 1g, 512k. Units are binary (k = KiB = 1024); case and a trailing
 // "b" or "ib" do not matter. It is the one size parser of the command line
 // (--size, --io-size, --read-ahead) and of the requests files of kvfs load
-// (package client), which is why it is not in either.
+// (package client), which is why it is not in either; Format writes sizes
+// for people the same way (the CLI, progress lines).
 package bytesize
 
 import (
@@ -49,4 +50,19 @@ func Parse(s string) (int64, error) {
 		return 0, fmt.Errorf("%w: %q overflows", ErrSyntax, s)
 	}
 	return n << shift, nil
+}
+
+// Format writes n with a binary unit and one decimal: "512 B", "1.0 KiB",
+// "2.5 GiB" (up to EiB).
+func Format(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

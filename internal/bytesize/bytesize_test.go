@@ -46,3 +46,12 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestFormat(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB",
+		2 << 20: "2.0 MiB", 5 << 29: "2.5 GiB", 3 << 40: "3.0 TiB", 1 << 62: "4.0 EiB"} {
+		if got := Format(n); got != want {
+			t.Errorf("Format(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
