@@ -154,3 +154,22 @@ func TestCtlWithoutHandlerIsENOTTY(t *testing.T) {
 	_, err = ioctl(g.Fd(), iowr(1, 16), make([]byte, 16))
 	wantErrno(t, "ioctl on geometry", err, syscall.ENOTTY)
 }
+
+// TestHandler: fs.Handler forwards the credentials, and a failed open is a
+// nil CtlSession, not an interface holding a nil *echoSession.
+func TestHandler(t *testing.T) {
+	var got [2]uint32
+	h := Handler(func(uid, gid uint32) (*echoSession, syscall.Errno) {
+		got = [2]uint32{uid, gid}
+		if uid == 7 {
+			return nil, syscall.EACCES
+		}
+		return &echoSession{c: &echoCtl{}}, 0
+	})
+	if s, errno := h.Open(1, 2); errno != 0 || s == nil || got != [2]uint32{1, 2} {
+		t.Fatalf("open: %v, %v, credentials %v", s, errno, got)
+	}
+	if s, errno := h.Open(7, 0); errno != syscall.EACCES || s != nil {
+		t.Fatalf("failed open: %#v, %v; want a nil session and EACCES", s, errno)
+	}
+}

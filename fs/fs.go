@@ -26,6 +26,23 @@ type CtlHandler interface {
 	Open(uid, gid uint32) (CtlSession, syscall.Errno)
 }
 
+// Handler makes a CtlHandler of a function that opens sessions of a
+// concrete type (ctl.Server.Open): a failed open gives a nil CtlSession,
+// never a non-nil interface holding a nil pointer.
+func Handler[S CtlSession](open func(uid, gid uint32) (S, syscall.Errno)) CtlHandler {
+	return handlerFunc[S](open)
+}
+
+type handlerFunc[S CtlSession] func(uid, gid uint32) (S, syscall.Errno)
+
+func (f handlerFunc[S]) Open(uid, gid uint32) (CtlSession, syscall.Errno) {
+	s, errno := f(uid, gid)
+	if errno != 0 {
+		return nil, errno
+	}
+	return s, 0
+}
+
 // CtlSession is one open handle of .kvfs/ctl.
 type CtlSession interface {
 	// Ioctl serves one restricted ioctl: in holds _IOC_SIZE(cmd) bytes

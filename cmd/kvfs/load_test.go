@@ -40,7 +40,7 @@ func mountForLoad(t *testing.T) (string, *store.Store) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	srv, err := fs.Mount(dir, st, fs.Options{Ctl: ctlHandler{ctl.NewServer(st, ctl.Options{})}})
+	srv, err := fs.Mount(dir, st, fs.Options{Ctl: fs.Handler(ctl.NewServer(st, ctl.Options{}).Open)})
 	if err != nil {
 		t.Fatal(err)
 	}

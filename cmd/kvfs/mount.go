@@ -462,7 +462,7 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	ctlSrv := ctl.NewServer(s, ctl.Options{Logger: log, MaxPinnedBytes: maxPinned, GPU: gpuOpts})
 	defer ctlSrv.Close()
 	srv, err := fs.Mount(mountpoint, s, fs.Options{
-		Logger: log, Ctl: ctlHandler{ctlSrv}, CtlMode: ctlMode, CtlGID: ctlGID,
+		Logger: log, Ctl: fs.Handler(ctlSrv.Open), CtlMode: ctlMode, CtlGID: ctlGID,
 		AllowOther: o.allowOther, FsName: abs, Debug: o.debugFUSE,
 		ReadAhead: readAhead, CacheBytes: cacheBytes,
 	})
@@ -662,15 +662,4 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
 	counter("kvfs_ctl_faults_total", "Faulting accesses to registered memory.", func() uint64 { return cm().Faults })
 	gauge("kvfs_ctl_buffers", "Client buffers registered now.", func() float64 { return float64(cm().Buffers) })
 	gauge("kvfs_ctl_registered_bytes", "Bytes of client memory registered now.", func() float64 { return float64(cm().RegisteredBytes) })
-}
-
-// ctlHandler adapts ctl.Server to fs.CtlHandler.
-type ctlHandler struct{ *ctl.Server }
-
-func (h ctlHandler) Open(uid, gid uint32) (fs.CtlSession, syscall.Errno) {
-	s, errno := h.Server.Open(uid, gid)
-	if errno != 0 {
-		return nil, errno
-	}
-	return s, 0
 }

@@ -40,17 +40,6 @@ func requireMount(t testing.TB) {
 	}
 }
 
-// handler adapts ctl.Server to fs.CtlHandler (as cmd/kvfs does).
-type handler struct{ *ctl.Server }
-
-func (h handler) Open(uid, gid uint32) (fs.CtlSession, syscall.Errno) {
-	s, errno := h.Server.Open(uid, gid)
-	if errno != 0 {
-		return nil, errno
-	}
-	return s, 0
-}
-
 // minor0Handler serves the control file as a daemon of ABI 1.0 would.
 type minor0Handler struct{ *ctl.Server }
 
@@ -136,7 +125,7 @@ func mountEnv(t testing.TB, o envOptions) *env {
 		o.ctl.Logger = log
 	}
 	e.srv = ctl.NewServer(e.st, o.ctl)
-	fo := fs.Options{Logger: log, Ctl: handler{e.srv}}
+	fo := fs.Options{Logger: log, Ctl: fs.Handler(e.srv.Open)}
 	if o.minor0 {
 		fo.Ctl = minor0Handler{e.srv}
 	}

@@ -34,16 +34,6 @@ import (
 // block.
 var geo = layout.Geometry{Layers: 4, KVHeads: 4, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
 
-type handler struct{ *ctl.Server }
-
-func (h handler) Open(uid, gid uint32) (fs.CtlSession, syscall.Errno) {
-	s, errno := h.Server.Open(uid, gid)
-	if errno != 0 {
-		return nil, errno
-	}
-	return s, 0
-}
-
 type env struct {
 	t   *testing.T
 	dir string
@@ -86,7 +76,7 @@ func mount(t *testing.T, nblocks int, verifyOnGPU, trustHandles bool) *env {
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	e.srv = ctl.NewServer(st, ctl.Options{Logger: log, GPU: ctl.GPUOptions{StagingCount: 8, StagingSize: 1 << 20, VerifyOnGPU: verifyOnGPU, TrustHandles: trustHandles}})
 	e.dir = t.TempDir()
-	srv, err := fs.Mount(e.dir, st, fs.Options{Logger: log, Ctl: handler{e.srv}})
+	srv, err := fs.Mount(e.dir, st, fs.Options{Logger: log, Ctl: fs.Handler(e.srv.Open)})
 	if err != nil {
 		t.Fatal(err)
 	}
