@@ -77,11 +77,7 @@ type cudaAlloc struct {
 
 // newCUDAAlloc allocates n bytes on device ordinal.
 func newCUDAAlloc(ordinal, n int) (*cudaAlloc, error) {
-	d, err := cuda.GetDevice(ordinal)
-	if err != nil {
-		return nil, err
-	}
-	ctx, err := d.PrimaryCtxRetain()
+	d, ctx, err := cuda.RetainPrimary(ordinal)
 	if err != nil {
 		return nil, err
 	}

@@ -42,11 +42,7 @@ func (b *HostBuffer) PinCUDA(ordinal int) error {
 	if len(b.Mem) == 0 {
 		return &Error{Op: "pin-cuda", Errno: unix.EBADF}
 	}
-	d, err := cuda.GetDevice(ordinal)
-	if err != nil {
-		return err
-	}
-	ctx, err := d.PrimaryCtxRetain()
+	d, ctx, err := cuda.RetainPrimary(ordinal)
 	if err != nil {
 		return err
 	}

@@ -27,11 +27,7 @@ type CUDA struct {
 // stream. Without a driver or device it returns an error wrapping
 // cuda.ErrNoDriver or cuda.ErrNoDevice.
 func OpenCUDA(ordinal int) (*CUDA, error) {
-	d, err := cuda.GetDevice(ordinal)
-	if err != nil {
-		return nil, err
-	}
-	ctx, err := d.PrimaryCtxRetain()
+	d, ctx, err := cuda.RetainPrimary(ordinal)
 	if err != nil {
 		return nil, err
 	}

@@ -41,11 +41,7 @@ type Module struct {
 // returns the error of package cuda (errors.Is cuda.ErrNoDriver or
 // cuda.ErrNoDevice).
 func Load(ordinal int) (*Module, error) {
-	d, err := cuda.GetDevice(ordinal)
-	if err != nil {
-		return nil, err
-	}
-	ctx, err := d.PrimaryCtxRetain()
+	d, ctx, err := cuda.RetainPrimary(ordinal)
 	if err != nil {
 		return nil, err
 	}

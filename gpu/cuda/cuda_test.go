@@ -46,6 +46,9 @@ func TestLoadWithoutDriverIsSentinel(t *testing.T) {
 	if _, err := DeviceCount(); !errors.Is(err, ErrNoDriver) {
 		t.Fatalf("DeviceCount: %v", err)
 	}
+	if _, _, err := RetainPrimary(0); !errors.Is(err, ErrNoDriver) {
+		t.Fatalf("RetainPrimary: %v", err)
+	}
 	if _, err := MemHostAlloc(4096, 0); !errors.Is(err, ErrNoDriver) {
 		t.Fatalf("MemHostAlloc: %v", err)
 	}

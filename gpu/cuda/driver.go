@@ -293,6 +293,20 @@ func GetDevice(ordinal int) (Device, error) {
 	return d, nil
 }
 
+// RetainPrimary resolves ordinal (GetDevice) and retains the device's
+// primary context (PrimaryCtxRetain); release it with PrimaryCtxRelease.
+func RetainPrimary(ordinal int) (Device, Context, error) {
+	d, err := GetDevice(ordinal)
+	if err != nil {
+		return 0, 0, err
+	}
+	ctx, err := d.PrimaryCtxRetain()
+	if err != nil {
+		return 0, 0, err
+	}
+	return d, ctx, nil
+}
+
 // Name is the device's marketing name.
 func (d Device) Name() (string, error) {
 	if err := Load(); err != nil {
