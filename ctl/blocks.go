@@ -336,13 +336,10 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 	s := ss.srv
 	gb := s.gb
 	rows, rowBytes, pitch := int(s.tile.Rows), int(s.tile.RowBytes), int(t.lay.RowPitch)
-	span := uint64(gb)
+	// A packed tile is gb contiguous bytes; a pitched one spans its rows.
+	span, reqPitch, reqRowBytes := uint64(gb), 0, 0
 	if !t.lay.Packed {
-		span = uint64((rows-1)*pitch + rowBytes)
-	}
-	reqPitch, reqRowBytes := 0, 0
-	if !t.lay.Packed {
-		reqPitch, reqRowBytes = pitch, rowBytes
+		span, reqPitch, reqRowBytes = uint64((rows-1)*pitch+rowBytes), pitch, rowBytes
 	}
 	for lo := 0; lo < len(ents); {
 		hi, groups, _ := nextWindow(ents, lo, 0, s.opts.MaxStagingBytes)
