@@ -93,6 +93,18 @@ type VectorReader interface {
 	VectorReads() bool
 }
 
+// NotifyEngine is implemented by engines that can tell, during a Do, which
+// request has just completed: DoNotify performs the batch as Do does and
+// calls done(i) as ios[i] completes (its Err set), on a goroutine of the
+// engine's, so that the store verifies each run's bytes while the others
+// are still in flight (and while they are still in the CPU's caches).
+// done must be quick and must not block. DoNotify returns once every
+// request started has completed and done has returned for it; when it
+// returns an error done may not have been called for some requests.
+type NotifyEngine interface {
+	DoNotify(ios []IO, done func(i int)) error
+}
+
 // VecLen is the number of bytes an IO moves: len(Buf), or the sum of Vec's
 // segment lengths.
 func (io *IO) VecLen() int {

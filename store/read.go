@@ -343,6 +343,16 @@ func (s *Store) landing(sc *readScratch, r *run, wants []want) {
 	r.v0 = len(sc.vecs)
 	for _, w := range ws {
 		if w.rows == 0 {
+			// A destination that continues the previous segment (in the
+			// same slice's capacity: one range of one allocation) extends
+			// it: head-major tiles of one layer and kind are one segment.
+			if n := len(sc.vecs); n > r.v0 {
+				last := sc.vecs[n-1]
+				if follows(last, w.r.Buf) && cap(last) >= len(last)+len(w.r.Buf) {
+					sc.vecs[n-1] = last[:len(last)+len(w.r.Buf)]
+					continue
+				}
+			}
 			sc.vecs = append(sc.vecs, w.r.Buf)
 			continue
 		}
@@ -393,49 +403,104 @@ func (s *Store) readRuns(sc *readScratch, runs []run, wants []want) error {
 		ios = append(ios, io)
 	}
 	sc.ios = ios
+	if s.notify != nil && len(runs) > 1 {
+		return s.readNotified(runs, ios, wants)
+	}
 	if err := s.e.Do(ios); err != nil {
 		return fmt.Errorf("store: read: %w", err)
 	}
+	first := wants[runs[0].lo].run
 	for i := range runs {
-		if err := ios[i].Err; err != nil {
-			s.m.ioErrors.Add(1)
-			for j := runs[i].lo; j < runs[i].hi; j++ {
-				q := wants[j].r
-				q.Err = fmt.Errorf("store: read %v: %w", q.Key, err)
-				wants[j].r = nil // done
-			}
-		}
+		s.failRun(&runs[i], ios[i].Err, wants)
 	}
-	s.verify(runs, wants[runs[0].lo:runs[len(runs)-1].hi], wants)
+	s.verify(runs, first, wants[runs[0].lo:runs[len(runs)-1].hi])
 	return nil
+}
+
+// readNotified issues one window of runs on a NotifyEngine and verifies
+// each run as soon as it has landed, on up to GOMAXPROCS goroutines, while
+// the others are in flight: the checksum overlaps the I/O and reads bytes
+// still in the CPU's caches instead of memory.
+func (s *Store) readNotified(runs []run, ios []IO, wants []want) error {
+	first := wants[runs[0].lo].run
+	ready := make(chan int, len(runs)) // never blocks the engine's goroutine
+	var started atomic.Bool
+	var derr error
+	parallel(min(len(runs), runtime.GOMAXPROCS(0))+1, func() {
+		if started.CompareAndSwap(false, true) {
+			func() {
+				defer close(ready)
+				derr = s.notify.DoNotify(ios, func(i int) { ready <- i })
+			}()
+		}
+		for i := range ready {
+			r := &runs[i]
+			if s.failRun(r, ios[i].Err, wants) {
+				continue
+			}
+			s.verifyRange(runs, first, wants[r.lo:r.hi])
+		}
+	})
+	if derr != nil {
+		return fmt.Errorf("store: read: %w", derr)
+	}
+	return nil
+}
+
+// failRun reports err (the I/O error of run r, if any) to each of its
+// groups and marks them done; it reports whether there was one.
+func (s *Store) failRun(r *run, err error, wants []want) bool {
+	if err == nil {
+		return false
+	}
+	s.m.ioErrors.Add(1)
+	for j := r.lo; j < r.hi; j++ {
+		q := wants[j].r
+		q.Err = fmt.Errorf("store: read %v: %w", q.Key, err)
+		wants[j].r = nil // done
+	}
+	return true
 }
 
 // verifyWindow is how many bytes of groups one goroutine verifies at a time.
 const verifyWindow = 4 << 20
 
-// verify checks (and, for bounced runs, copies) the groups of one window of
-// runs. Large windows are spread over the cores in verifyWindow pieces.
-func (s *Store) verify(runs []run, ws []want, all []want) {
+// verify checks (and, for bounced runs, copies) the groups ws of one window
+// of runs, the first of which is the call's run number first. Large windows
+// are spread over the cores in verifyWindow pieces.
+func (s *Store) verify(runs []run, first int, ws []want) {
 	gb := s.geo.GroupBytes()
 	per := max(1, verifyWindow/gb)
 	pieces := (len(ws) + per - 1) / per
-	workers := min(pieces, runtime.GOMAXPROCS(0))
-	base := runs[0].lo
-	if workers <= 1 {
-		s.verifyRange(runs, all, base, ws)
+	var next atomic.Int64
+	parallel(min(pieces, runtime.GOMAXPROCS(0)), func() {
+		for {
+			p := int(next.Add(1) - 1)
+			if p >= pieces {
+				return
+			}
+			lo := p * per
+			s.verifyRange(runs, first, ws[lo:min(lo+per, len(ws))])
+		}
+	})
+}
+
+// parallel runs work on n goroutines, the caller's among them. The others
+// touch caller memory as the calling goroutine would: with its
+// panic-on-fault setting. A panic in any of them (a fault on a client's
+// mapping cut short) is raised again in the caller once every one has
+// stopped, so nothing touches the memory after parallel returns.
+func parallel(n int, work func()) {
+	if n <= 1 {
+		work()
 		return
 	}
-	// The helpers touch caller memory as the calling goroutine would: with
-	// its panic-on-fault setting. A panic in any of them (a fault on a
-	// client's mapping cut short) is raised again in the caller once every
-	// helper has stopped, so nothing touches the memory after Read returns.
 	onFault := debug.SetPanicOnFault(true)
 	debug.SetPanicOnFault(onFault)
-	var next atomic.Int64
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var caught any
-	work := func() {
+	run := func() {
 		defer func() {
 			if r := recover(); r != nil {
 				mu.Lock()
@@ -445,37 +510,28 @@ func (s *Store) verify(runs []run, ws []want, all []want) {
 				mu.Unlock()
 			}
 		}()
-		for {
-			p := int(next.Add(1) - 1)
-			if p >= pieces {
-				return
-			}
-			lo := p * per
-			s.verifyRange(runs, all, base, ws[lo:min(lo+per, len(ws))])
-		}
+		work()
 	}
-	wg.Add(workers - 1)
-	for range workers - 1 {
+	wg.Add(n - 1)
+	for range n - 1 {
 		go func() {
 			defer wg.Done()
 			debug.SetPanicOnFault(onFault)
-			work()
+			run()
 		}()
 	}
-	work()
+	run()
 	wg.Wait()
 	if caught != nil {
 		panic(caught)
 	}
 }
 
-// verifyRange verifies ws, a part of the window of runs; all is every want
-// of the call, and all[base] the window's first (so all[base].run is the
-// index of runs[0] among the call's runs).
-func (s *Store) verifyRange(runs []run, all []want, base int, ws []want) {
+// verifyRange verifies ws, a part of a window of runs whose first is the
+// call's run number first.
+func (s *Store) verifyRange(runs []run, first int, ws []want) {
 	gb := s.geo.GroupBytes()
 	stride := int(s.geo.GroupStride())
-	first := all[base].run
 	var hits, bounced uint64
 	for i := range ws {
 		w := &ws[i]

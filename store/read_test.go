@@ -431,12 +431,22 @@ func TestBounceSizedToData(t *testing.T) {
 // ctl turns it into EFAULT), and the store is left consistent (no pin
 // left behind: the invariants check runs at Close).
 func TestReadFaultPanicsInCaller(t *testing.T) {
+	for _, notify := range []bool{false, true} {
+		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) { readFaultPanicsInCaller(t, notify) })
+	}
+}
+
+func readFaultPanicsInCaller(t *testing.T, notify bool) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
 	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
 	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	s := openStore(t, m, store.Options{})
+	var e store.Engine = m
+	if notify {
+		e = storetest.NewNotifying(m)
+	}
+	s := openStore(t, e, store.Options{})
 	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
 	const blocks = 3 // 6 MiB: more than one verification piece
 	var reqs []store.ReadReq
@@ -501,12 +511,30 @@ func TestReadFaultPanicsInCaller(t *testing.T) {
 // whole blocks, 6 MiB, landing directly), a group corrupt on the device in
 // the last piece is reported and zeroed, and every other group is served.
 func TestReadLargeCorrupt(t *testing.T) {
+	for _, notify := range []bool{false, true} {
+		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) { readLargeCorrupt(t, notify) })
+	}
+}
+
+// readLargeCorrupt is TestReadLargeCorrupt on a Mem engine, or with notify
+// on one that reports completions as they happen in any order (the ring
+// engines: runs verified as they land, concurrently); in that case a run's
+// I/O also fails, and only its groups report the error.
+func readLargeCorrupt(t *testing.T, notify bool) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
 	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
 	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	s := openStore(t, m, store.Options{})
+	var e store.Engine = m
+	var faulty *storetest.Faulty
+	var nt *storetest.Notifying
+	if notify {
+		faulty = storetest.NewFaulty(m, nil, nil)
+		nt = storetest.NewNotifying(faulty)
+		e = nt
+	}
+	s := openStore(t, e, store.Options{})
 	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
 	const blocks = 3
 	for blk := uint64(1); blk <= blocks; blk++ {
@@ -539,11 +567,37 @@ func TestReadLargeCorrupt(t *testing.T) {
 			reqs = append(reqs, store.ReadReq{Key: geo.KeyAt(blk, i), Buf: buf[o : o+gb]})
 		}
 	}
+	// With notify, the read of block 2's slot at group offset 0 fails.
+	failed := func(k layout.Key) bool { return false }
+	if notify {
+		gi2, err := s.Stat(geo.KeyAt(2, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := sb.DataOffset + gi2.Slot*sb.SlotBytes + 2*sb.HeaderBytes
+		faulty.SetInjector(func(_ int, r store.IO) storetest.Fault {
+			if r.Op == store.OpRead && r.Off == at {
+				return storetest.EIO
+			}
+			return storetest.None
+		})
+		// MaxIO 1 MiB: the failing run is block 2's first 256 groups.
+		failed = func(k layout.Key) bool { return k.Block == 2 && geo.Index(k) < (1<<20)/gb }
+	}
 	if err := s.Read(reqs); err != nil {
 		t.Fatal(err)
 	}
+	if notify && nt.Calls() == 0 {
+		t.Fatal("the store never used DoNotify")
+	}
 	zero := make([]byte, gb)
 	for _, r := range reqs {
+		if failed(r.Key) {
+			if !errors.Is(r.Err, unix.EIO) {
+				t.Fatalf("%v in the failed run: %v", r.Key, r.Err)
+			}
+			continue
+		}
 		if r.Key == bad {
 			if !errors.Is(r.Err, store.ErrCorrupt) || !bytes.Equal(r.Buf, zero) {
 				t.Fatalf("corrupt group: %v, zeroed %v", r.Err, bytes.Equal(r.Buf, zero))

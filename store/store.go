@@ -79,6 +79,9 @@ type Store struct {
 	now   func() time.Time
 	opts  Options
 	vec   bool   // the engine takes vector reads (VectorReader)
+	// notify is the engine when it reports completions during a Do
+	// (NotifyEngine): reads are then verified run by run as they land.
+	notify NotifyEngine
 	lease *lease // the ownership lease held, nil without Options.Lease
 
 	sbProblems []string // superblock copies found damaged at open
@@ -178,6 +181,9 @@ func Open(e Engine, o Options) (*Store, error) {
 	}
 	if v, ok := e.(VectorReader); ok && v.VectorReads() {
 		s.vec = true
+	}
+	if n, ok := e.(NotifyEngine); ok {
+		s.notify = n
 	}
 	if e.Align() > SuperblockSize {
 		return nil, fmt.Errorf("%w: alignment %d above %d", ErrEngine, e.Align(), SuperblockSize)

@@ -324,6 +324,12 @@ func (e *Engine) Stats() EngineStats {
 // concurrent use.
 func (e *Engine) Do(ios []store.IO) error { return e.ring.Do(ios) }
 
+// DoNotify implements store.NotifyEngine: Do, with done(i) called on a
+// ring goroutine as ios[i] completes (see ringowner.Rings.DoNotify).
+func (e *Engine) DoNotify(ios []store.IO, done func(i int)) error {
+	return e.ring.DoNotify(ios, done)
+}
+
 // DoAsync starts the batch and calls done(i) on the ring goroutine as
 // ios[i] completes; the rules are those of the uring engine's DoAsync.
 func (e *Engine) DoAsync(ios []store.IO, done func(i int)) error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"unsafe"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -121,6 +122,7 @@ type driver struct {
 	readOnly  bool
 	fixedFile bool
 	async     bool // reads with IOSQE_ASYNC
+	readv     bool // the kernel has IORING_OP_READV
 	log       *zap.Logger
 }
 
@@ -128,6 +130,8 @@ var (
 	_ store.Engine          = (*Engine)(nil)
 	_ store.BufferAllocator = (*Engine)(nil)
 	_ store.MemoryRegistrar = (*Engine)(nil)
+	_ store.VectorReader    = (*Engine)(nil)
+	_ store.NotifyEngine    = (*Engine)(nil)
 )
 
 // OpenEngine opens path (a regular file or a block device) and starts the
@@ -286,6 +290,17 @@ func (e *Engine) Stats() EngineStats {
 	}
 }
 
+// VectorReads implements store.VectorReader: reads with IO.Vec are served
+// with IORING_OP_READV (split at IOV_MAX segments) where the kernel has it.
+func (e *Engine) VectorReads() bool {
+	for _, d := range e.drvs {
+		if !d.readv {
+			return false
+		}
+	}
+	return len(e.drvs) > 0
+}
+
 // Rings is the number of io_uring instances.
 func (e *Engine) Rings() int { return e.ring.N() }
 
@@ -312,6 +327,12 @@ func (e *Engine) Size() int64 {
 // concurrent callers are spread over the rings, and share each ring's
 // queue depth; a large batch is split over the rings.
 func (e *Engine) Do(ios []store.IO) error { return e.ring.Do(ios) }
+
+// DoNotify implements store.NotifyEngine: Do, with done(i) called on a
+// ring goroutine as ios[i] completes (see ringowner.Rings.DoNotify).
+func (e *Engine) DoNotify(ios []store.IO, done func(i int)) error {
+	return e.ring.DoNotify(ios, done)
+}
 
 // DoAsync starts the batch and returns without waiting for it. done(i) is
 // called on the engine's ring goroutine as ios[i] completes (ios[i].Err
@@ -369,6 +390,7 @@ func (d *driver) Setup(r *iouring.Ring, probe *iouring.ProbeResult) (string, err
 			return "", fmt.Errorf("uring: kernel lacks %v: %w", op, unix.EOPNOTSUPP)
 		}
 	}
+	d.readv = probe.Supported(iouring.OpReadv)
 	if err := r.RegisterFiles([]int{int(d.fd)}); err == nil {
 		d.fixedFile = true
 	} else {
@@ -390,6 +412,17 @@ func (d *driver) Check(rq *store.IO) error {
 	}
 	if rq.Off < 0 {
 		return fmt.Errorf("uring: %v at offset %d: %w", rq.Op, rq.Off, unix.EINVAL)
+	}
+	if rq.Vec != nil {
+		if !d.readv {
+			return fmt.Errorf("uring: vector read at offset %d: kernel lacks IORING_OP_READV: %w", rq.Off, unix.EOPNOTSUPP)
+		}
+		for _, v := range rq.Vec {
+			if !store.Aligned(v, d.align) {
+				return fmt.Errorf("uring: vector read at offset %d: a %d-byte segment not aligned to %d for O_DIRECT: %w",
+					rq.Off, len(v), d.align, unix.EINVAL)
+			}
+		}
 	}
 	if d.align > 1 && (rq.Off%int64(d.align) != 0 || !store.Aligned(rq.Buf, d.align)) {
 		return fmt.Errorf("uring: %v of %d bytes at offset %d: not aligned to %d for O_DIRECT: %w",
@@ -415,6 +448,19 @@ func (d *driver) PrepIO(sqe *iouring.SQE, rq *store.IO, b []byte, off int64, fix
 		sqe.SetFlags(iouring.SQEFixedFile)
 	}
 	if d.async && rq.Op == store.OpRead {
+		sqe.SetFlags(iouring.SQEAsync)
+	}
+	return nil
+}
+
+// PrepReadv prepares IORING_OP_READV into iov (ringowner.VecDriver).
+func (d *driver) PrepReadv(sqe *iouring.SQE, _ *store.IO, iov []unix.Iovec, off int64) error {
+	sqe.PrepRW(iouring.OpReadv, d.fd, uintptr(unsafe.Pointer(&iov[0])), uint32(len(iov)), uint64(off))
+	if d.fixedFile {
+		sqe.Fd = 0
+		sqe.SetFlags(iouring.SQEFixedFile)
+	}
+	if d.async {
 		sqe.SetFlags(iouring.SQEAsync)
 	}
 	return nil

@@ -3,6 +3,7 @@ package ringowner
 import (
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,19 @@ type Driver interface {
 	// CompleteSync interprets a flush's result (EAGAIN/EINTR retried).
 	CompleteSync(res int32) error
 }
+
+// VecDriver is implemented by drivers that serve vector reads (store.IO
+// with Vec): PrepReadv fills sqe (zeroed) for a read at device offset off
+// into the segments iov, which stay valid until the SQE completes. Results
+// are interpreted by the owner (bytes moved, errno, 0 for end of file).
+// Without it, a vector read fails with EINVAL.
+type VecDriver interface {
+	PrepReadv(sqe *uring.SQE, rq *store.IO, iov []unix.Iovec, off int64) error
+}
+
+// MaxVecSegments is the most segments of one vector-read SQE (IOV_MAX): a
+// store.IO with more is split into pieces of at most this many.
+const MaxVecSegments = 1024
 
 // Config configures Start.
 type Config struct {
@@ -164,6 +178,7 @@ type call struct {
 	ios     []store.IO
 	next    int     // next IO to start
 	nextOff int     // bytes of ios[next] already handed out as pieces
+	nextSeg int     // segments of ios[next].Vec already handed out
 	parts   []int32 // pieces not complete per IO (only for split IOs)
 	left    int     // IOs (or 1 for the other kinds) not complete
 	err     error
@@ -204,8 +219,10 @@ const (
 type slot struct {
 	c       *call
 	i       int // index in c.ios
-	off     int // the piece's first byte in c.ios[i].Buf
+	off     int // the piece's first byte in c.ios[i].Buf (or in Vec's bytes)
 	n       int // the piece's length
+	seg0    int // a vector read: the piece is segments [seg0, seg1) of Vec
+	seg1    int
 	done    int // bytes of the piece moved so far
 	asked   int // bytes asked of the SQE in flight
 	kind    slotKind
@@ -256,8 +273,9 @@ type Owner struct {
 	draining      bool // after a ring failure: no retries, no new SQEs
 	maxPiece      int
 	maxRetries    int
-	sparse        bool // buffer table updated in place
-	legacy        bool // buffer table re-registered whole
+	iovs          [][]unix.Iovec // per slot: a vector read's segments in flight
+	sparse        bool           // buffer table updated in place
+	legacy        bool           // buffer table re-registered whole
 	noFixed       bool
 	fixedDisabled string
 	tableUsed     []bool // sparse: which slots hold a buffer
@@ -422,12 +440,17 @@ func (o *Owner) wakeLocked() {
 
 // Do performs the batch and waits for it; see store.Engine. Batches of
 // concurrent callers share the queue depth.
-func (o *Owner) Do(ios []store.IO) error {
+func (o *Owner) Do(ios []store.IO) error { return o.DoNotify(ios, nil) }
+
+// DoNotify is Do that also calls done(i) (when not nil) on the ring
+// goroutine as ios[i] completes; see Rings.DoNotify.
+func (o *Owner) DoNotify(ios []store.IO, done func(i int)) error {
 	if len(ios) == 0 {
 		return nil
 	}
 	c := newCall(callIO, len(ios))
 	c.ios = ios
+	c.cb = done
 	if err := o.enqueue(c); err != nil {
 		return err
 	}
@@ -595,6 +618,7 @@ func (o *Owner) setup() error {
 	o.cancelAny = probe.Supported(uring.OpAsyncCancel)
 	o.syncInline = o.cfg.SyncFallback != nil && !probe.Supported(o.cfg.SyncOp)
 	o.slots = make([]slot, o.qd)
+	o.iovs = make([][]unix.Iovec, o.qd)
 	o.free = make([]int, o.qd)
 	for i := range o.free {
 		o.free[i] = o.qd - 1 - i
@@ -739,25 +763,44 @@ func (o *Owner) fill() {
 						c.ioDone(i)
 						continue
 					}
-					if len(rq.Buf) == 0 {
+					if rq.Vec != nil {
+						if err := o.checkVec(rq); err != nil {
+							c.next++
+							rq.Err = err
+							o.stats.errors.Add(1)
+							c.ioDone(i)
+							continue
+						}
+					}
+					if rq.VecLen() == 0 {
 						c.next++
 						o.stats.ios.Add(1)
 						c.ioDone(i)
 						continue
 					}
-					if len(rq.Buf) > o.maxPiece {
+					if parts := o.pieces(rq); parts > 1 {
 						if c.parts == nil {
 							c.parts = make([]int32, len(c.ios))
 						}
-						c.parts[i] = int32((len(rq.Buf) + o.maxPiece - 1) / o.maxPiece)
+						c.parts[i] = int32(parts)
 					}
 				}
-				n := min(o.maxPiece, len(rq.Buf)-c.nextOff)
 				si := o.getSlot()
-				o.slots[si] = slot{kind: slotIO, c: c, i: i, off: c.nextOff, n: n}
-				if c.nextOff += n; c.nextOff >= len(rq.Buf) {
-					c.next++
-					c.nextOff = 0
+				if rq.Vec != nil {
+					s1, n := vecPiece(rq.Vec, c.nextSeg, o.maxPiece)
+					o.slots[si] = slot{kind: slotIO, c: c, i: i, off: c.nextOff, n: n, seg0: c.nextSeg, seg1: s1}
+					c.nextOff += n
+					if c.nextSeg = s1; s1 >= len(rq.Vec) {
+						c.next++
+						c.nextOff, c.nextSeg = 0, 0
+					}
+				} else {
+					n := min(o.maxPiece, len(rq.Buf)-c.nextOff)
+					o.slots[si] = slot{kind: slotIO, c: c, i: i, off: c.nextOff, n: n}
+					if c.nextOff += n; c.nextOff >= len(rq.Buf) {
+						c.next++
+						c.nextOff = 0
+					}
 				}
 				o.prepIO(si)
 			}
@@ -816,9 +859,51 @@ func (o *Owner) getSQE() *uring.SQE {
 	return sqe
 }
 
+// checkVec validates a vector read: a driver that serves them, no empty
+// segment.
+func (o *Owner) checkVec(rq *store.IO) error {
+	if _, ok := o.d.(VecDriver); !ok || rq.Op != store.OpRead || rq.Buf != nil {
+		return fmt.Errorf("%s: vector %v at offset %d: not supported: %w", o.name, rq.Op, rq.Off, unix.EINVAL)
+	}
+	for _, v := range rq.Vec {
+		if len(v) == 0 {
+			return fmt.Errorf("%s: vector read at offset %d: empty segment: %w", o.name, rq.Off, unix.EINVAL)
+		}
+	}
+	return nil
+}
+
+// pieces is the number of SQEs rq is split into.
+func (o *Owner) pieces(rq *store.IO) int {
+	if rq.Vec == nil {
+		return (len(rq.Buf) + o.maxPiece - 1) / o.maxPiece
+	}
+	n := 0
+	for s := 0; s < len(rq.Vec); n++ {
+		s, _ = vecPiece(rq.Vec, s, o.maxPiece)
+	}
+	return n
+}
+
+// vecPiece is the piece of vec starting at segment s0: it ends before
+// segment s1 and holds n bytes (at most MaxVecSegments segments and, past
+// the first, maxPiece bytes).
+func vecPiece(vec [][]byte, s0, maxPiece int) (s1, n int) {
+	s1 = s0
+	for s1 < len(vec) && s1-s0 < MaxVecSegments && (s1 == s0 || n+len(vec[s1]) <= maxPiece) {
+		n += len(vec[s1])
+		s1++
+	}
+	return s1, n
+}
+
 func (o *Owner) prepIO(si int) {
 	s := &o.slots[si]
 	rq := &s.c.ios[s.i]
+	if rq.Vec != nil {
+		o.prepVec(si)
+		return
+	}
 	at := s.off + s.done
 	b := rq.Buf[at : s.off+s.n]
 	sqe := o.getSQE()
@@ -842,6 +927,54 @@ func (o *Owner) prepIO(si int) {
 	sqe.SetUserData(uint64(si))
 	s.asked = len(b)
 	s.fixed = fixed >= 0
+}
+
+// prepVec prepares a vector read of the rest of slot si's piece: its
+// segments past the bytes already moved.
+func (o *Owner) prepVec(si int) {
+	s := &o.slots[si]
+	rq := &s.c.ios[s.i]
+	sqe := o.getSQE()
+	if sqe == nil {
+		o.finishPiece(si, fmt.Errorf("%s: %v at offset %d: submission queue full: %w", o.name, rq.Op, rq.Off, unix.EBUSY))
+		return
+	}
+	iov := o.iovs[si][:0]
+	skip := s.done
+	for _, v := range rq.Vec[s.seg0:s.seg1] {
+		if skip >= len(v) {
+			skip -= len(v)
+			continue
+		}
+		v = v[skip:]
+		skip = 0
+		var e unix.Iovec
+		e.Base = &v[0]
+		e.SetLen(len(v))
+		iov = append(iov, e)
+	}
+	o.iovs[si] = iov
+	if err := o.d.(VecDriver).PrepReadv(sqe, rq, iov, rq.Off+int64(s.off+s.done)); err != nil {
+		sqe.PrepNop()
+		s.perr = err
+	} else {
+		o.stats.sqes.Add(1)
+	}
+	sqe.SetUserData(uint64(si))
+	s.asked = s.n - s.done
+	s.fixed = false
+}
+
+// vecResult interprets the result of a vector read's SQE that asked n
+// bytes at byte at of rq's segments.
+func (o *Owner) vecResult(rq *store.IO, at, n int, res int32) (int, error) {
+	switch {
+	case res < 0:
+		return 0, fmt.Errorf("%s: vector read of %d bytes at offset %d: %w", o.name, n, rq.Off+int64(at), unix.Errno(-res))
+	case res == 0:
+		return 0, fmt.Errorf("%s: vector read at offset %d: end of file after %d bytes: %w", o.name, rq.Off, at, io.ErrUnexpectedEOF)
+	}
+	return int(res), nil
 }
 
 func (o *Owner) prepSync(si int) {
@@ -899,7 +1032,14 @@ func (o *Owner) complete(cqe uring.CQE) {
 		return
 	}
 	rq := &s.c.ios[s.i]
-	moved, retry, err := o.d.CompleteIO(rq, s.off+s.done, s.asked, s.fixed, cqe.Res)
+	var moved int
+	var retry bool
+	var err error
+	if rq.Vec != nil {
+		moved, err = o.vecResult(rq, s.off+s.done, s.asked, cqe.Res)
+	} else {
+		moved, retry, err = o.d.CompleteIO(rq, s.off+s.done, s.asked, s.fixed, cqe.Res)
+	}
 	switch {
 	case err != nil:
 		o.finishPiece(si, err)

@@ -262,7 +262,15 @@ func (r *Rings) pick() (*Owner, error) {
 
 // Do performs the batch and waits for it; see store.Engine. A batch of at
 // least 2·splitMin IOs is split into contiguous parts on several rings.
-func (r *Rings) Do(ios []store.IO) error {
+func (r *Rings) Do(ios []store.IO) error { return r.DoNotify(ios, nil) }
+
+// DoNotify is Do that also calls done(i), when done is not nil, on a ring
+// goroutine as ios[i] completes (ios[i].Err set), so that the caller can
+// work on each request's bytes while the rest are in flight. done must be
+// quick and must not block or call into the engine. DoNotify returns once
+// every request started has completed and done has returned for it; when
+// it returns an error, done may not have been called for some requests.
+func (r *Rings) DoNotify(ios []store.IO, done func(i int)) error {
 	if len(ios) == 0 {
 		return nil
 	}
@@ -272,7 +280,7 @@ func (r *Rings) Do(ios []store.IO) error {
 		if err != nil {
 			return err
 		}
-		return o.Do(ios)
+		return o.DoNotify(ios, done)
 	}
 	calls := make([]*call, 0, parts)
 	var firstErr error
@@ -283,6 +291,10 @@ func (r *Rings) Do(ios []store.IO) error {
 		if err == nil {
 			c := newCall(callIO, len(part))
 			c.ios = part
+			if done != nil {
+				base := lo
+				c.cb = func(i int) { done(base + i) }
+			}
 			if err = o.enqueue(c); err == nil {
 				calls = append(calls, c)
 				continue
