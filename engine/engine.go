@@ -46,6 +46,10 @@ type Options struct {
 	// AsyncReads is the uring engine's IOSQE_ASYNC choice for reads:
 	// "auto" (""), "on" or "off" (see uring.EngineOptions.AsyncReads).
 	AsyncReads string
+	// InlineReads is the uring and posix engines' choice of reading
+	// page-cache files on the verifying goroutine: "auto" (""), "on" or
+	// "off" (see uring.EngineOptions.InlineReads).
+	InlineReads string
 	// PoolMax caps the engine's growing registered buffer pool (bytes);
 	// 0 means the engine's default (1 GiB or an eighth of the RAM), a
 	// negative value means the pool never grows.

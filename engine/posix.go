@@ -9,5 +9,5 @@ import (
 func probePosix(string) error { return nil }
 
 func openPosix(path string, o Options) (store.Engine, error) {
-	return posix.Open(path, posix.Options{ReadOnly: o.ReadOnly})
+	return posix.Open(path, posix.Options{ReadOnly: o.ReadOnly, InlineReads: o.InlineReads})
 }

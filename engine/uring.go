@@ -16,6 +16,7 @@ func openUring(path string, o Options) (store.Engine, error) {
 		Rings:         o.Rings,
 		BufferPoolMax: o.PoolMax,
 		AsyncReads:    o.AsyncReads,
+		InlineReads:   o.InlineReads,
 		Logger:        o.Logger,
 		Direct:        true, // dropped by the engine where the file system refuses it
 		ReadOnly:      o.ReadOnly,

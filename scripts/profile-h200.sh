@@ -4,8 +4,9 @@
 # perf (when the machine has it), and the v2 LOAD_BLOCKS rate for several
 # ring counts and IOSQE_ASYNC choices, beside fio on the same file.
 #
-# BIN (default out/prof) holds kvfs and fio, built with CGO_ENABLED=0. Run as
-# root from the repo root; profiles go to $OUT (default /tmp). ~5 minutes.
+# BIN (default out/prof) holds kvfs and fio, built with CGO_ENABLED=0, and
+# optionally kvfs-old (an earlier build, for a before/after in the same
+# run). Run as root from the repo root; profiles go to $OUT (default /tmp).
 set -u
 D=$(cd "${BIN:-out/prof}" && pwd)
 K=$D/kvfs
@@ -47,15 +48,44 @@ if command -v perf >/dev/null; then
 	perf report -i "$O/perf.data" --stdio --no-children --sort comm,sym 2>/dev/null | grep -v '^$' | grep -E '^ +[0-9]' | head -60
 fi
 "$K" umount "$M"
-for cfg in "--rings 1" "--rings 16" "--rings 16 --async-reads off" "--rings 4 --async-reads off"; do
-	mountit $cfg
-	bl --blocks-per-call 128 --layout hnd --calls 20 --jobs 8
-	bl --blocks-per-call 128 --layout hnd --calls 10 --jobs 16
-	"$K" umount "$M"
+for bin in kvfs-old kvfs; do
+	[ -x "$D/$bin" ] || continue
+	K=$D/$bin
+	cfgs=("--rings 0")
+	[ "$bin" = kvfs ] && cfgs+=("--inline-reads off")
+	for cfg in "${cfgs[@]}"; do
+		echo "== $bin $cfg"
+		mountit $cfg
+		for l in hnd nhd; do
+			for j in 8 16; do
+				echo "-- $l jobs=$j"
+				timeout 60 "$K" bench-load "$M" --warmup 1 --daemon-pid "$pid" --blocks-per-call 128 --layout $l --calls $((160 / j)) --jobs $j 2>&1 | grep -E 'GB/s|cpu|error' | head -3
+			done
+		done
+		"$K" umount "$M"
+	done
 done
 for j in 8 16; do
 	fio --name=r --filename="$S" --rw=randread --bs=2M --ioengine=io_uring --iodepth=16 --numjobs=$j --direct=0 \
 		--time_based --runtime=3 --group_reporting --output-format=terse --terse-version=3 |
 		awk -F';' -v j=$j '{printf "fio 2M QD16 jobs=%d %.2f GB/s usr=%s sys=%s\n", j, $7*1024/1e9, $88, $89}'
+done
+rm -f "$S"
+# The disk store: one caller, 1,000 random whole blocks per call, against
+# fio 2 MiB random O_DIRECT reads at QD 32 on the same file.
+S=/var/tmp/kvfs-prof.kvfs
+"$D/kvfs" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
+for bin in kvfs-old kvfs; do
+	[ -x "$D/$bin" ] || continue
+	K=$D/$bin
+	echo "== disk $bin"
+	mountit
+	[ "$bin" = kvfs-old ] && "$K" bench-load "$M" --groups-per-call 511 --calls 1 --warmup 0 --fill 2048 >/dev/null
+	for r in 1 2; do
+		timeout 60 "$K" bench-load "$M" --warmup 1 --daemon-pid "$pid" --blocks-per-call 1000 --layout hnd --calls 3 --jobs 1 2>&1 | grep -E 'GB/s|cpu|error' | head -3
+		fio --name=r --filename="$S" --rw=randread --bs=2M --ioengine=io_uring --iodepth=32 --direct=1 \
+			--time_based --runtime=3 --output-format=terse --terse-version=3 | awk -F';' '{printf "fio disk 2M QD32 O_DIRECT %.2f GB/s\n", $7*1024/1e9}'
+	done
+	"$K" umount "$M"
 done
 rm -f "$S"

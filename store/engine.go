@@ -105,6 +105,18 @@ type NotifyEngine interface {
 	DoNotify(ios []IO, done func(i int)) error
 }
 
+// InlineReader is implemented by engines whose reads are copies made by
+// the CPU (a page-cache or tmpfs file): ReadInline performs one read (Buf
+// or Vec) on the calling goroutine, safe for concurrent use. When
+// InlineReads reports true the store reads each run with it on the
+// goroutine that then verifies the run, so the checksum reads bytes the
+// copy has just left in that core's cache instead of memory: one pass
+// over DRAM fewer than a read by another thread followed by a check.
+type InlineReader interface {
+	InlineReads() bool
+	ReadInline(io *IO) error
+}
+
 // VecLen is the number of bytes an IO moves: len(Buf), or the sum of Vec's
 // segment lengths.
 func (io *IO) VecLen() int {

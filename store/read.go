@@ -403,6 +403,10 @@ func (s *Store) readRuns(sc *readScratch, runs []run, wants []want) error {
 		ios = append(ios, io)
 	}
 	sc.ios = ios
+	if s.inline != nil {
+		s.readInline(runs, ios, wants)
+		return nil
+	}
 	if s.notify != nil && len(runs) > 1 {
 		return s.readNotified(runs, ios, wants)
 	}
@@ -445,6 +449,28 @@ func (s *Store) readNotified(runs []run, ios []IO, wants []want) error {
 		return fmt.Errorf("store: read: %w", derr)
 	}
 	return nil
+}
+
+// readInline reads and verifies one window of runs on an InlineReader: up
+// to GOMAXPROCS goroutines each take the next run, read it and verify it
+// at once, while its bytes are in that core's cache.
+func (s *Store) readInline(runs []run, ios []IO, wants []want) {
+	first := wants[runs[0].lo].run
+	var next atomic.Int64
+	parallel(min(len(runs), runtime.GOMAXPROCS(0)), func() {
+		for {
+			i := int(next.Add(1) - 1)
+			if i >= len(runs) {
+				return
+			}
+			r := &runs[i]
+			ios[i].Err = s.inline.ReadInline(&ios[i])
+			if s.failRun(r, ios[i].Err, wants) {
+				continue
+			}
+			s.verifyRange(runs, first, wants[r.lo:r.hi])
+		}
+	})
 }
 
 // failRun reports err (the I/O error of run r, if any) to each of its

@@ -72,17 +72,20 @@ type slotState struct {
 // (Write, Delete, DeleteBlock, RenameBlock, Fsck); mu guards the index, the slot states,
 // the LRU and the free list, and is never held across I/O.
 type Store struct {
-	e     Engine
-	sb    Superblock
-	geo   layout.Geometry
-	log   *zap.Logger
-	now   func() time.Time
-	opts  Options
-	vec   bool   // the engine takes vector reads (VectorReader)
+	e    Engine
+	sb   Superblock
+	geo  layout.Geometry
+	log  *zap.Logger
+	now  func() time.Time
+	opts Options
+	vec  bool // the engine takes vector reads (VectorReader)
 	// notify is the engine when it reports completions during a Do
 	// (NotifyEngine): reads are then verified run by run as they land.
 	notify NotifyEngine
-	lease *lease // the ownership lease held, nil without Options.Lease
+	// inline is the engine when its reads are CPU copies (InlineReader):
+	// each run is read and verified by one goroutine.
+	inline InlineReader
+	lease  *lease // the ownership lease held, nil without Options.Lease
 
 	sbProblems []string // superblock copies found damaged at open
 
@@ -176,14 +179,17 @@ func Open(e Engine, o Options) (*Store, error) {
 	if s.opts.MaxIO <= 0 {
 		s.opts.MaxIO = 1 << 20
 	}
-	if s.opts.ScatterMin <= 0 {
-		s.opts.ScatterMin = 4096
-	}
 	if v, ok := e.(VectorReader); ok && v.VectorReads() {
 		s.vec = true
 	}
 	if n, ok := e.(NotifyEngine); ok {
 		s.notify = n
+	}
+	if r, ok := e.(InlineReader); ok && r.InlineReads() {
+		s.inline = r
+	}
+	if s.opts.ScatterMin <= 0 {
+		s.opts.ScatterMin = 4096
 	}
 	if e.Align() > SuperblockSize {
 		return nil, fmt.Errorf("%w: alignment %d above %d", ErrEngine, e.Align(), SuperblockSize)

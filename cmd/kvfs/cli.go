@@ -133,14 +133,16 @@ func addEngineFlag(c *cobra.Command, kind *string) {
 // ringFlags are --rings and --pool-max of the commands that run an engine
 // hard (bench, mount).
 type ringFlags struct {
-	rings      int
-	poolMax    string
-	asyncReads string
+	rings       int
+	poolMax     string
+	asyncReads  string
+	inlineReads string
 }
 
 func addRingFlags(c *cobra.Command, f *ringFlags) {
 	c.Flags().IntVar(&f.rings, "rings", 0, fmt.Sprintf("io_uring instances of the uring/nvme engine, callers spread over them (0: one per 4 usable cores, at most %d)", engine.MaxRings))
 	c.Flags().StringVar(&f.asyncReads, "async-reads", "auto", "uring engine: submit reads with IOSQE_ASYNC so io-wq copies page-cache/tmpfs reads on many cores (auto: for page-cache I/O), on, off")
+	c.Flags().StringVar(&f.inlineReads, "inline-reads", "auto", "uring and posix engines: read page-cache/tmpfs stores with pread on the goroutine that checksums the bytes next, while they are in its cache (auto: for page-cache I/O), on, off")
 	c.Flags().StringVar(&f.poolMax, "pool-max", "", "cap of the engine's registered buffer pool, which grows by segments when callers need more (default 1GiB or RAM/8; 0: never grows)")
 }
 
@@ -155,6 +157,12 @@ func (f ringFlags) apply(o *engine.Options) error {
 		o.AsyncReads = f.asyncReads
 	default:
 		return usageErrorf("--async-reads %q: want auto, on or off", f.asyncReads)
+	}
+	switch f.inlineReads {
+	case "", "auto", "on", "off":
+		o.InlineReads = f.inlineReads
+	default:
+		return usageErrorf("--inline-reads %q: want auto, on or off", f.inlineReads)
 	}
 	if f.poolMax != "" {
 		n, err := bytesize.Parse(f.poolMax)

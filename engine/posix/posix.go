@@ -3,12 +3,12 @@ package posix
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/engine/internal/pio"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -18,6 +18,11 @@ type Options struct {
 	// Buffered disables O_DIRECT. Without it O_DIRECT is tried first and
 	// dropped only where the file system refuses it (tmpfs, for example).
 	Buffered bool
+	// InlineReads is "auto" (also ""), "on" or "off": whether the store
+	// may read with ReadInline from its verifying goroutines (concurrent
+	// preads) rather than through Do, one request at a time. auto: on for
+	// page-cache I/O (buffered, or a tmpfs file).
+	InlineReads string
 }
 
 // errClosed is returned after Close.
@@ -31,6 +36,7 @@ type Engine struct {
 	size   int64
 	align  int
 	direct bool
+	inline bool
 	mu     sync.RWMutex
 	closed bool
 }
@@ -51,6 +57,18 @@ func Open(path string, o Options) (*Engine, error) {
 	p := &Engine{f: f, size: size, align: 1, direct: direct}
 	if direct {
 		p.align = directAlign(f)
+	}
+	var sf unix.Statfs_t
+	pageCache := !direct || (unix.Fstatfs(int(f.Fd()), &sf) == nil && sf.Type == unix.TMPFS_MAGIC)
+	switch o.InlineReads {
+	case "", "auto":
+		p.inline = pageCache
+	case "on":
+		p.inline = true
+	case "off":
+	default:
+		f.Close()
+		return nil, fmt.Errorf("posix: InlineReads %q: want auto, on or off: %w", o.InlineReads, unix.EINVAL)
 	}
 	return p, nil
 }
@@ -145,98 +163,27 @@ func (p *Engine) VectorReads() bool { return true }
 
 var _ store.VectorReader = (*Engine)(nil)
 
-// iovMax is the most segments one preadv takes (IOV_MAX).
-const iovMax = 1024
+// InlineReads implements store.InlineReader (see Options.InlineReads).
+func (p *Engine) InlineReads() bool { return p.inline }
 
-// readv serves a vector read: preadv in pieces of at most iovMax segments,
-// resuming after short transfers.
-func (p *Engine) readv(r *store.IO) error {
-	if r.Op != store.OpRead || r.Buf != nil {
-		return fmt.Errorf("posix: vector %s: %w", r.Op, unix.EINVAL)
+// ReadInline implements store.InlineReader: one read on the calling
+// goroutine; concurrent calls read concurrently.
+func (p *Engine) ReadInline(r *store.IO) error {
+	if r.Op != store.OpRead {
+		return fmt.Errorf("posix: inline %v: %w", r.Op, unix.EINVAL)
 	}
-	if r.Off%int64(p.align) != 0 {
-		return fmt.Errorf("posix: vector read at %d: %w (alignment %d)", r.Off, unix.EINVAL, p.align)
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return errClosed
 	}
-	for _, v := range r.Vec {
-		if !store.Aligned(v, p.align) {
-			return fmt.Errorf("posix: vector read segment of %d bytes: %w (alignment %d)", len(v), unix.EINVAL, p.align)
-		}
-	}
-	vec, off := r.Vec, r.Off
-	var head []byte // the rest of a segment a short read ended in
-	iov := make([][]byte, 0, min(len(vec)+1, iovMax))
-	for len(vec) > 0 || len(head) > 0 {
-		iov = iov[:0]
-		if len(head) > 0 {
-			iov = append(iov, head)
-		}
-		for _, v := range vec {
-			if len(iov) == iovMax {
-				break
-			}
-			iov = append(iov, v)
-		}
-		taken := len(iov)
-		if len(head) > 0 {
-			taken--
-		}
-		n, err := unix.Preadv(int(p.f.Fd()), iov, off)
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("posix: read at %d: %w", off, err)
-		}
-		if n == 0 {
-			return fmt.Errorf("posix: read at %d: %w", off, io.ErrUnexpectedEOF)
-		}
-		off += int64(n)
-		// Skip what was filled.
-		if len(head) > 0 {
-			k := min(n, len(head))
-			head, n = head[k:], n-k
-		}
-		used := 0
-		for used < taken && n >= len(vec[used]) {
-			n -= len(vec[used])
-			used++
-		}
-		vec = vec[used:]
-		if n > 0 {
-			head, vec = vec[0][n:], vec[1:]
-		}
-	}
-	return nil
+	return p.one(r)
 }
 
+var _ store.InlineReader = (*Engine)(nil)
+
 func (p *Engine) one(r *store.IO) error {
-	if r.Vec != nil {
-		return p.readv(r)
-	}
-	if !store.Aligned(r.Buf, p.align) || r.Off%int64(p.align) != 0 {
-		return fmt.Errorf("posix: %s of %d bytes at %d: %w (alignment %d)", r.Op, len(r.Buf), r.Off, unix.EINVAL, p.align)
-	}
-	done := 0
-	for done < len(r.Buf) {
-		var n int
-		var err error
-		if r.Op == store.OpWrite {
-			n, err = unix.Pwrite(int(p.f.Fd()), r.Buf[done:], r.Off+int64(done))
-		} else {
-			n, err = unix.Pread(int(p.f.Fd()), r.Buf[done:], r.Off+int64(done))
-		}
-		if err == unix.EINTR || err == unix.EAGAIN {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("posix: %s at %d: %w", r.Op, r.Off+int64(done), err)
-		}
-		if n == 0 {
-			return fmt.Errorf("posix: %s at %d: %w", r.Op, r.Off+int64(done), io.ErrUnexpectedEOF)
-		}
-		done += n
-	}
-	return nil
+	return pio.Do(int(p.f.Fd()), r, p.align, "posix")
 }
 
 // Sync implements store.Engine.
