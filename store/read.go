@@ -452,25 +452,91 @@ func (s *Store) readNotified(runs []run, ios []IO, wants []want) error {
 }
 
 // readInline reads and verifies one window of runs on an InlineReader: up
-// to GOMAXPROCS goroutines each take the next run, read it and verify it
-// at once, while its bytes are in that core's cache.
+// to GOMAXPROCS goroutines each take the next run and read it in chunks of
+// about inlineChunk bytes, verifying each chunk's groups right after its
+// read, while the bytes are in that core's cache.
 func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 	first := wants[runs[0].lo].run
+	stride := int(s.geo.GroupStride())
+	per := max(1, s.inlineChunk/stride) // groups per chunk
 	var next atomic.Int64
 	parallel(min(len(runs), runtime.GOMAXPROCS(0)), func() {
+		var vec [][]byte // this goroutine's chunk segments
 		for {
 			i := int(next.Add(1) - 1)
 			if i >= len(runs) {
 				return
 			}
 			r := &runs[i]
-			ios[i].Err = s.inline.ReadInline(&ios[i])
-			if s.failRun(r, ios[i].Err, wants) {
+			if r.hi-r.lo != r.n || r.n <= per {
+				// One chunk (or a group asked for twice: its wants do
+				// not map one to one onto the run's groups).
+				ios[i].Err = s.inline.ReadInline(&ios[i])
+				if !s.failRun(r, ios[i].Err, wants) {
+					s.verifyRange(runs, first, wants[r.lo:r.hi])
+				}
 				continue
 			}
-			s.verifyRange(runs, first, wants[r.lo:r.hi])
+			for g0 := 0; g0 < r.n; g0 += per {
+				g1 := min(g0+per, r.n)
+				ws := wants[r.lo+g0 : r.lo+g1]
+				io := IO{Op: OpRead, Off: ios[i].Off + int64(g0*stride), Stream: ios[i].Stream}
+				switch r.mode {
+				case landVec:
+					vec = chunkVec(vec[:0], ws)
+					io.Vec = vec
+				default: // landDirect, landBounce: one range
+					io.Buf = ios[i].Buf[g0*stride : g1*stride]
+				}
+				err := s.inline.ReadInline(&io)
+				clear(vec)
+				if err != nil {
+					ios[i].Err = err
+					s.failWants(ws, err)
+					continue
+				}
+				s.verifyRange(runs, first, ws)
+			}
 		}
 	})
+}
+
+// chunkVec appends to vec the destination segments of ws (consecutive
+// groups of a run that lands by vector read), merging adjacent ones.
+func chunkVec(vec [][]byte, ws []want) [][]byte {
+	add := func(b []byte) {
+		if n := len(vec); n > 0 {
+			last := vec[n-1]
+			if follows(last, b) && cap(last) >= len(last)+len(b) {
+				vec[n-1] = last[:len(last)+len(b)]
+				return
+			}
+		}
+		vec = append(vec, b)
+	}
+	for _, w := range ws {
+		q := w.r
+		if w.rows == 0 {
+			add(q.Buf)
+			continue
+		}
+		for row := range w.rows {
+			o := row * q.Pitch
+			add(q.Buf[o : o+q.RowBytes : o+q.RowBytes])
+		}
+	}
+	return vec
+}
+
+// failWants reports the I/O error err to each group of ws and marks it
+// done.
+func (s *Store) failWants(ws []want, err error) {
+	s.m.ioErrors.Add(1)
+	for j := range ws {
+		q := ws[j].r
+		q.Err = fmt.Errorf("store: read %v: %w", q.Key, err)
+		ws[j].r = nil // done
+	}
 }
 
 // failRun reports err (the I/O error of run r, if any) to each of its
@@ -479,12 +545,7 @@ func (s *Store) failRun(r *run, err error, wants []want) bool {
 	if err == nil {
 		return false
 	}
-	s.m.ioErrors.Add(1)
-	for j := r.lo; j < r.hi; j++ {
-		q := wants[j].r
-		q.Err = fmt.Errorf("store: read %v: %w", q.Key, err)
-		wants[j].r = nil // done
-	}
+	s.failWants(wants[r.lo:r.hi], err)
 	return true
 }
 

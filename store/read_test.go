@@ -69,6 +69,12 @@ func (c *counting) contains(v []byte) bool {
 // nhdFixture writes one block of nhdGeo and returns a store on a counting
 // engine.
 func nhdFixture(t *testing.T, vec bool, o store.Options) (*store.Store, *counting) {
+	return nhdFixtureOn(t, vec, false, o)
+}
+
+// nhdFixtureOn is nhdFixture, with inline on an engine that offers inline
+// reads (storetest.Inline around the counting engine).
+func nhdFixtureOn(t *testing.T, vec, inline bool, o store.Options) (*store.Store, *counting) {
 	t.Helper()
 	m := storetest.NewMem(store.SizeFor(nhdGeo, 4), 512)
 	m.SetVectorReads(vec)
@@ -76,7 +82,11 @@ func nhdFixture(t *testing.T, vec bool, o store.Options) (*store.Store, *countin
 		t.Fatal(err)
 	}
 	c := &counting{Mem: m}
-	s := openStore(t, c, o)
+	var e store.Engine = c
+	if inline {
+		e = storetest.NewInline(c)
+	}
+	s := openStore(t, e, o)
 	n := nhdGeo.GroupsPerBlock()
 	w := make([]store.WriteReq, n)
 	for i := range w {
@@ -155,7 +165,14 @@ func nhdLoad(t *testing.T, s *store.Store, c *counting) []byte {
 // at least ScatterMin lands with no bounce copy: every byte the engine reads
 // goes straight into the caller's cache, with vector reads.
 func TestReadPitchedNoBounce(t *testing.T) {
-	s, c := nhdFixture(t, true, store.Options{ScatterMin: 512})
+	t.Run("do", func(t *testing.T) { readPitchedNoBounce(t, false) })
+	// Inline reads of one group per chunk: every chunk a vector read of
+	// its rows, verified after it.
+	t.Run("inline", func(t *testing.T) { readPitchedNoBounce(t, true) })
+}
+
+func readPitchedNoBounce(t *testing.T, inline bool) {
+	s, c := nhdFixtureOn(t, true, inline, store.Options{ScatterMin: 512, InlineChunk: 1})
 	before := s.Metrics().Bounced
 	nhdLoad(t, s, c)
 	gb := nhdGeo.GroupBytes()
@@ -511,16 +528,19 @@ func readFaultPanicsInCaller(t *testing.T, notify bool) {
 // whole blocks, 6 MiB, landing directly), a group corrupt on the device in
 // the last piece is reported and zeroed, and every other group is served.
 func TestReadLargeCorrupt(t *testing.T) {
-	for _, notify := range []bool{false, true} {
-		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) { readLargeCorrupt(t, notify) })
+	for _, mode := range []string{"do", "notify", "inline"} {
+		t.Run(mode, func(t *testing.T) { readLargeCorrupt(t, mode) })
 	}
 }
 
-// readLargeCorrupt is TestReadLargeCorrupt on a Mem engine, or with notify
-// on one that reports completions as they happen in any order (the ring
-// engines: runs verified as they land, concurrently); in that case a run's
-// I/O also fails, and only its groups report the error.
-func readLargeCorrupt(t *testing.T, notify bool) {
+// readLargeCorrupt is TestReadLargeCorrupt on a Mem engine (mode do), on
+// one that reports completions as they happen in any order (notify: the
+// ring engines, runs verified as they land, concurrently), or on one with
+// inline reads (inline: runs read in 64 KiB chunks, each verified after
+// its read, on several goroutines). With notify and inline one read also
+// fails, and only its groups report the error.
+func readLargeCorrupt(t *testing.T, mode string) {
+	notify := mode != "do"
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
 	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
 	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
@@ -529,12 +549,16 @@ func readLargeCorrupt(t *testing.T, notify bool) {
 	var e store.Engine = m
 	var faulty *storetest.Faulty
 	var nt *storetest.Notifying
+	const chunk = 64 << 10
 	if notify {
 		faulty = storetest.NewFaulty(m, nil, nil)
 		nt = storetest.NewNotifying(faulty)
 		e = nt
+		if mode == "inline" {
+			e = storetest.NewInline(faulty)
+		}
 	}
-	s := openStore(t, e, store.Options{})
+	s := openStore(t, e, store.Options{InlineChunk: chunk})
 	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
 	const blocks = 3
 	for blk := uint64(1); blk <= blocks; blk++ {
@@ -581,13 +605,18 @@ func readLargeCorrupt(t *testing.T, notify bool) {
 			}
 			return storetest.None
 		})
-		// MaxIO 1 MiB: the failing run is block 2's first 256 groups.
-		failed = func(k layout.Key) bool { return k.Block == 2 && geo.Index(k) < (1<<20)/gb }
+		// MaxIO 1 MiB: the failing run is block 2's first 256 groups;
+		// inline, the failing chunk its first 16.
+		n := (1 << 20) / gb
+		if mode == "inline" {
+			n = chunk / gb
+		}
+		failed = func(k layout.Key) bool { return k.Block == 2 && geo.Index(k) < n }
 	}
 	if err := s.Read(reqs); err != nil {
 		t.Fatal(err)
 	}
-	if notify && nt.Calls() == 0 {
+	if mode == "notify" && nt.Calls() == 0 {
 		t.Fatal("the store never used DoNotify")
 	}
 	zero := make([]byte, gb)
