@@ -78,9 +78,22 @@
 //
 // A group that landed in the caller's memory is verified there; on a
 // mismatch it is read again into store memory before being called corrupt
-// (the caller's memory may be shared with a writer). Large reads are
-// verified in 4 MiB pieces on several goroutines; a fault on caller memory
-// in one of them panics in the calling goroutine (when it set
+// (the caller's memory may be shared with a writer). When each group is
+// verified depends on the engine:
+//
+//   - InlineReader (the uring and posix engines on a page-cache or tmpfs
+//     file, where a read is a CPU copy): up to GOMAXPROCS goroutines each
+//     take a run, read it in Options.InlineChunk pieces (64 KiB) with
+//     pread/preadv and verify each piece's groups right after, while the
+//     copy has left them in that core's cache.
+//   - NotifyEngine (the ring engines otherwise): the runs are issued
+//     together and each is verified as soon as its completion arrives,
+//     on up to GOMAXPROCS goroutines, while the others are in flight.
+//   - Otherwise: after the whole window, in 4 MiB pieces on several
+//     goroutines.
+//
+// In every case a fault on caller memory
+// in one of the goroutines panics in the calling goroutine (when it set
 // debug.SetPanicOnFault) after all have stopped. Read pins, touches (LRU)
 // and unpins each slot once per run of requests for its block, with one
 // round of Store.mu before the I/O and one after, and allocates nothing
