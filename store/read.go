@@ -685,18 +685,36 @@ func destCRC(w *want) uint32 {
 	return c
 }
 
-// land copies a group's bytes into w's destination.
+// land copies a group's bytes into w's destination (with non-temporal
+// stores where ntRows allows).
 func land(w *want, src []byte) {
 	q := w.r
 	if w.rows == 0 {
+		if haveNT && ntRows && len(q.Buf)%64 == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(q.Buf)))%16 == 0 && len(src) >= len(q.Buf) {
+			copyRowsNT(unsafe.Pointer(unsafe.SliceData(q.Buf)), unsafe.Pointer(unsafe.SliceData(src)), 1, len(q.Buf), 0)
+			return
+		}
 		copy(q.Buf, src)
 		return
 	}
 	rb := q.RowBytes
+	if haveNT && ntRows && rb%64 == 0 && q.Pitch%16 == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(q.Buf)))%16 == 0 &&
+		len(src) >= w.rows*rb && len(q.Buf) >= (w.rows-1)*q.Pitch+rb {
+		copyRowsNT(unsafe.Pointer(unsafe.SliceData(q.Buf)), unsafe.Pointer(unsafe.SliceData(src)), w.rows, rb, q.Pitch)
+		return
+	}
 	for row := range w.rows {
 		copy(q.Buf[row*q.Pitch:row*q.Pitch+rb], src[row*rb:(row+1)*rb])
 	}
 }
+
+// ntRows: groups copied out of store memory into callers' destinations
+// (bounced runs: pitched NHD rows, or tiles apart under O_DIRECT) are
+// written with non-temporal stores (copyRowsNT) where sizes and alignment
+// allow: the destination is cold, and a whole-line write need not read it
+// first. On the VM, NHD loads from tmpfs went from 3.3-3.7 to 4.8-5.0 GB/s
+// (0.53 to 0.38 daemon core-s/GB).
+var ntRows = true
 
 // corruptReq zeroes w's destination and reports the group corrupt.
 func (s *Store) corruptReq(w *want, got uint32) {
