@@ -449,11 +449,12 @@ func TestBounceSizedToData(t *testing.T) {
 // left behind: the invariants check runs at Close).
 func TestReadFaultPanicsInCaller(t *testing.T) {
 	for _, notify := range []bool{false, true} {
-		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) { readFaultPanicsInCaller(t, notify) })
+		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) { readFaultPanicsInCaller(t, notify, false) })
 	}
+	t.Run("aligned", func(t *testing.T) { readFaultPanicsInCaller(t, false, true) })
 }
 
-func readFaultPanicsInCaller(t *testing.T, notify bool) {
+func readFaultPanicsInCaller(t *testing.T, notify, aligned bool) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
 	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
 	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
@@ -493,6 +494,11 @@ func readFaultPanicsInCaller(t *testing.T, notify bool) {
 	for blk := uint64(1); blk <= blocks; blk++ {
 		for i := range per {
 			o := 1 + ((int(blk)-1)*per+i)*gb // unaligned: every run bounces
+			if aligned {
+				// Aligned but in reverse order: every run bounces, and
+				// lands with non-temporal stores (copyRowsNT).
+				o = (blocks*per - 1 - ((int(blk)-1)*per + i)) * gb
+			}
 			reqs = append(reqs, store.ReadReq{Key: geo.KeyAt(blk, i), Buf: mem[o : o+gb]})
 		}
 	}
