@@ -81,6 +81,8 @@ type run struct {
 // batch allocates nothing per group.
 type readScratch struct {
 	wants   []want
+	sorted  []want // sortWants' gather buffer
+	segs    []wantSeg
 	pins    []int64
 	runs    []run
 	ios     []IO
@@ -106,6 +108,7 @@ func (s *Store) getScratch() *readScratch {
 
 func (s *Store) putScratch(sc *readScratch) {
 	clear(sc.wants) // no references to callers' memory outlive the call
+	clear(sc.sorted)
 	clear(sc.runs)
 	clear(sc.ios)
 	clear(sc.vecs)
@@ -230,7 +233,7 @@ func (s *Store) readWants(sc *readScratch, wants []want) error {
 		return nil
 	}
 	if !slices.IsSortedFunc(wants, cmpWant) {
-		slices.SortStableFunc(wants, cmpWant)
+		sortWants(sc, wants)
 	}
 	stride := int(s.geo.GroupStride())
 	maxGroups := max(1, s.opts.MaxIO/stride)
@@ -288,6 +291,47 @@ func (s *Store) putBounces(sc *readScratch) {
 	}
 	clear(sc.bounces)
 	sc.bounces = sc.bounces[:0]
+}
+
+// wantSeg is a stretch wants[lo:hi] of one slot in group order.
+type wantSeg struct{ lo, hi int }
+
+// sortWants sorts wants by slot and group. Requests come block by block,
+// each block's groups in slot order, the blocks in any order: then the
+// blocks' stretches are sorted and gathered, O(groups + blocks·log
+// blocks), instead of a stable sort of every group (16 % of the store's
+// time at 1,024 random blocks per call). Anything else gets the full sort.
+func sortWants(sc *readScratch, wants []want) {
+	segs := sc.segs[:0]
+	for i := 0; i < len(wants); {
+		j := i + 1
+		for j < len(wants) && wants[j].slot == wants[i].slot && wants[j].idx >= wants[j-1].idx {
+			j++
+		}
+		segs = append(segs, wantSeg{i, j})
+		i = j
+	}
+	sc.segs = segs
+	if len(segs) > len(wants)/8 {
+		slices.SortStableFunc(wants, cmpWant)
+		return
+	}
+	slices.SortStableFunc(segs, func(a, b wantSeg) int { return cmpWant(wants[a.lo], wants[b.lo]) })
+	for k := 1; k < len(segs); k++ {
+		p, c := segs[k-1], segs[k]
+		if wants[p.lo].slot == wants[c.lo].slot && wants[p.hi-1].idx > wants[c.lo].idx {
+			// Stretches of one slot overlap: merge them properly.
+			slices.SortStableFunc(wants, cmpWant)
+			return
+		}
+	}
+	out := sc.sorted[:0]
+	for _, g := range segs {
+		out = append(out, wants[g.lo:g.hi]...)
+	}
+	copy(wants, out)
+	clear(out)
+	sc.sorted = out[:0]
 }
 
 func cmpWant(a, b want) int {

@@ -763,3 +763,75 @@ func TestReadUnverified(t *testing.T) {
 		}
 	}
 }
+
+// TestReadOrderings: requests in any order land right, whichever way the
+// store orders them: blocks shuffled with each block's groups in slot order
+// (the stretches are sorted and gathered), a block's groups reversed, one
+// block asked as two interleaved stretches (even groups, then odd: the full
+// sort), and a group asked twice.
+func TestReadOrderings(t *testing.T) {
+	geo := layout.Geometry{Layers: 4, KVHeads: 4, HeadDim: 64, BlockTokens: 16, DType: layout.BF16, Align: 512}
+	const blocks = 24
+	m := storetest.NewMem(store.SizeFor(geo, blocks+2), 512)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, m, store.Options{})
+	per, gb := geo.GroupsPerBlock(), geo.GroupBytes()
+	for b := uint64(1); b <= blocks; b++ {
+		w := make([]store.WriteReq, per)
+		for i := range w {
+			k := geo.KeyAt(b, i)
+			w[i] = store.WriteReq{Key: k, Data: groupData(geo, k, 1)}
+		}
+		if err := s.Write(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	order := []uint64{17, 3, 24, 9, 1, 12, 20, 5, 14, 2, 22, 7, 11, 19, 4, 16, 8, 23, 6, 13, 21, 10, 15, 18}
+	var keys []layout.Key
+	for n, b := range order {
+		switch n {
+		case 3: // reversed
+			for i := per - 1; i >= 0; i-- {
+				keys = append(keys, geo.KeyAt(b, i))
+			}
+		case 5: // even groups, then odd: interleaved stretches
+			for i := 0; i < per; i += 2 {
+				keys = append(keys, geo.KeyAt(b, i))
+			}
+			for i := 1; i < per; i += 2 {
+				keys = append(keys, geo.KeyAt(b, i))
+			}
+		default:
+			for i := range per {
+				keys = append(keys, geo.KeyAt(b, i))
+			}
+		}
+	}
+	keys = append(keys, geo.KeyAt(17, 5)) // asked twice
+	for _, interleave := range []bool{false, true} {
+		ks := keys
+		if !interleave {
+			// Only whole blocks in slot order: the gather path alone.
+			ks = nil
+			for _, b := range order {
+				for i := range per {
+					ks = append(ks, geo.KeyAt(b, i))
+				}
+			}
+		}
+		reqs := make([]store.ReadReq, len(ks))
+		for i, k := range ks {
+			reqs[i] = store.ReadReq{Key: k, Buf: make([]byte, gb)}
+		}
+		if err := s.Read(reqs); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range reqs {
+			if r.Err != nil || !bytes.Equal(r.Buf, groupData(geo, r.Key, 1)) {
+				t.Fatalf("interleave=%v: %v: %v", interleave, r.Key, r.Err)
+			}
+		}
+	}
+}
