@@ -164,6 +164,7 @@ func TestBenchUsage(t *testing.T) {
 		{[]string{"--rings", "-1"}, "--rings -1"},
 		{[]string{"--pool-max", "lots"}, `--pool-max "lots"`},
 		{[]string{"--async-reads", "maybe"}, `--async-reads "maybe"`},
+		{[]string{"--inline-reads", "maybe"}, `--inline-reads "maybe"`},
 		{[]string{"--fio-jobs", "0"}, "--fio-jobs 0"},
 		{[]string{"--plot", "qd.svg"}, "--plot draws a sweep: add --sweep"},
 		{[]string{"--sweep", "--plot", "qd.pdf"}, "want a .svg or .png file"},
