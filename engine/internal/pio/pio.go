@@ -6,6 +6,8 @@ package pio
 import (
 	"fmt"
 	"io"
+	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -31,23 +33,26 @@ func readv(fd int, r *store.IO, align int, name string) error {
 	}
 	vec, off := r.Vec, r.Off
 	var head []byte // the rest of a segment a short read ended in
-	iov := make([][]byte, 0, min(len(vec)+1, iovMax))
+	bp := iovPool.Get().(*[]unix.Iovec)
+	defer func() {
+		clear(*bp) // no pointers into callers' memory stay pooled
+		iovPool.Put(bp)
+	}()
 	for len(vec) > 0 || len(head) > 0 {
-		iov = iov[:0]
+		iov := (*bp)[:0]
 		if len(head) > 0 {
-			iov = append(iov, head)
+			iov = appendIov(iov, head)
 		}
+		taken := 0
 		for _, v := range vec {
 			if len(iov) == iovMax {
 				break
 			}
-			iov = append(iov, v)
+			iov = appendIov(iov, v)
+			taken++
 		}
-		taken := len(iov)
-		if len(head) > 0 {
-			taken--
-		}
-		n, err := unix.Preadv(fd, iov, off)
+		*bp = iov
+		n, err := preadv(fd, iov, off)
 		if err == unix.EINTR || err == unix.EAGAIN {
 			continue
 		}
@@ -74,6 +79,31 @@ func readv(fd int, r *store.IO, align int, name string) error {
 		}
 	}
 	return nil
+}
+
+// iovPool holds iovec arrays of iovMax entries, so that a vector read
+// allocates nothing (unix.Preadv allocates one per call).
+var iovPool = sync.Pool{New: func() any {
+	b := make([]unix.Iovec, 0, iovMax)
+	return &b
+}}
+
+func appendIov(iov []unix.Iovec, b []byte) []unix.Iovec {
+	var v unix.Iovec
+	v.Base = unsafe.SliceData(b)
+	v.SetLen(len(b))
+	return append(iov, v)
+}
+
+// preadv is preadv(2) on iov, which must be nonempty.
+func preadv(fd int, iov []unix.Iovec, off int64) (int, error) {
+	const longBits = unsafe.Sizeof(uintptr(0)) * 8
+	lo, hi := uintptr(off), uintptr(uint64(off)>>(longBits-1)>>1) // as x/sys/unix: hi is 0 on 64-bit
+	n, _, errno := unix.Syscall6(unix.SYS_PREADV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)), lo, hi, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
 
 // Do performs r on fd with pread, pwrite or (for a vector read) preadv,

@@ -1,0 +1,5 @@
+//go:build !race
+
+package pio
+
+const raceOn = false
