@@ -81,8 +81,8 @@
 // (the caller's memory may be shared with a writer). When each group is
 // verified depends on the engine:
 //
-//   - InlineReader (the uring and posix engines on a page-cache or tmpfs
-//     file, where a read is a CPU copy): up to GOMAXPROCS goroutines each
+//   - InlineReader (the uring and posix engines on a store in memory: tmpfs,
+//     ramfs; a read is a CPU copy there): up to GOMAXPROCS goroutines each
 //     take a run, read it in Options.InlineChunk pieces (64 KiB) with
 //     pread/preadv and verify each piece's groups right after, while the
 //     copy has left them in that core's cache.

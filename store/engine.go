@@ -106,7 +106,7 @@ type NotifyEngine interface {
 }
 
 // InlineReader is implemented by engines whose reads are copies made by
-// the CPU (a page-cache or tmpfs file): ReadInline performs one read (Buf
+// the CPU (a file in memory, tmpfs or ramfs): ReadInline performs one read (Buf
 // or Vec) on the calling goroutine, safe for concurrent use. When
 // InlineReads reports true the store reads each run with it on the
 // goroutine that then verifies the run, so the checksum reads bytes the

@@ -142,7 +142,7 @@ type ringFlags struct {
 func addRingFlags(c *cobra.Command, f *ringFlags) {
 	c.Flags().IntVar(&f.rings, "rings", 0, fmt.Sprintf("io_uring instances of the uring/nvme engine, callers spread over them (0: one per 4 usable cores, at most %d)", engine.MaxRings))
 	c.Flags().StringVar(&f.asyncReads, "async-reads", "auto", "uring engine: submit reads with IOSQE_ASYNC so io-wq copies page-cache/tmpfs reads on many cores (auto: for page-cache I/O), on, off")
-	c.Flags().StringVar(&f.inlineReads, "inline-reads", "auto", "uring and posix engines: read page-cache/tmpfs stores with pread on the goroutine that checksums the bytes next, while they are in its cache (auto: for page-cache I/O), on, off")
+	c.Flags().StringVar(&f.inlineReads, "inline-reads", "auto", "uring and posix engines: read the store with pread on the goroutine that checksums the bytes next, while they are in its cache (auto: for a store in memory, tmpfs or ramfs), on, off")
 	c.Flags().StringVar(&f.poolMax, "pool-max", "", "cap of the engine's registered buffer pool, which grows by segments when callers need more (default 1GiB or RAM/8; 0: never grows)")
 }
 

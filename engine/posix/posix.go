@@ -21,7 +21,7 @@ type Options struct {
 	// InlineReads is "auto" (also ""), "on" or "off": whether the store
 	// may read with ReadInline from its verifying goroutines (concurrent
 	// preads) rather than through Do, one request at a time. auto: on for
-	// page-cache I/O (buffered, or a tmpfs file).
+	// a file in memory (tmpfs, ramfs).
 	InlineReads string
 }
 
@@ -59,10 +59,10 @@ func Open(path string, o Options) (*Engine, error) {
 		p.align = directAlign(f)
 	}
 	var sf unix.Statfs_t
-	pageCache := !direct || (unix.Fstatfs(int(f.Fd()), &sf) == nil && sf.Type == unix.TMPFS_MAGIC)
+	inMemory := unix.Fstatfs(int(f.Fd()), &sf) == nil && (sf.Type == unix.TMPFS_MAGIC || sf.Type == unix.RAMFS_MAGIC)
 	switch o.InlineReads {
 	case "", "auto":
-		p.inline = pageCache
+		p.inline = inMemory
 	case "on":
 		p.inline = true
 	case "off":

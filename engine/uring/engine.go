@@ -61,9 +61,10 @@ type EngineOptions struct {
 	// InlineReads is "auto" (also ""), "on" or "off": whether the store
 	// may read with ReadInline (store.InlineReader): pread/preadv on the
 	// goroutine that verifies the bytes next, instead of a ring. auto: on
-	// for page-cache I/O, where a read is a CPU copy either way and doing
-	// it on the verifying core spares a pass over memory; off for real
-	// O_DIRECT, where the device's DMA moves the bytes.
+	// for a file in memory (tmpfs, ramfs), where a read is a CPU copy
+	// either way and doing it on the verifying core spares a pass over
+	// memory; off for real O_DIRECT, where the device's DMA moves the
+	// bytes, and for buffered files on a disk, which may miss the cache.
 	InlineReads string
 
 	// Test knobs.
@@ -235,14 +236,18 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 		e.align = dioAlign(fd, e.isBlock)
 	}
 	var sf unix.Statfs_t
-	pageCache := !direct || (!e.isBlock && unix.Fstatfs(fd, &sf) == nil && sf.Type == unix.TMPFS_MAGIC)
+	inMemory := !e.isBlock && unix.Fstatfs(fd, &sf) == nil && (sf.Type == unix.TMPFS_MAGIC || sf.Type == unix.RAMFS_MAGIC)
+	pageCache := !direct || inMemory
 	async := o.AsyncReads == "on" || (o.AsyncReads != "off" && pageCache)
 	switch o.InlineReads {
 	case "", "auto", "on", "off":
 	default:
 		return fail(fmt.Errorf("uring: InlineReads %q: want auto, on or off: %w", o.InlineReads, unix.EINVAL))
 	}
-	e.inline = o.InlineReads == "on" || (o.InlineReads != "off" && pageCache)
+	// auto: only where a read never waits for a device (tmpfs, ramfs):
+	// a buffered file on a disk may miss the page cache, and a few
+	// goroutines' 64 KiB preads are a poor queue for a disk.
+	e.inline = o.InlineReads == "on" || (o.InlineReads != "off" && inMemory)
 	e.pageCache = pageCache
 	cfg := ringowner.Config{
 		Name:         "uring",
@@ -321,8 +326,8 @@ func (e *Engine) Stats() EngineStats {
 	}
 }
 
-// InlineReads implements store.InlineReader: true for page-cache I/O
-// unless EngineOptions.InlineReads is off.
+// InlineReads implements store.InlineReader: true for a file in memory
+// (tmpfs, ramfs) unless EngineOptions.InlineReads is off, or when it is on.
 func (e *Engine) InlineReads() bool { return e.inline }
 
 // ReadInline implements store.InlineReader: one read (Buf or Vec) with
