@@ -369,9 +369,9 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 					r := t.region(layer, kind)
 					off := r.off + tileOff
 					key := layout.Key{Block: be.Block, Layer: int(layer), Head: int(be.HeadFirst), Kind: layout.Kind(kind)}
-					// reqs is all zeros here (fresh, or cleared after the
-					// previous window), so only the nonzero fields are
-					// written: no per-group copy of a whole ReadReq.
+					// Every field the store reads is written (Unverified
+					// and CRC stay zero: host loads are verified by the
+					// store); no per-group copy of a whole ReadReq.
 					for j := range hn {
 						q := &reqs[k+j]
 						q.Key = key
@@ -395,9 +395,9 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 					continue
 				}
 				for j := k; j < k+int(e.groups); j++ {
-					// By pointer (a ReadReq is ~110 bytes), and zeroed
-					// once counted: one pass over the requests instead of
-					// a tally and a clear.
+					// By pointer (a ReadReq is ~110 bytes); once counted
+					// only its references are dropped (the next window
+					// writes every field the store reads).
 					q := &reqs[j]
 					if q.Err == nil {
 						e.ok++
@@ -408,15 +408,14 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 							s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(q.Err))
 						}
 					}
-					*q = store.ReadReq{}
+					q.Buf, q.Err = nil, nil
 				}
 				k += int(e.groups)
 			}
 			return nil
 		})
-		// No references to client memory outlive the call, and the next
-		// window finds reqs all zeros; the tally zeroed them unless the
-		// read failed.
+		// No references to client memory outlive the call: the tally
+		// dropped them unless the read failed.
 		if err != nil {
 			clear(reqs)
 		}
