@@ -155,3 +155,12 @@ func decodeJSON(t *testing.T, b []byte, v any) {
 		t.Fatalf("%v in:\n%s", err, b)
 	}
 }
+
+// TestMountMaxIOFlag: --max-io outside 4KiB..64MiB, or not a size, is a
+// usage error, caught before the store is opened.
+func TestMountMaxIOFlag(t *testing.T) {
+	dir := t.TempDir()
+	for _, v := range []string{"1KiB", "128MiB", "lots"} {
+		kvfs(t, nil, "mount", dir+"/none.kvfs", dir, "--max-io", v).want(t, 2, "--max-io")
+	}
+}

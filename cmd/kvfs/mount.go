@@ -50,6 +50,7 @@ type mountOptions struct {
 	wait                     time.Duration
 	debugFUSE                bool
 	readAhead                string
+	maxIO                    string
 	maxPinned                string
 	gpu                      bool
 	gpuStaging               int
@@ -115,6 +116,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the daemon, from mount to unmount, to FILE (go tool pprof)")
 	f.StringVar(&o.mutexProfile, "mutexprofile", "", "write the daemon's mutex contention and blocking profiles, at unmount, to FILE and FILE.block (go tool pprof)")
 	f.BoolVar(&o.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
+	f.StringVar(&o.maxIO, "max-io", "1MiB", "largest read or write the store coalesces adjacent groups into (4KiB to 64MiB): one I/O of the engine")
 	f.StringVar(&o.readAhead, "read-ahead", "1MiB", "largest layer extent read with one group file's read, with a 32 MiB cache (0: neither)")
 	f.StringVar(&o.maxPinned, "max-pinned", "", "cap on client memory the engine pins for zero-copy I/O, all callers (default half the RAM; one uid gets half of it; see docs/abi.md)")
 	f.BoolVar(&o.gpu, "gpu", true, "serve REGISTER_CUDA and loads into GPU memory when the CUDA driver has a device (false: GPU requests fail with ENODEV)")
@@ -443,8 +445,12 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	if err := o.ringFlags.apply(&eo); err != nil {
 		return err
 	}
+	maxIO, err := bytesize.Parse(o.maxIO)
+	if err != nil || maxIO < 4<<10 || maxIO > 64<<20 {
+		return usageErrorf("--max-io %q: want a size from 4KiB to 64MiB", o.maxIO)
+	}
 	s, closeAll, err := engine.OpenStore(storePath, eo,
-		store.Options{Logger: log, Observe: pm.observe,
+		store.Options{Logger: log, Observe: pm.observe, MaxIO: int(maxIO),
 			Lease: &store.LeaseOptions{Host: o.hostID, TTL: o.leaseTTL, Force: o.forceTakeover}})
 	if err != nil {
 		return err
