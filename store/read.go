@@ -506,6 +506,7 @@ func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 	var next atomic.Int64
 	parallel(min(len(runs), runtime.GOMAXPROCS(0)), func() {
 		var vec [][]byte // this goroutine's chunk segments
+		var io IO        // and chunk request (one allocation per goroutine)
 		for {
 			i := int(next.Add(1) - 1)
 			if i >= len(runs) {
@@ -524,7 +525,7 @@ func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 			for g0 := 0; g0 < r.n; g0 += per {
 				g1 := min(g0+per, r.n)
 				ws := wants[r.lo+g0 : r.lo+g1]
-				io := IO{Op: OpRead, Off: ios[i].Off + int64(g0*stride), Stream: ios[i].Stream}
+				io = IO{Op: OpRead, Off: ios[i].Off + int64(g0*stride), Stream: ios[i].Stream}
 				switch r.mode {
 				case landVec:
 					vec = chunkVec(vec[:0], ws)
