@@ -385,26 +385,7 @@ func (s *Store) landing(sc *readScratch, r *run, wants []want) {
 		}
 	}
 	r.v0 = len(sc.vecs)
-	for _, w := range ws {
-		if w.rows == 0 {
-			// A destination that continues the previous segment (in the
-			// same slice's capacity: one range of one allocation) extends
-			// it: head-major tiles of one layer and kind are one segment.
-			if n := len(sc.vecs); n > r.v0 {
-				last := sc.vecs[n-1]
-				if follows(last, w.r.Buf) && cap(last) >= len(last)+len(w.r.Buf) {
-					sc.vecs[n-1] = last[:len(last)+len(w.r.Buf)]
-					continue
-				}
-			}
-			sc.vecs = append(sc.vecs, w.r.Buf)
-			continue
-		}
-		for row := range w.rows {
-			o := row * w.r.Pitch
-			sc.vecs = append(sc.vecs, w.r.Buf[o:o+w.r.RowBytes:o+w.r.RowBytes])
-		}
-	}
+	sc.vecs = appendVec(sc.vecs, r.v0, ws)
 	r.v1 = len(sc.vecs)
 	r.mode = landVec
 }
@@ -528,7 +509,7 @@ func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 				io = IO{Op: OpRead, Off: ios[i].Off + int64(g0*stride), Stream: ios[i].Stream}
 				switch r.mode {
 				case landVec:
-					vec = chunkVec(vec[:0], ws)
+					vec = appendVec(vec[:0], 0, ws)
 					io.Vec = vec
 				default: // landDirect, landBounce: one range
 					io.Buf = ios[i].Buf[g0*stride : g1*stride]
@@ -546,28 +527,29 @@ func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 	})
 }
 
-// chunkVec appends to vec the destination segments of ws (consecutive
-// groups of a run that lands by vector read), merging adjacent ones.
-func chunkVec(vec [][]byte, ws []want) [][]byte {
-	add := func(b []byte) {
-		if n := len(vec); n > 0 {
-			last := vec[n-1]
-			if follows(last, b) && cap(last) >= len(last)+len(b) {
-				vec[n-1] = last[:len(last)+len(b)]
-				return
-			}
-		}
-		vec = append(vec, b)
-	}
+// appendVec appends to vec the destination segments of ws (consecutive
+// groups of a run that lands by vector read): a contiguous destination, or
+// each row of a pitched one. A contiguous destination that continues the
+// previous segment past vec[base] (in the same slice's capacity: one range
+// of one allocation) extends it, so head-major tiles of one layer and kind
+// are one segment.
+func appendVec(vec [][]byte, base int, ws []want) [][]byte {
 	for _, w := range ws {
 		q := w.r
 		if w.rows == 0 {
-			add(q.Buf)
+			if n := len(vec); n > base {
+				last := vec[n-1]
+				if follows(last, q.Buf) && cap(last) >= len(last)+len(q.Buf) {
+					vec[n-1] = last[:len(last)+len(q.Buf)]
+					continue
+				}
+			}
+			vec = append(vec, q.Buf)
 			continue
 		}
 		for row := range w.rows {
 			o := row * q.Pitch
-			add(q.Buf[o : o+q.RowBytes : o+q.RowBytes])
+			vec = append(vec, q.Buf[o:o+q.RowBytes:o+q.RowBytes])
 		}
 	}
 	return vec
