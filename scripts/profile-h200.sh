@@ -71,21 +71,4 @@ for j in 8 16; do
 		awk -F';' -v j=$j '{printf "fio 2M QD16 jobs=%d %.2f GB/s usr=%s sys=%s\n", j, $7*1024/1e9, $88, $89}'
 done
 rm -f "$S"
-# The disk store: one caller, 1,000 random whole blocks per call, against
-# fio 2 MiB random O_DIRECT reads at QD 32 on the same file.
-S=/var/tmp/kvfs-prof.kvfs
-"$D/kvfs" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
-for bin in kvfs-old kvfs; do
-	[ -x "$D/$bin" ] || continue
-	K=$D/$bin
-	echo "== disk $bin"
-	mountit
-	[ "$bin" = kvfs-old ] && "$K" bench-load "$M" --groups-per-call 511 --calls 1 --warmup 0 --fill 2048 >/dev/null
-	for r in 1 2; do
-		timeout 60 "$K" bench-load "$M" --warmup 1 --daemon-pid "$pid" --blocks-per-call 1000 --layout hnd --calls 3 --jobs 1 2>&1 | grep -E 'GB/s|cpu|error' | head -3
-		fio --name=r --filename="$S" --rw=randread --bs=2M --ioengine=io_uring --iodepth=32 --direct=1 \
-			--time_based --runtime=3 --output-format=terse --terse-version=3 | awk -F';' '{printf "fio disk 2M QD32 O_DIRECT %.2f GB/s\n", $7*1024/1e9}'
-	done
-	"$K" umount "$M"
-done
-rm -f "$S"
+# The disk store against fio: the last section of scripts/measure-h200.sh.
