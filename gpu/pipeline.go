@@ -269,17 +269,15 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 	}
 	var batchErr error
 	reached := 0 // items before it were handed to a chunk
-	reqs := make([]store.ReadReq, 0, per)
-	var group []*chunk
-	var bounds []int
-	for lo := 0; lo < len(items) && batchErr == nil; {
-		// A group of up to readAhead chunks is read with one store call
-		// (more I/O in flight); the first buffer may be waited for, the
-		// others are taken only if free now.
-		group, bounds, reqs = group[:0], bounds[:0], reqs[:0]
-		for len(group) < p.readAhead() && lo < len(items) {
+	// prepare hands the next items, from lo, to a group of up to readAhead
+	// chunks, each with a staging buffer, and builds the group's read
+	// requests; it returns the new lo. The first buffer may be waited for
+	// (when mayWait), the others are taken only if free now.
+	prepare := func(g *readGroup, lo int, mayWait bool) int {
+		g.chunks, g.bounds, g.reqs, g.err, g.panicked = g.chunks[:0], g.bounds[:0], g.reqs[:0], nil, nil
+		for len(g.chunks) < p.readAhead() && lo < len(items) {
 			var st *Staging
-			if len(group) == 0 {
+			if len(g.chunks) == 0 && mayWait {
 				var err error
 				if st, err = h.acquire(finish); err != nil {
 					batchErr = err
@@ -290,7 +288,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 			}
 			hi := min(lo+per, len(items))
 			c := &chunk{st: st, copied: make([]bool, hi-lo), set: make([]int32, 0, hi-lo)}
-			bounds = append(bounds, len(reqs))
+			g.bounds = append(g.bounds, len(g.reqs))
 			rows, rb := p.Geo.Rows, p.Geo.RowBytes
 			for i := lo; i < hi; {
 				off := (i - lo) * gb
@@ -298,7 +296,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 				if n == 1 {
 					// Capacity to the buffer's end: the store lands adjacent
 					// groups of one slot with one read.
-					reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
+					g.reqs = append(g.reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
 					c.items = append(c.items, &items[i])
 					c.set = append(c.set, 1)
 					i++
@@ -311,31 +309,33 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 				sp := n * rb
 				for j := range n {
 					b := off + j*rb
-					reqs = append(reqs, store.ReadReq{Key: items[i+j].Key, Buf: st.Mem[b : b+(rows-1)*sp+rb], Pitch: sp, RowBytes: rb, Unverified: p.Verify != nil})
+					g.reqs = append(g.reqs, store.ReadReq{Key: items[i+j].Key, Buf: st.Mem[b : b+(rows-1)*sp+rb], Pitch: sp, RowBytes: rb, Unverified: p.Verify != nil})
 					c.items = append(c.items, &items[i+j])
 					c.set = append(c.set, int32(n*btoi(j == 0)))
 				}
 				i += n
 			}
-			group = append(group, c)
+			g.chunks = append(g.chunks, c)
 			reached, lo = hi, hi
 		}
-		if len(group) == 0 {
-			break
-		}
-		bounds = append(bounds, len(reqs))
-		if err := r.Read(reqs); err != nil {
-			batchErr = err
-			for _, c := range group {
+		g.bounds = append(g.bounds, len(g.reqs))
+		return lo
+	}
+	// queue takes a group whose read is over: on a failed read its items
+	// fail with the error; else each chunk's copies are queued and its
+	// event recorded. Either way its chunks join the batch's buffers.
+	queue := func(g *readGroup) {
+		if g.err != nil {
+			for _, c := range g.chunks {
 				for _, it := range c.items {
-					it.Err = err
+					it.Err = g.err
 				}
 				h.chunks = append(h.chunks, c)
 			}
-			break
+			return
 		}
-		for k, c := range group {
-			rq := reqs[bounds[k]:bounds[k+1]]
+		for k, c := range g.chunks {
+			rq := g.reqs[g.bounds[k]:g.bounds[k+1]]
 			if p.Verify != nil {
 				for j := range rq {
 					c.items[j].CRC = rq[j].CRC
@@ -346,6 +346,38 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 			h.chunks = append(h.chunks, c)
 		}
 	}
+	// With room for two groups in the depth, the next group is read (on
+	// its own goroutine) while this one's copies are queued: the storage
+	// does not wait for the copy submissions, nor they for the storage.
+	// Its buffers are then only taken if free now (the batch's own may all
+	// be this group's, not yet queued, so there is none to wait for);
+	// without any, and without the room, one group at a time.
+	overlap := 2*p.readAhead() <= p.depth()
+	var groups [2]readGroup
+	cur, next := &groups[0], &groups[1]
+	lo := prepare(cur, 0, true)
+	if len(cur.chunks) > 0 {
+		cur.start(r, overlap)
+	}
+	for len(cur.chunks) > 0 {
+		cur.wait()
+		if cur.err != nil && batchErr == nil {
+			batchErr = cur.err
+		}
+		if overlap && batchErr == nil && lo < len(items) {
+			if lo = prepare(next, lo, false); len(next.chunks) > 0 {
+				next.start(r, true)
+			}
+		}
+		queue(cur)
+		cur.chunks = cur.chunks[:0]
+		if len(next.chunks) == 0 && batchErr == nil && lo < len(items) {
+			if lo = prepare(next, lo, true); len(next.chunks) > 0 {
+				next.start(r, overlap)
+			}
+		}
+		cur, next = next, cur
+	}
 	h.release(finish)
 	if batchErr != nil {
 		for i := reached; i < len(items); i++ {
@@ -353,6 +385,43 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 		}
 	}
 	return batchErr
+}
+
+// readGroup is a group of chunks read with one store call.
+type readGroup struct {
+	chunks   []*chunk
+	bounds   []int // the chunks' requests: reqs[bounds[k]:bounds[k+1]]
+	reqs     []store.ReadReq
+	err      error // the store call's
+	panicked any   // a panic of the store call on its own goroutine
+	done     chan struct{}
+}
+
+// start reads the group's requests from r: on a goroutine of its own when
+// async (wait collects it), else now.
+func (g *readGroup) start(r Reader, async bool) {
+	if !async {
+		g.done = nil
+		g.err = r.Read(g.reqs)
+		return
+	}
+	g.done = make(chan struct{})
+	go func() {
+		defer close(g.done)
+		defer func() { g.panicked = recover() }()
+		g.err = r.Read(g.reqs)
+	}()
+}
+
+// wait waits for the group's read; a panic in it is raised here.
+func (g *readGroup) wait() {
+	if g.done != nil {
+		<-g.done
+		g.done = nil
+	}
+	if g.panicked != nil {
+		panic(g.panicked)
+	}
 }
 
 // queueH2D sets each item's outcome from its read and queues the copies of

@@ -34,6 +34,7 @@ type fakeStore struct {
 	reads      int
 	chunks     int // staging buffers filled, summed over reads
 	unverified int
+	onRead     func(n int) // called as read n (1-based) starts
 }
 
 func newFakeStore(dev *gputest.Device) *fakeStore {
@@ -62,8 +63,12 @@ func (s *fakeStore) Read(reqs []store.ReadReq) error {
 	}
 	s.mu.Lock()
 	s.reads++
+	n, hook := s.reads, s.onRead
 	s.chunks += len(ends)
 	s.mu.Unlock()
+	if hook != nil {
+		hook(n)
+	}
 	for i := range reqs {
 		q := &reqs[i]
 		s.dev.HostWrite(q.Buf)
@@ -152,7 +157,84 @@ func newRig(t *testing.T, count, groupsPerBuf, depth int) *rig {
 			t.Errorf("pool close: %v", err)
 		}
 	})
-	return &rig{dev: dev, pool: pool, p: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: geo, Depth: depth}, st: newFakeStore(dev)}
+	p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: geo, Depth: depth}
+	if rigOverlap {
+		p.ReadAhead = max(1, depth/2)
+	}
+	return &rig{dev: dev, pool: pool, p: p, st: newFakeStore(dev)}
+}
+
+// rigOverlap makes newRig's pipelines read ahead half their depth, so
+// that the next group's store read overlaps the queueing of this group's
+// copies (TestOverlapVariants).
+var rigOverlap bool
+
+// TestOverlapVariants runs the pipeline tests again with the next group's
+// read overlapping the queueing of the copies.
+func TestOverlapVariants(t *testing.T) {
+	rigOverlap = true
+	defer func() { rigOverlap = false }()
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"LoadRoundTrip", TestLoadRoundTrip},
+		{"StagingReusedOnlyAfterEvent", TestStagingReusedOnlyAfterEvent},
+		{"CorruptMidBatchZeroedAndReported", TestCorruptMidBatchZeroedAndReported},
+		{"AbsentLeavesDestination", TestAbsentLeavesDestination},
+		{"CopyFailsMidBatch", TestCopyFailsMidBatch},
+		{"RecordFailureFallsBackToSynchronize", TestRecordFailureFallsBackToSynchronize},
+		{"PitchedLoadAndStore", TestPitchedLoadAndStore},
+		{"ConcurrentBatchesSharePool", TestConcurrentBatchesSharePool},
+		{"VerifyOnDevice", TestVerifyOnDevice},
+		{"InterleavedSets", TestInterleavedSets},
+	} {
+		t.Run(tc.name, tc.fn)
+	}
+}
+
+// TestReadOverlapsCopies: with room for two groups in the depth, the next
+// group's store read is under way while this group's copies are queued.
+// The first copy waits for the second read to start: one group at a time,
+// it never would (the test fails after a timeout); overlapped, it does.
+// Every byte still lands, and no staging buffer is written under a copy.
+func TestReadOverlapsCopies(t *testing.T) {
+	r := newRig(t, 8, 4, 8)
+	r.p.ReadAhead = 2
+	second := make(chan struct{})
+	var once sync.Once
+	r.st.onRead = func(n int) {
+		if n == 2 {
+			once.Do(func() { close(second) })
+		}
+	}
+	overlapped := true
+	r.dev.FailEnqueue = func(i int) error {
+		if i == 0 {
+			select {
+			case <-second:
+			case <-time.After(2 * time.Second):
+				overlapped = false
+			}
+		}
+		return nil
+	}
+	its := r.items(64, 11)
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	if !overlapped {
+		t.Fatal("the second group's read did not start while the first group's copies were queued")
+	}
+	for i, it := range its {
+		if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+	}
+	r.checkClean(t)
+	if r.st.reads < 2 {
+		t.Fatalf("%d reads", r.st.reads)
+	}
 }
 
 // items puts n groups in the store and returns load items for them at
