@@ -97,12 +97,7 @@ func TestCorruptPayloadNeverServed(t *testing.T) {
 	s, m := newMemStore(t, 4, testGeo)
 	keys := keysOf(7, 0, 1, 2, 3)
 	put(t, s, keys, 1)
-	gi, err := s.Stat(keys[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb := s.Superblock()
-	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + testGeo.Offset(testGeo.Index(keys[1]))
+	off := groupOnDevice(t, s, keys[1])
 	m.Poke(off+17, []byte{0xff ^ m.Image()[off+17]})
 	reqs := make([]store.ReadReq, len(keys))
 	for i, k := range keys {

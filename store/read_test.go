@@ -220,12 +220,7 @@ func TestReadPitchedCorrupt(t *testing.T) {
 	for _, vec := range []bool{false, true} {
 		s, c := nhdFixture(t, vec, store.Options{ScatterMin: 512})
 		k := nhdGeo.KeyAt(1, 5)
-		gi, err := s.Stat(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sb := s.Superblock()
-		off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + nhdGeo.Offset(5)
+		off := groupOnDevice(t, s, k)
 		img := c.Mem.Image()
 		c.Mem.Poke(off+100, []byte{img[off+100] ^ 1})
 		rb := nhdGeo.RowBytes()
@@ -578,12 +573,7 @@ func readLargeCorrupt(t *testing.T, mode string) {
 		}
 	}
 	bad := geo.KeyAt(3, 300)
-	gi, err := s.Stat(bad)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb := s.Superblock()
-	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + geo.Offset(300)
+	off := groupOnDevice(t, s, bad)
 	m.Poke(off+9, []byte{^m.Image()[off+9]})
 	buf, err := store.AllocAligned(blocks * per * gb)
 	if err != nil {
@@ -600,11 +590,7 @@ func readLargeCorrupt(t *testing.T, mode string) {
 	// With notify, the read of block 2's slot at group offset 0 fails.
 	failed := func(k layout.Key) bool { return false }
 	if notify {
-		gi2, err := s.Stat(geo.KeyAt(2, 0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		at := sb.DataOffset + gi2.Slot*sb.SlotBytes + 2*sb.HeaderBytes
+		at := groupOnDevice(t, s, geo.KeyAt(2, 0))
 		faulty.SetInjector(func(_ int, r store.IO) storetest.Fault {
 			if r.Op == store.OpRead && r.Off == at {
 				return storetest.EIO
@@ -712,12 +698,7 @@ func TestReadUnverified(t *testing.T) {
 	for _, vec := range []bool{false, true} {
 		s, c := nhdFixture(t, vec, store.Options{ScatterMin: 512})
 		good, bad := nhdGeo.KeyAt(1, 4), nhdGeo.KeyAt(1, 5)
-		gi, err := s.Stat(bad)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sb := s.Superblock()
-		off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + nhdGeo.Offset(5)
+		off := groupOnDevice(t, s, bad)
 		img := c.Mem.Image()
 		c.Mem.Poke(off+100, []byte{img[off+100] ^ 1})
 		gb := nhdGeo.GroupBytes()
@@ -834,4 +815,17 @@ func TestReadOrderings(t *testing.T) {
 			}
 		}
 	}
+}
+
+// groupOnDevice is the device offset of group k's payload in the store
+// behind s (its slot's data area, past the two header copies).
+func groupOnDevice(t *testing.T, s *store.Store, k layout.Key) int64 {
+	t.Helper()
+	gi, err := s.Stat(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := s.Superblock()
+	g := s.Geometry()
+	return sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + g.Offset(g.Index(k))
 }
