@@ -22,6 +22,19 @@ type landing struct {
 	inside, beside int
 }
 
+// watch makes [lo, hi) the daemon's mapping of registered buffer id of ss
+// and zeroes the counts.
+func (l *landing) watch(ss *Session, id uint32) {
+	ss.mu.Lock()
+	dm := ss.mu.bufs[id].mem
+	ss.mu.Unlock()
+	l.mu.Lock()
+	l.lo = uintptr(unsafe.Pointer(&dm[0]))
+	l.hi = l.lo + uintptr(len(dm))
+	l.inside, l.beside = 0, 0
+	l.mu.Unlock()
+}
+
 func (l *landing) Do(ios []store.IO) error {
 	l.mu.Lock()
 	for i := range ios {
@@ -103,14 +116,7 @@ func TestLoadNHDNoBounce(t *testing.T) {
 		}
 	}
 	// The daemon's own mapping of the registered file.
-	ss.mu.Lock()
-	dm := ss.mu.bufs[id].mem
-	ss.mu.Unlock()
-	eng.mu.Lock()
-	eng.lo = uintptr(unsafe.Pointer(&dm[0]))
-	eng.hi = eng.lo + uintptr(len(dm))
-	eng.inside, eng.beside = 0, 0
-	eng.mu.Unlock()
+	eng.watch(ss, id)
 	before := st.Metrics().Bounced
 	got := mustBatch(t, ss, true, es)
 	for i := range got {
@@ -163,14 +169,7 @@ func TestLoadNHDNoBounce(t *testing.T) {
 			copy(want[off+r*pitch:], data[i][r*rb:(r+1)*rb])
 		}
 	}
-	ss.mu.Lock()
-	dm = ss.mu.bufs[tid].mem
-	ss.mu.Unlock()
-	eng.mu.Lock()
-	eng.lo = uintptr(unsafe.Pointer(&dm[0]))
-	eng.hi = eng.lo + uintptr(len(dm))
-	eng.inside, eng.beside = 0, 0
-	eng.mu.Unlock()
+	eng.watch(ss, tid)
 	before = st.Metrics().Bounced
 	if nok, errno := ss.Ioctl(abi.CmdLoadBlocks, bin[:], bout[:]); errno != 0 || nok != 1 {
 		t.Fatalf("LOAD_BLOCKS: %d ok, %v", nok, errno)
