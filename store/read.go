@@ -716,22 +716,17 @@ func destCRC(w *want) uint32 {
 // stores where ntRows allows).
 func land(w *want, src []byte) {
 	q := w.r
-	if w.rows == 0 {
-		if haveNT && ntRows && len(q.Buf)%64 == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(q.Buf)))%16 == 0 && len(src) >= len(q.Buf) {
-			copyRowsNT(unsafe.Pointer(unsafe.SliceData(q.Buf)), unsafe.Pointer(unsafe.SliceData(src)), 1, len(q.Buf), 0)
-			return
-		}
-		copy(q.Buf, src)
+	rows, rb, pitch := w.rows, q.RowBytes, q.Pitch
+	if rows == 0 { // contiguous: one row
+		rows, rb, pitch = 1, len(q.Buf), 0
+	}
+	if haveNT && ntRows && rb%64 == 0 && pitch%16 == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(q.Buf)))%16 == 0 &&
+		len(src) >= rows*rb && len(q.Buf) >= (rows-1)*pitch+rb {
+		copyRowsNT(unsafe.Pointer(unsafe.SliceData(q.Buf)), unsafe.Pointer(unsafe.SliceData(src)), rows, rb, pitch)
 		return
 	}
-	rb := q.RowBytes
-	if haveNT && ntRows && rb%64 == 0 && q.Pitch%16 == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(q.Buf)))%16 == 0 &&
-		len(src) >= w.rows*rb && len(q.Buf) >= (w.rows-1)*q.Pitch+rb {
-		copyRowsNT(unsafe.Pointer(unsafe.SliceData(q.Buf)), unsafe.Pointer(unsafe.SliceData(src)), w.rows, rb, q.Pitch)
-		return
-	}
-	for row := range w.rows {
-		copy(q.Buf[row*q.Pitch:row*q.Pitch+rb], src[row*rb:(row+1)*rb])
+	for row := range rows {
+		copy(q.Buf[row*pitch:row*pitch+rb], src[row*rb:(row+1)*rb])
 	}
 }
 
