@@ -80,13 +80,21 @@ type run struct {
 // readScratch is the per-call working memory of Read, pooled so that a
 // batch allocates nothing per group.
 type readScratch struct {
-	wants   []want
-	sorted  []want // sortWants' gather buffer
-	segs    []wantSeg
-	pins    []int64
-	runs    []run
+	wants  []want
+	sorted []want // sortWants' gather buffer
+	segs   []wantSeg
+	pins   []int64
+	runs   []run
+	vecs   [][]byte
+	win    [2]readWindow
+	pend   [2]windowTask
+}
+
+// readWindow is the working memory of one window of runs: its I/O requests
+// and the bounce buffers its runs were carved from. Two windows of a call
+// may be in flight at once (see readWants).
+type readWindow struct {
 	ios     []IO
-	vecs    [][]byte
 	bounces [][]byte
 }
 
@@ -110,9 +118,12 @@ func (s *Store) putScratch(sc *readScratch) {
 	clear(sc.wants) // no references to callers' memory outlive the call
 	clear(sc.sorted)
 	clear(sc.runs)
-	clear(sc.ios)
+	for i := range sc.win {
+		clear(sc.win[i].ios)
+		sc.win[i].ios = sc.win[i].ios[:0]
+	}
 	clear(sc.vecs)
-	sc.wants, sc.pins, sc.runs, sc.ios, sc.vecs = sc.wants[:0], sc.pins[:0], sc.runs[:0], sc.ios[:0], sc.vecs[:0]
+	sc.wants, sc.pins, sc.runs, sc.vecs = sc.wants[:0], sc.pins[:0], sc.runs[:0], sc.vecs[:0]
 	s.scratch.Lock()
 	if len(s.scratch.free) < maxScratch {
 		s.scratch.free = append(s.scratch.free, sc)
@@ -258,11 +269,32 @@ func (s *Store) readWants(sc *readScratch, wants []want) error {
 	for i := range runs {
 		s.landing(sc, &runs[i], wants)
 	}
-	defer s.putBounces(sc) // when a fault panics through verify
+	pend := &sc.pend
+	defer func() {
+		// When a fault panics through verify: let the other window's
+		// goroutine finish too (nothing touches caller memory after Read)
+		// and leave the pooled scratch clean.
+		for i := range pend {
+			pend[i].wg.Wait()
+			pend[i].started, pend[i].err, pend[i].caught = false, nil, nil
+			s.putBounces(&sc.win[i])
+		}
+	}()
 	// Issue the runs in windows whose bounce memory stays bounded; runs
-	// that land in the callers' memory need none.
-	const window = 64 << 20
-	for lo := 0; lo < len(runs); {
+	// that land in the callers' memory need none. On the rings two windows
+	// are in flight at once: the next is queued while the last I/Os of the
+	// one before drain and are verified, so the device's queue does not
+	// run dry at every window's end (one window at a time left a disk store
+	// waiting on its slowest I/O 32 times a gigabyte). Inline reads keep
+	// every core busy within a window already.
+	window := readWindowBytes
+	pipelined := s.inline == nil
+	if pipelined {
+		window /= 2
+	}
+	var werr error
+	k := 0
+	for lo := 0; lo < len(runs); k++ {
 		hi, bytes := lo, 0
 		for hi < len(runs) {
 			need := 0
@@ -275,22 +307,92 @@ func (s *Store) readWants(sc *readScratch, wants []want) error {
 			bytes += need
 			hi++
 		}
-		err := s.readRuns(sc, runs[lo:hi], wants)
-		s.putBounces(sc)
-		if err != nil {
-			return err
+		w := &sc.win[k%2]
+		if !pipelined || (lo == 0 && hi == len(runs)) {
+			err := s.readRuns(sc, w, runs[lo:hi], wants)
+			s.putBounces(w)
+			if err != nil {
+				return err
+			}
+			lo = hi
+			continue
+		}
+		// w's previous window (k-2) was waited for below, at k-1.
+		win := runs[lo:hi]
+		pend[k%2].start(func() error { return s.readRuns(sc, w, win, wants) })
+		if k > 0 {
+			if err := s.finishWindow(&pend[(k-1)%2], &sc.win[(k-1)%2]); err != nil && werr == nil {
+				werr = err
+			}
+		}
+		if werr != nil {
+			break
 		}
 		lo = hi
 	}
-	return nil
+	if pipelined && k > 0 {
+		// The last window started (and, after an error, the one before
+		// it if it is still running).
+		for i := range pend {
+			if pend[i].started {
+				if err := s.finishWindow(&pend[i], &sc.win[i]); err != nil && werr == nil {
+					werr = err
+				}
+			}
+		}
+	}
+	return werr
 }
 
-func (s *Store) putBounces(sc *readScratch) {
-	for _, b := range sc.bounces {
+// readWindowBytes bounds the bounce memory of one call's reads in flight.
+const readWindowBytes = 64 << 20
+
+// windowTask is one window of runs read on its own goroutine.
+type windowTask struct {
+	wg      sync.WaitGroup
+	started bool
+	err     error
+	caught  any
+}
+
+// start runs f on a goroutine that touches caller memory as the calling
+// goroutine would (its panic-on-fault setting); a panic is kept for wait.
+func (t *windowTask) start(f func() error) {
+	onFault := debug.SetPanicOnFault(true)
+	debug.SetPanicOnFault(onFault)
+	t.started, t.err, t.caught = true, nil, nil
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		debug.SetPanicOnFault(onFault)
+		defer func() {
+			if r := recover(); r != nil {
+				t.caught = r
+			}
+		}()
+		t.err = f()
+	}()
+}
+
+// finishWindow waits for t, gives back w's bounce memory and raises t's
+// panic (a fault on a client's mapping) again in the caller.
+func (s *Store) finishWindow(t *windowTask, w *readWindow) error {
+	t.wg.Wait()
+	t.started = false
+	s.putBounces(w)
+	if c := t.caught; c != nil {
+		t.caught = nil
+		panic(c)
+	}
+	return t.err
+}
+
+func (s *Store) putBounces(w *readWindow) {
+	for _, b := range w.bounces {
 		s.putBounce(b)
 	}
-	clear(sc.bounces)
-	sc.bounces = sc.bounces[:0]
+	clear(w.bounces)
+	w.bounces = w.bounces[:0]
 }
 
 // wantSeg is a stretch wants[lo:hi] of one slot in group order.
@@ -396,10 +498,10 @@ func follows(a, b []byte) bool {
 }
 
 // readRuns issues one window of runs and verifies their groups.
-func (s *Store) readRuns(sc *readScratch, runs []run, wants []want) error {
+func (s *Store) readRuns(sc *readScratch, w *readWindow, runs []run, wants []want) error {
 	gb := s.geo.GroupBytes()
 	stride := int(s.geo.GroupStride())
-	ios := sc.ios[:0]
+	ios := w.ios[:0]
 	// Bounce memory sized to the data: runs are carved one after another
 	// out of MaxIO-sized buffers.
 	var cur []byte
@@ -416,10 +518,10 @@ func (s *Store) readRuns(sc *readScratch, runs []run, wants []want) error {
 			if len(cur) < need {
 				b, err := s.getBounce()
 				if err != nil {
-					sc.ios = ios
+					w.ios = ios
 					return err
 				}
-				sc.bounces = append(sc.bounces, b)
+				w.bounces = append(w.bounces, b)
 				cur = b
 			}
 			r.buf, cur = cur[:need:need], cur[need:]
@@ -427,7 +529,7 @@ func (s *Store) readRuns(sc *readScratch, runs []run, wants []want) error {
 		}
 		ios = append(ios, io)
 	}
-	sc.ios = ios
+	w.ios = ios
 	if s.inline != nil {
 		s.readInline(runs, ios, wants)
 		return nil

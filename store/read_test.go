@@ -6,7 +6,9 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -436,6 +438,127 @@ func TestBounceSizedToData(t *testing.T) {
 	}
 }
 
+// callCounter counts the engine calls in progress at once (most), each
+// held for a moment so that a second call could start meanwhile.
+type callCounter struct{ inflight, most atomic.Int32 }
+
+func (c *callCounter) enter() (leave func()) {
+	n := c.inflight.Add(1)
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	time.Sleep(20 * time.Millisecond)
+	return func() { c.inflight.Add(-1) }
+}
+
+// overlapEngine counts its Do calls at once and hands out the store's
+// buffers (allocCounter).
+type overlapEngine struct {
+	*allocCounter
+	calls callCounter
+}
+
+func (o *overlapEngine) Do(ios []store.IO) error {
+	defer o.calls.enter()()
+	return o.allocCounter.Do(ios)
+}
+
+// overlapNotify is a NotifyEngine (as the ring engines) that counts its
+// DoNotify calls at once and hands out the store's buffers.
+type overlapNotify struct {
+	*storetest.Notifying
+	alloc *allocCounter
+	calls callCounter
+}
+
+func (o *overlapNotify) DoNotify(ios []store.IO, done func(int)) error {
+	defer o.calls.enter()()
+	return o.Notifying.DoNotify(ios, done)
+}
+func (o *overlapNotify) AllocBuffer(n int) ([]byte, error) { return o.alloc.AllocBuffer(n) }
+func (o *overlapNotify) FreeBuffer(b []byte)               { o.alloc.FreeBuffer(b) }
+
+// TestReadWindowsOverlap: a read of 40 MiB of groups that all bounce (a
+// disk store's runs under O_DIRECT, destinations apart) is issued in
+// windows of bounded bounce memory, two of them in flight at once, so the
+// device's queue does not run dry at each window's end (one at a time, no
+// two engine calls of one Read ever overlapped). Every group lands, a
+// corrupt one in the second window is zeroed and reported, and the bounce
+// memory stays within the call's bound.
+func TestReadWindowsOverlap(t *testing.T) {
+	for _, notify := range []bool{false, true} {
+		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) {
+			geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
+			const blocks = 20
+			m := storetest.NewMem(store.SizeFor(geo, blocks+1), 4096)
+			if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			ac := &allocCounter{Mem: m}
+			oe := &overlapEngine{allocCounter: ac}
+			var e store.Engine = oe
+			calls := &oe.calls
+			if notify {
+				on := &overlapNotify{Notifying: storetest.NewNotifying(ac), alloc: ac}
+				e, calls = on, &on.calls
+			}
+			s := openStore(t, e, store.Options{MaxIO: 2 << 20})
+			gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
+			for blk := uint64(1); blk <= blocks; blk++ {
+				w := make([]store.WriteReq, per)
+				for i := range w {
+					k := geo.KeyAt(blk, i)
+					w[i] = store.WriteReq{Key: k, Data: groupData(geo, k, 1)}
+				}
+				if err := s.Write(w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			bad := geo.KeyAt(blocks-2, 77)
+			off := groupOnDevice(t, s, bad)
+			m.Poke(off+9, []byte{^m.Image()[off+9]})
+			dst := make([]byte, blocks*per*gb+1)
+			var reqs []store.ReadReq
+			for blk := uint64(1); blk <= blocks; blk++ {
+				for i := range per {
+					o := 1 + ((int(blk)-1)*per+i)*gb // unaligned: every run bounces
+					reqs = append(reqs, store.ReadReq{Key: geo.KeyAt(blk, i), Buf: dst[o : o+gb]})
+				}
+			}
+			calls.most.Store(0)
+			ac.mu.Lock()
+			ac.peak = ac.out
+			base := ac.out
+			ac.mu.Unlock()
+			if err := s.Read(reqs); err != nil {
+				t.Fatal(err)
+			}
+			zero := make([]byte, gb)
+			for _, r := range reqs {
+				if r.Key == bad {
+					if !errors.Is(r.Err, store.ErrCorrupt) || !bytes.Equal(r.Buf, zero) {
+						t.Fatalf("corrupt group: %v, zeroed %v", r.Err, bytes.Equal(r.Buf, zero))
+					}
+					continue
+				}
+				if r.Err != nil || !bytes.Equal(r.Buf, groupData(geo, r.Key, 1)) {
+					t.Fatalf("%v: %v", r.Key, r.Err)
+				}
+			}
+			ac.mu.Lock()
+			used := ac.peak - base
+			ac.mu.Unlock()
+			most := calls.most.Load()
+			t.Logf("%d engine calls at once at most, %d bytes of bounce memory for %d bytes of data", most, used, len(reqs)*gb)
+			if most < 2 {
+				t.Errorf("the windows of one Read never overlapped (%d engine call at once)", most)
+			}
+			if limit := 64<<20 + 4<<20; used > limit {
+				t.Errorf("%d bytes of bounce memory for one Read (limit %d)", used, limit)
+			}
+		})
+	}
+}
+
 // TestReadFaultPanicsInCaller: a read large enough to be verified on
 // several goroutines, into a caller's mapping whose file was truncated (as
 // a client may do to a daemon), with panic-on-fault set by the caller:
@@ -444,14 +567,17 @@ func TestBounceSizedToData(t *testing.T) {
 // left behind: the invariants check runs at Close).
 func TestReadFaultPanicsInCaller(t *testing.T) {
 	for _, notify := range []bool{false, true} {
-		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) { readFaultPanicsInCaller(t, notify, false) })
+		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) { readFaultPanicsInCaller(t, notify, false, 3) })
 	}
-	t.Run("aligned", func(t *testing.T) { readFaultPanicsInCaller(t, false, true) })
+	t.Run("aligned", func(t *testing.T) { readFaultPanicsInCaller(t, false, true, 3) })
+	// 40 MiB of bounced runs: two windows in flight, each on its own
+	// goroutine.
+	t.Run("windows", func(t *testing.T) { readFaultPanicsInCaller(t, true, false, 20) })
 }
 
-func readFaultPanicsInCaller(t *testing.T, notify, aligned bool) {
+func readFaultPanicsInCaller(t *testing.T, notify, aligned bool, blocks int) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
-	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
+	m := storetest.NewMem(store.SizeFor(geo, int64(blocks)+1), 4096)
 	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -461,9 +587,9 @@ func readFaultPanicsInCaller(t *testing.T, notify, aligned bool) {
 	}
 	s := openStore(t, e, store.Options{})
 	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
-	const blocks = 3 // 6 MiB: more than one verification piece
+	// 3 blocks, 6 MiB: more than one verification piece.
 	var reqs []store.ReadReq
-	for blk := uint64(1); blk <= blocks; blk++ {
+	for blk := uint64(1); blk <= uint64(blocks); blk++ {
 		w := make([]store.WriteReq, per)
 		for i := range w {
 			w[i] = store.WriteReq{Key: geo.KeyAt(blk, i), Data: make([]byte, gb)}
@@ -486,7 +612,7 @@ func readFaultPanicsInCaller(t *testing.T, notify, aligned bool) {
 		t.Fatal(err)
 	}
 	defer unix.Munmap(mem)
-	for blk := uint64(1); blk <= blocks; blk++ {
+	for blk := uint64(1); blk <= uint64(blocks); blk++ {
 		for i := range per {
 			o := 1 + ((int(blk)-1)*per+i)*gb // unaligned: every run bounces
 			if aligned {
