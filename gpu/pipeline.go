@@ -104,6 +104,18 @@ type chunk struct {
 	set    []int32
 	failed error // queueing failed; items not yet final fail with it
 	runs   []run
+	// pos is, per item, its group's place in the staging buffer (in
+	// GroupBytes), nil when that is the item's own index: packed tiles are
+	// staged in the order of their destinations (see sortStaging).
+	pos []int32
+}
+
+// at is the offset in the staging buffer of item i's group.
+func (c *chunk) at(i, gb int) int {
+	if c.pos != nil {
+		return int(c.pos[i]) * gb
+	}
+	return i * gb
 }
 
 // held is a batch's buffers in flight, oldest first.
@@ -315,6 +327,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 				}
 				i += n
 			}
+			p.sortStaging(c, g.reqs[g.bounds[len(g.bounds)-1]:], st)
 			g.chunks = append(g.chunks, c)
 			reached, lo = hi, hi
 		}
@@ -446,11 +459,12 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		}
 		it := c.items[i]
 		rerr := reqs[i].Err
+		src := c.at(i, gb)
 		switch {
 		case rerr == nil:
 		case errors.Is(rerr, store.ErrCorrupt):
 			// Never leave a failed group in the destination as if good.
-			clear(c.st.Mem[i*gb : (i+1)*gb])
+			clear(c.st.Mem[src : src+gb])
 		default:
 			it.Err = rerr
 			i++
@@ -464,12 +478,12 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		}
 		c.copied[i] = true
 		if it.Pitch == 0 || it.Pitch == rb {
-			if n := len(runs); n > 0 && runs[n-1].src+runs[n-1].n == i*gb && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
+			if n := len(runs); n > 0 && runs[n-1].src+runs[n-1].n == src && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
 				runs[n-1].n += gb
 				i++
 				continue
 			}
-			runs = append(runs, run{src: i * gb, dst: it.Dst, n: gb})
+			runs = append(runs, run{src: src, dst: it.Dst, n: gb})
 			i++
 			continue
 		}
@@ -499,6 +513,50 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// sortStaging places a chunk's packed tiles in its staging buffer in the
+// order of their destinations, so that tiles next to each other on the
+// device are next to each other in staging and move with one copy: the
+// tiles of one (layer, kind, head) of consecutive cache blocks of a Hugging
+// Face cache ([batch, kv_heads, seq, head_dim]: one 4 KiB copy per group,
+// in item order), and all heads of consecutive blocks of a head-major one.
+// The store then lands a run of a slot's groups by vector read (its
+// destinations lie apart in staging) instead of one contiguous read. Chunks
+// with pitched tiles (interleaved sets), or already in destination order,
+// keep item order.
+func (p *Pipeline) sortStaging(c *chunk, reqs []store.ReadReq, st *Staging) {
+	n := len(c.items)
+	if n < 2 {
+		return
+	}
+	rb := p.Geo.RowBytes
+	sorted := true
+	for i, it := range c.items {
+		if it.Pitch != 0 && it.Pitch != rb {
+			return
+		}
+		if i > 0 && it.Dst < c.items[i-1].Dst {
+			sorted = false
+		}
+	}
+	if sorted {
+		return
+	}
+	gb := p.Geo.GroupBytes
+	order := make([]int32, n)
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortFunc(order, func(a, b int32) int { return cmp.Compare(c.items[a].Dst, c.items[b].Dst) })
+	c.pos = make([]int32, n)
+	for k, i := range order {
+		c.pos[i] = int32(k)
+	}
+	for i := range reqs {
+		o := int(c.pos[i]) * gb
+		reqs[i].Buf = st.Mem[o : o+gb : len(st.Mem)]
+	}
 }
 
 // interleaved is how many of its, from the first, form an interleaved set:
@@ -592,13 +650,14 @@ type run struct {
 // H100/H200 at 2^31-1).
 const maxPitch = 1 << 30
 
-// copyRuns queues the chunk's runs. With a Copier2D, runs of equal length
-// whose sources and destinations advance by constant strides (in device
-// order) become one 2D copy: the heads of one (layer, kind) of consecutive
-// cache blocks of an HND target, which lie a block apart in staging and
-// next to each other on the device, move in one copy.
+// copyRuns queues the chunk's runs in device order, runs next to each other
+// on both sides as one copy. With a Copier2D, runs of equal length whose
+// sources and destinations advance by constant strides become one 2D copy:
+// the heads of one (layer, kind) of consecutive cache blocks of an HND
+// target, when they lie a block apart in staging and next to each other on
+// the device, move in one copy.
 func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
-	if c2 == nil || len(runs) < 2 {
+	if len(runs) < 2 {
 		for _, r := range runs {
 			if err := q.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n]); err != nil {
 				return err
@@ -607,6 +666,26 @@ func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
 		return nil
 	}
 	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.dst, b.dst) })
+	// Runs next to each other on both sides (staged in destination order
+	// by sortStaging, queued in item order) are one copy.
+	k := 0
+	for _, r := range runs[1:] {
+		if last := &runs[k]; last.src+last.n == r.src && last.dst+uint64(last.n) == r.dst {
+			last.n += r.n
+			continue
+		}
+		k++
+		runs[k] = r
+	}
+	runs = runs[:k+1]
+	if c2 == nil {
+		for _, r := range runs {
+			if err := q.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for lo := 0; lo < len(runs); {
 		r0 := runs[lo]
 		hi := lo + 1

@@ -620,10 +620,13 @@ func TestPoolRefusesBusyBuffer(t *testing.T) {
 	}
 }
 
-// TestRunsMergeInto2D: groups laid out as an HND target's (per region,
-// consecutive cache blocks adjacent on the device, a block apart in
-// staging) move with one 2D copy per region and chunk when the device has
-// them, and land the same either way.
+// TestRunsMergeInto2D: groups laid out as a Hugging Face target's (per
+// region, a (layer, kind, head) of the cache, consecutive cache blocks
+// adjacent on the device), given block by block as a LOAD_BLOCKS entry
+// lists them, are staged in destination order: each region's tiles move
+// with one copy (there were blocks×regions copies in item order), and with
+// 2D copies the chunk's regions, a constant pitch apart, with one. They
+// land the same either way.
 func TestRunsMergeInto2D(t *testing.T) {
 	const blocks, regions = 4, 2
 	const region = 1 << 20
@@ -647,16 +650,63 @@ func TestRunsMergeInto2D(t *testing.T) {
 					t.Fatalf("item %d: %v", i, it.Err)
 				}
 			}
-			want := 0
+			// One copy per region (all blocks in one chunk), or one 2D
+			// copy of a row per region.
+			want2D := 0
 			if twoD {
-				want = regions // one per region: all blocks in one chunk
+				want2D = 1
 			}
-			if n := r.dev.Copies2D(); n != want {
-				t.Fatalf("%d 2D copies, want %d", n, want)
+			if n, n2 := r.dev.Copies(), r.dev.Copies2D(); n != regions || n2 != want2D {
+				t.Fatalf("%d copies (%d 2D), want %d (%d 2D)", n, n2, regions, want2D)
 			}
 			r.checkClean(t)
 		})
 	}
+}
+
+// TestStagedOutOfOrderFailures: in a chunk staged in destination order
+// (not item order), a corrupt group is zeroed where it was staged and on
+// the device, an absent group's tile is left as it was, and the others
+// land, in several chunks.
+func TestStagedOutOfOrderFailures(t *testing.T) {
+	const blocks, regions = 6, 3
+	const region = 1 << 20
+	r := newRig(t, 4, 6, 2) // 18 groups in chunks of up to 6
+	its := make([]gpu.Item, blocks*regions)
+	const bad, absent = 7, 10
+	for b := range blocks {
+		for k := range regions {
+			i := b*regions + k
+			if i != absent {
+				r.st.groups[key(i)] = content(i)
+			}
+			its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(k*region+b*gb)}
+		}
+	}
+	r.st.corrupt[key(bad)] = true
+	old := bytes.Repeat([]byte{0xAB}, gb)
+	r.dev.Fill(its[absent].Dst, old)
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		got := r.dev.Mem(it.Dst, gb)
+		switch i {
+		case bad:
+			if !errors.Is(it.Err, store.ErrCorrupt) || !bytes.Equal(got, make([]byte, gb)) {
+				t.Fatalf("corrupt item: %v, zeroed %v", it.Err, bytes.Equal(got, make([]byte, gb)))
+			}
+		case absent:
+			if !errors.Is(it.Err, store.ErrNotFound) || !bytes.Equal(got, old) {
+				t.Fatalf("absent item: %v, untouched %v", it.Err, bytes.Equal(got, old))
+			}
+		default:
+			if it.Err != nil || !bytes.Equal(got, content(i)) {
+				t.Fatalf("item %d: %v", i, it.Err)
+			}
+		}
+	}
+	r.checkClean(t)
 }
 
 // TestVerifyOnDevice: with Pipeline.Verify the store's reads are
