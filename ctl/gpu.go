@@ -74,7 +74,9 @@ type GPUOptions struct {
 	ReadAhead int
 	// VerifyOnGPU checks loaded groups where they land, in GPU memory,
 	// with the CRC32C kernel (gpu.GPUVerifier) instead of on the CPU in
-	// staging. NewVerifier, when set, replaces the kernel (tests).
+	// staging, and has the kernel checksum the groups a STORE staged (the
+	// CPU then reads no payload either way). NewVerifier, when set,
+	// replaces the kernel (tests).
 	VerifyOnGPU bool
 	// TrustHandles skips the exporter check: by default a caller may
 	// register only a handle its own process exported (GPU.Exporter
@@ -82,7 +84,7 @@ type GPUOptions struct {
 	// trusted client, or tests that export from one process and register
 	// from another; kvfs mount never sets it.
 	TrustHandles bool
-	NewVerifier  func(ordinal int, geo gpu.Geometry) (verify func([]*gpu.Item) error, close func() error, err error)
+	NewVerifier  func(ordinal int, geo gpu.Geometry) (gpu.Checker, error)
 }
 
 // OpenCUDA opens a CUDA device for the server.
@@ -196,21 +198,15 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 	if g.opts.VerifyOnGPU {
 		nv := g.opts.NewVerifier
 		if nv == nil {
-			nv = func(o int, geo gpu.Geometry) (func([]*gpu.Item) error, func() error, error) {
-				v, err := gpu.NewGPUVerifier(o, geo)
-				if err != nil {
-					return nil, nil, err
-				}
-				return v.Verify, v.Close, nil
-			}
+			nv = func(o int, geo gpu.Geometry) (gpu.Checker, error) { return gpu.NewGPUVerifier(o, geo) }
 		}
-		verify, vclose, err := nv(ordinal, g.geo)
+		chk, err := nv(ordinal, g.geo)
 		if err != nil {
 			_ = pool.Close()
 			_ = dev.Close()
 			return nil, fmt.Errorf("%w: device %d: GPU checksum kernel: %w", ErrNoGPU, ordinal, err)
 		}
-		d.pipe.Verify, d.vclose = verify, vclose
+		d.pipe.Verify, d.pipe.Sum, d.vclose = chk.Verify, chk.Sum, chk.Close
 	}
 	if g.devs == nil {
 		g.devs = map[int]*gpuDev{}
@@ -223,6 +219,18 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 }
 
 // close frees every device's pool and releases the devices.
+// summed is how many staged groups of STOREs the devices checksummed
+// (VerifyOnGPU), and on how many their checksum failed.
+func (g *gpus) summed() (ok, failed uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, d := range g.devs {
+		o, f := d.pipe.Summed()
+		ok, failed = ok+o, failed+f
+	}
+	return ok, failed
+}
+
 func (g *gpus) close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -571,6 +571,128 @@ func TestBlocksCUDA(t *testing.T) {
 	}
 }
 
+// fakeChecker is a gpu.Checker over a fake device: Verify checks tiles
+// where they landed (the CPU over the fake's memory), Sum checksums staged
+// groups (as the kernel reads pinned staging), flipping the sum of the
+// flip-th group it sees (a kernel gone wrong) or failing when sumErr is set.
+type fakeChecker struct {
+	dev      *fakeGPU
+	geo      gpu.Geometry
+	verified *int
+	summed   int
+	flip     int // 1-based; 0: none
+	sumErr   error
+}
+
+func (c *fakeChecker) Verify(items []*gpu.Item) error {
+	geo, dev := c.geo, c.dev
+	for _, it := range items {
+		*c.verified++
+		pitch := it.Pitch
+		if pitch == 0 {
+			pitch = geo.RowBytes
+		}
+		var b []byte
+		for r := range geo.Rows {
+			b = append(b, dev.Mem(it.Dst+uint64(r*pitch), geo.RowBytes)...)
+		}
+		if store.CRC32C(b) != it.CRC {
+			for r := range geo.Rows {
+				dev.Fill(it.Dst+uint64(r*pitch), make([]byte, geo.RowBytes))
+			}
+			it.Err = fmt.Errorf("fake verify: %w", store.ErrCorrupt)
+		}
+	}
+	return nil
+}
+
+func (c *fakeChecker) Sum(staged [][]byte, crcs []uint32) error {
+	if c.sumErr != nil {
+		return c.sumErr
+	}
+	for i, b := range staged {
+		c.summed++
+		crcs[i] = store.CRC32C(b)
+		if c.summed == c.flip {
+			crcs[i] ^= 1
+		}
+	}
+	return nil
+}
+
+func (c *fakeChecker) Close() error { return nil }
+
+// TestStoreCUDASumOnGPU: with VerifyOnGPU a STORE from GPU memory has the
+// device checksum the staged groups and the store records those sums
+// (reads of the stored groups verify against them); when the device's
+// checksum fails the store computes them, and a wrong sum from the device
+// makes that group read as corrupt, never served.
+func TestStoreCUDASumOnGPU(t *testing.T) {
+	for _, mode := range []string{"ok", "sum-fails", "wrong-sum"} {
+		t.Run(mode, func(t *testing.T) {
+			var chk *fakeChecker
+			verified := 0
+			f, fakes := gpuFixture(t, 1, func(o *GPUOptions, fakes []*fakeGPU) {
+				o.VerifyOnGPU = true
+				o.NewVerifier = func(ordinal int, geo gpu.Geometry) (gpu.Checker, error) {
+					chk = &fakeChecker{dev: fakes[ordinal], geo: geo, verified: &verified}
+					switch mode {
+					case "sum-fails":
+						chk.sumErr = errors.New("fake: kernel launch failed")
+					case "wrong-sum":
+						chk.flip = 3
+					}
+					return chk, nil
+				}
+			})
+			dev := fakes[0]
+			ss := f.open(0, 0)
+			gb := uint64(f.gb)
+			keys := blockKeys(2)
+			n := uint64(len(keys)) * gb
+			id := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+			var es []abi.Entry
+			for i, k := range keys {
+				dev.Fill(gputest.Base+uint64(i)*gb, groupData(k, 7))
+				es = append(es, entry(k, id, uint64(i)*gb, 0))
+			}
+			for i, r := range mustBatch(t, ss, false, es) {
+				if r.Status != abi.OK {
+					t.Fatalf("store entry %d: %v", i, r.Status)
+				}
+			}
+			if want := map[string]int{"ok": len(keys), "sum-fails": 0, "wrong-sum": len(keys)}[mode]; chk.summed != want {
+				t.Fatalf("the device summed %d staged groups, want %d", chk.summed, want)
+			}
+			m := f.srv.Metrics()
+			if mode == "sum-fails" {
+				if m.GPUSummed != 0 || m.GPUSumFailed != uint64(len(keys)) {
+					t.Fatalf("metrics: %d summed, %d failed", m.GPUSummed, m.GPUSumFailed)
+				}
+			} else if m.GPUSummed != uint64(len(keys)) || m.GPUSumFailed != 0 {
+				t.Fatalf("metrics: %d summed, %d failed", m.GPUSummed, m.GPUSumFailed)
+			}
+			for i, k := range keys {
+				buf := make([]byte, gb)
+				rr := []store.ReadReq{{Key: k, Buf: buf}}
+				if err := f.st.Read(rr); err != nil {
+					t.Fatal(err)
+				}
+				if mode == "wrong-sum" && i == chk.flip-1 {
+					// The stored sum is the device's: the read fails.
+					if !errors.Is(rr[0].Err, store.ErrCorrupt) || !bytes.Equal(buf, make([]byte, gb)) {
+						t.Fatalf("group %v with a wrong sum: %v", k, rr[0].Err)
+					}
+					continue
+				}
+				if rr[0].Err != nil || !bytes.Equal(buf, groupData(k, 7)) {
+					t.Fatalf("stored group %v: %v", k, rr[0].Err)
+				}
+			}
+		})
+	}
+}
+
 // TestLoadCUDAVerifyOnGPU: with VerifyOnGPU the store does not check the
 // groups; the device-side verifier (here the CPU over the fake's memory)
 // gets each group's recorded CRC, and a corrupt group ends zeroed on the
@@ -579,29 +701,8 @@ func TestLoadCUDAVerifyOnGPU(t *testing.T) {
 	verified := 0
 	f, fakes := gpuFixture(t, 1, func(o *GPUOptions, fakes []*fakeGPU) {
 		o.VerifyOnGPU = true
-		o.NewVerifier = func(ordinal int, geo gpu.Geometry) (func([]*gpu.Item) error, func() error, error) {
-			dev := fakes[ordinal]
-			verify := func(items []*gpu.Item) error {
-				for _, it := range items {
-					verified++
-					pitch := it.Pitch
-					if pitch == 0 {
-						pitch = geo.RowBytes
-					}
-					var b []byte
-					for r := range geo.Rows {
-						b = append(b, dev.Mem(it.Dst+uint64(r*pitch), geo.RowBytes)...)
-					}
-					if store.CRC32C(b) != it.CRC {
-						for r := range geo.Rows {
-							dev.Fill(it.Dst+uint64(r*pitch), make([]byte, geo.RowBytes))
-						}
-						it.Err = fmt.Errorf("fake verify: %w", store.ErrCorrupt)
-					}
-				}
-				return nil
-			}
-			return verify, func() error { return nil }, nil
+		o.NewVerifier = func(ordinal int, geo gpu.Geometry) (gpu.Checker, error) {
+			return &fakeChecker{dev: fakes[ordinal], geo: geo, verified: &verified}, nil
 		}
 	})
 	dev := fakes[0]

@@ -95,6 +95,10 @@ type Metrics struct {
 	Faults          uint64 // accesses to registered memory that faulted
 	BatchNanos      uint64 // time spent serving LOAD and STORE ioctls
 	StoreNanos      uint64 // of which inside store.Read and store.Write
+	// GPUSummed counts groups STOREd from GPU memory whose checksums the
+	// device computed over staging (VerifyOnGPU); GPUSumFailed those whose
+	// device checksum failed, so the store computed them.
+	GPUSummed, GPUSumFailed uint64
 }
 
 // Server answers control ioctls for one store.
@@ -164,7 +168,9 @@ func (s *Server) Sessions() int { return int(s.m.sessions.Load()) }
 
 // Metrics returns the server's counters.
 func (s *Server) Metrics() Metrics {
+	summed, sumFailed := s.gpus.summed()
 	return Metrics{
+		GPUSummed: summed, GPUSumFailed: sumFailed,
 		Sessions: s.m.sessions.Load(), Buffers: s.m.buffers.Load(), RegisteredBytes: s.m.bytes.Load(),
 		PinnedBytes: s.pins.pinned(),
 		Loads:       s.m.loads.Load(), Stores: s.m.stores.Load(),

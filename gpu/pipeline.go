@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
@@ -63,7 +64,20 @@ type Pipeline struct {
 	// its Err (wrapping store.ErrCorrupt). An error fails every item it
 	// was given that has no outcome yet (their tiles are then undefined).
 	Verify func(items []*Item) error
+	// Sum, when set, checksums the groups Store staged, where they lie in
+	// the pinned staging buffer (which the device reads directly: the
+	// CRC32C kernel), once their copies completed: crcs[i] for staged[i].
+	// The store then records those instead of reading the payload on the
+	// CPU; they are of exactly the bytes written, whatever the client does
+	// to its tiles meanwhile. On an error the store computes them.
+	Sum func(staged [][]byte, crcs []uint32) error
+
+	summed, sumFailed atomic.Uint64
 }
+
+// Summed reports how many groups Store had checksummed by Sum, and how
+// many Sum failed on (the store computed theirs).
+func (p *Pipeline) Summed() (ok, failed uint64) { return p.summed.Load(), p.sumFailed.Load() }
 
 // readAhead is how many chunks one store call reads (ReadAhead, default
 // 4, at most depth).
@@ -729,6 +743,26 @@ func copier2D(q Device) Copier2D {
 	return nil
 }
 
+// sumStaged has Sum checksum the staged groups of reqs.
+func (p *Pipeline) sumStaged(reqs []store.WriteReq) {
+	if p.Sum == nil {
+		return
+	}
+	staged := make([][]byte, len(reqs))
+	for k := range reqs {
+		staged[k] = reqs[k].Data
+	}
+	crcs := make([]uint32, len(reqs))
+	if err := p.Sum(staged, crcs); err != nil {
+		p.sumFailed.Add(uint64(len(reqs)))
+		return
+	}
+	for k := range reqs {
+		reqs[k].CRC, reqs[k].Summed = crcs[k], true
+	}
+	p.summed.Add(uint64(len(reqs)))
+}
+
 func copyErr(err error) error {
 	if errors.Is(err, ErrCopy) {
 		return err
@@ -775,6 +809,7 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 			}
 			return
 		}
+		p.sumStaged(reqs)
 		werr := w.Write(reqs)
 		for k, i := range idx {
 			c.items[i].Err = reqs[k].Err

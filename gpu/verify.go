@@ -3,11 +3,23 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/kvfs/kvfs/gpu/crc32c"
 	"github.com/kvfs/kvfs/gpu/cuda"
 	"github.com/kvfs/kvfs/store"
 )
+
+// Checker checks loaded groups where they landed on a device and
+// checksums staged groups for STORE (Pipeline.Verify and Pipeline.Sum):
+// GPUVerifier, or a test's fake.
+type Checker interface {
+	Verify(items []*Item) error
+	Sum(staged [][]byte, crcs []uint32) error
+	Close() error
+}
+
+var _ Checker = (*GPUVerifier)(nil)
 
 // GPUVerifier checks loaded groups where they lie in GPU memory with the
 // CRC32C kernel (package gpu/crc32c) on a stream of its own, so a check
@@ -60,6 +72,21 @@ func (v *GPUVerifier) Verify(items []*Item) error {
 	}
 	for _, i := range bad {
 		items[i].Err = fmt.Errorf("%w: %v: crc32c %08x on the GPU, header says %08x", store.ErrCorrupt, items[i].Key, got[i], want[i])
+	}
+	return nil
+}
+
+// Sum implements Pipeline.Sum: the kernel checksums staged groups in the
+// pinned staging buffers, which it reads through their host addresses
+// (pinned memory from cuMemHostAlloc is mapped at the same address on every
+// device with unified addressing).
+func (v *GPUVerifier) Sum(staged [][]byte, crcs []uint32) error {
+	groups := make([]crc32c.Group, len(staged))
+	for i, b := range staged {
+		groups[i] = crc32c.Group{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), Rows: 1, RowBytes: uint32(len(b))}
+	}
+	if err := v.chk.Sum(groups, crcs); err != nil {
+		return fmt.Errorf("%w: GPU checksum of staged groups: %w", ErrCopy, err)
 	}
 	return nil
 }

@@ -19,6 +19,13 @@ import (
 type WriteReq struct {
 	Key  layout.Key
 	Data []byte
+	// CRC, when Summed, is the CRC32C of Data as the caller computed it
+	// (the GPU pipeline's kernel, over the staged bytes, so that no CPU
+	// reads the payload); the store records it instead of computing it.
+	// Only the daemon's own code sets it: a wrong one is caught as
+	// corruption by every later read, never served.
+	CRC    uint32
+	Summed bool
 	// Err is set by Write: nil once the group is durable.
 	Err error
 }
@@ -87,7 +94,11 @@ func (s *Store) Write(reqs []WriteReq) error {
 		if r.Err = s.checkRequest(r.Key, len(r.Data)); r.Err != nil {
 			continue
 		}
-		crcs[i] = CRC32C(r.Data)
+		if r.Summed {
+			crcs[i] = r.CRC
+		} else {
+			crcs[i] = CRC32C(r.Data)
+		}
 		valid++
 	}
 	if valid == 0 {

@@ -664,6 +664,8 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
 	counter("kvfs_ctl_groups_loaded_total", "Groups loaded into client memory.", func() uint64 { return cm().GroupsLoaded })
 	counter("kvfs_ctl_groups_stored_total", "Groups stored from client memory.", func() uint64 { return cm().GroupsStored })
 	counter("kvfs_ctl_bad_entries_total", "Batch entries refused as bad requests.", func() uint64 { return cm().BadEntries })
+	counter("kvfs_gpu_store_summed_total", "Groups stored from GPU memory whose CRC32C the GPU computed over staging (--gpu-verify gpu).", func() uint64 { return cm().GPUSummed })
+	counter("kvfs_gpu_store_sum_failed_total", "Groups stored from GPU memory whose GPU checksum failed, so the CPU computed it.", func() uint64 { return cm().GPUSumFailed })
 	counter("kvfs_ctl_rejected_total", "Ioctls refused as a whole.", func() uint64 { return cm().Rejected })
 	counter("kvfs_ctl_faults_total", "Faulting accesses to registered memory.", func() uint64 { return cm().Faults })
 	gauge("kvfs_ctl_buffers", "Client buffers registered now.", func() float64 { return float64(cm().Buffers) })

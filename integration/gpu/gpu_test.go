@@ -340,6 +340,11 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 			t.Fatalf("group %d stored from the GPU differs", i)
 		}
 	}
+	// With the GPU checksum, the kernel summed every stored group over
+	// pinned staging (and the reads above verified against those sums).
+	if m := e.srv.Metrics(); verifyOnGPU && (m.GPUSummed != uint64(2*geo.GroupsPerBlock()) || m.GPUSumFailed != 0) {
+		t.Fatalf("GPU checksums of stored groups: %d summed, %d failed; want %d, 0", m.GPUSummed, m.GPUSumFailed, 2*geo.GroupsPerBlock())
+	}
 	if err := c.UnregisterTarget(tid); err != nil {
 		t.Fatal(err)
 	}
