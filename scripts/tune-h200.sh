@@ -30,7 +30,7 @@ bl() {
 S=/dev/shm/kvfs-tune.kvfs
 "$K" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
 first=1
-for cfg in "4 16" "2 16" "2 8" "1 8"; do
+for cfg in "4 16" "2 16" "2 8"; do
 	set -- $cfg
 	mnt "$K" --gpu-staging-buffers 32 --gpu-staging-size 16MiB --gpu-depth $2 --gpu-read-ahead $1
 	if [ $first = 1 ]; then
