@@ -358,7 +358,7 @@ func (ss *Session) gpuBatch(ents []ent, load bool) error {
 		items := make([]gpu.Item, len(idx))
 		for k, i := range idx {
 			e := &ents[i]
-			items[k] = gpu.Item{Key: e.key(), Dst: e.b.cuda.addr + e.e.Offset, Pitch: int(e.e.Pitch)}
+			items[k] = gpu.Item{Key: e.key(), Dst: e.b.cuda.addr + e.e.Offset, Pitch: int(e.e.Pitch), Mapping: e.b.cuda.addr}
 		}
 		var err error
 		if load {
@@ -429,7 +429,7 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool) error {
 			continue
 		}
 		groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
-			items = append(items, gpu.Item{Key: k, Dst: r.b.cuda.addr + off, Pitch: pitch})
+			items = append(items, gpu.Item{Key: k, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr})
 			owner = append(owner, int32(i))
 		})
 	}

@@ -28,6 +28,11 @@ type Item struct {
 	// Dst + r*Pitch (Pitch 0: packed rows, the group contiguous).
 	Dst   uint64
 	Pitch int
+	// Mapping identifies the device allocation (as the daemon mapped it)
+	// the tile lies in: tiles of different mappings never share a copy,
+	// even where the mappings happen to be adjacent in the address space
+	// (a copy may not span two allocations). Zero for all is one mapping.
+	Mapping uint64
 	// Err is the outcome: nil, store.ErrNotFound, store.ErrCorrupt (the
 	// tile was zeroed), ErrCopy (a copy failed; the tile is undefined), or
 	// the store's error for the group.
@@ -492,12 +497,12 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		}
 		c.copied[i] = true
 		if it.Pitch == 0 || it.Pitch == rb {
-			if n := len(runs); n > 0 && runs[n-1].src+runs[n-1].n == src && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
+			if n := len(runs); n > 0 && runs[n-1].m == it.Mapping && runs[n-1].src+runs[n-1].n == src && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
 				runs[n-1].n += gb
 				i++
 				continue
 			}
-			runs = append(runs, run{src: src, dst: it.Dst, n: gb})
+			runs = append(runs, run{src: src, dst: it.Dst, n: gb, m: it.Mapping})
 			i++
 			continue
 		}
@@ -584,7 +589,7 @@ func (p *Pipeline) interleaved(its []Item) int {
 		return 1
 	}
 	n := 1
-	for n < len(its) && its[n].Pitch == pitch && its[n].Dst == its[0].Dst+uint64(n*rb) && (n+1)*rb <= pitch {
+	for n < len(its) && its[n].Pitch == pitch && its[n].Mapping == its[0].Mapping && its[n].Dst == its[0].Dst+uint64(n*rb) && (n+1)*rb <= pitch {
 		n++
 	}
 	return n
@@ -620,10 +625,10 @@ func (p *Pipeline) queueSet(q Device, c2 Copier2D, c *chunk, reqs []store.ReadRe
 	var err error
 	switch {
 	case all && pitch == sp:
-		if k := len(runs); k > 0 && runs[k-1].src+runs[k-1].n == i*gb && runs[k-1].dst+uint64(runs[k-1].n) == dst {
+		if k := len(runs); k > 0 && runs[k-1].m == c.items[i].Mapping && runs[k-1].src+runs[k-1].n == i*gb && runs[k-1].dst+uint64(runs[k-1].n) == dst {
 			runs[k-1].n += n * gb
 		} else {
-			runs = append(runs, run{src: i * gb, dst: dst, n: n * gb})
+			runs = append(runs, run{src: i * gb, dst: dst, n: n * gb, m: c.items[i].Mapping})
 		}
 	case all && c2 != nil:
 		err = c2.CopyH2D2D(dst, pitch, img, sp, sp, rows)
@@ -658,6 +663,7 @@ type run struct {
 	src int    // offset in the staging buffer
 	dst uint64 // device address
 	n   int
+	m   uint64 // the destination's Item.Mapping
 }
 
 // maxPitch bounds the pitches of a merged 2D copy (devices cap them; the
@@ -684,7 +690,7 @@ func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
 	// by sortStaging, queued in item order) are one copy.
 	k := 0
 	for _, r := range runs[1:] {
-		if last := &runs[k]; last.src+last.n == r.src && last.dst+uint64(last.n) == r.dst {
+		if last := &runs[k]; last.m == r.m && last.src+last.n == r.src && last.dst+uint64(last.n) == r.dst {
 			last.n += r.n
 			continue
 		}
@@ -703,10 +709,10 @@ func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
 	for lo := 0; lo < len(runs); {
 		r0 := runs[lo]
 		hi := lo + 1
-		if hi < len(runs) && runs[hi].n == r0.n && runs[hi].src > r0.src && runs[hi].src-r0.src >= r0.n &&
+		if hi < len(runs) && runs[hi].m == r0.m && runs[hi].n == r0.n && runs[hi].src > r0.src && runs[hi].src-r0.src >= r0.n &&
 			runs[hi].src-r0.src <= maxPitch && runs[hi].dst-r0.dst <= maxPitch {
 			ss, ds := runs[hi].src-r0.src, runs[hi].dst-r0.dst
-			for hi < len(runs) && runs[hi].n == r0.n && runs[hi].src == r0.src+(hi-lo)*ss && runs[hi].dst == r0.dst+uint64(hi-lo)*ds {
+			for hi < len(runs) && runs[hi].m == r0.m && runs[hi].n == r0.n && runs[hi].src == r0.src+(hi-lo)*ss && runs[hi].dst == r0.dst+uint64(hi-lo)*ds {
 				hi++
 			}
 		}

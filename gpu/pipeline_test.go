@@ -664,6 +664,52 @@ func TestRunsMergeInto2D(t *testing.T) {
 	}
 }
 
+// TestRunsNeverSpanMappings: tiles that fill two device allocations lying
+// back to back in the address space (a K and a V tensor of a Hugging Face
+// cache, every position loaded) are staged next to each other, yet move
+// with one copy per allocation: a copy may not span two mappings. With one
+// mapping the same tiles move with one copy.
+func TestRunsNeverSpanMappings(t *testing.T) {
+	const blocks, regions = 4, 2
+	const region = blocks * gb
+	for _, twoD := range []bool{false, true} {
+		for _, apart := range []bool{false, true} {
+			t.Run(fmt.Sprintf("2d=%v/mappings-apart=%v", twoD, apart), func(t *testing.T) {
+				r := newRig(t, 2, blocks*regions, 1)
+				r.dev.Enable2D = twoD
+				its := make([]gpu.Item, blocks*regions)
+				for b := range blocks {
+					for k := range regions {
+						i := b*regions + k
+						r.st.groups[key(i)] = content(i)
+						base := gputest.Base + uint64(k*region)
+						its[i] = gpu.Item{Key: key(i), Dst: base + uint64(b*gb)}
+						if apart {
+							its[i].Mapping = base
+						}
+					}
+				}
+				if err := r.p.Load(r.st, its); err != nil {
+					t.Fatal(err)
+				}
+				for i, it := range its {
+					if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+						t.Fatalf("item %d: %v", i, it.Err)
+					}
+				}
+				want := 1
+				if apart {
+					want = regions
+				}
+				if n, n2 := r.dev.Copies(), r.dev.Copies2D(); n != want || n2 != 0 {
+					t.Fatalf("%d copies (%d 2D), want %d", n, n2, want)
+				}
+				r.checkClean(t)
+			})
+		}
+	}
+}
+
 // TestStagedOutOfOrderFailures: in a chunk staged in destination order
 // (not item order), a corrupt group is zeroed where it was staged and on
 // the device, an absent group's tile is left as it was, and the others
