@@ -124,9 +124,10 @@ type chunk struct {
 	failed error // queueing failed; items not yet final fail with it
 	runs   []run
 	// pos is, per item, its group's place in the staging buffer (in
-	// GroupBytes), nil when that is the item's own index: packed tiles are
-	// staged in the order of their destinations (see sortStaging).
-	pos []int32
+	// GroupBytes), and order the item at each place; both nil when that is
+	// the item's own index: packed tiles may be staged in the order of
+	// their destinations (see sortStaging).
+	pos, order []int32
 }
 
 // at is the offset in the staging buffer of item i's group.
@@ -470,10 +471,15 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 			c.failed = copyErr(err)
 		}
 	}
-	for i := 0; i < len(reqs); {
+	// In staging order (j), so runs form as the tiles lie there.
+	for j := 0; j < len(reqs); {
+		i := j
+		if c.order != nil {
+			i = int(c.order[j])
+		}
 		if n := int(c.set[i]); n > 1 {
 			runs = p.queueSet(q, c2, c, reqs, i, n, runs, fail)
-			i += n
+			j += n
 			continue
 		}
 		it := c.items[i]
@@ -486,24 +492,24 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 			clear(c.st.Mem[src : src+gb])
 		default:
 			it.Err = rerr
-			i++
+			j++
 			continue
 		}
 		it.Err = rerr
 		if c.failed != nil {
 			it.Err = c.failed
-			i++
+			j++
 			continue
 		}
 		c.copied[i] = true
 		if it.Pitch == 0 || it.Pitch == rb {
 			if n := len(runs); n > 0 && runs[n-1].m == it.Mapping && runs[n-1].src+runs[n-1].n == src && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
 				runs[n-1].n += gb
-				i++
+				j++
 				continue
 			}
 			runs = append(runs, run{src: src, dst: it.Dst, n: gb, m: it.Mapping})
-			i++
+			j++
 			continue
 		}
 		var err error
@@ -517,7 +523,7 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		if err != nil {
 			fail(err)
 		}
-		i++
+		j++
 	}
 	if c.failed == nil {
 		if err := copyRuns(q, c, runs, c2); err != nil {
@@ -535,42 +541,55 @@ func btoi(b bool) int {
 }
 
 // sortStaging places a chunk's packed tiles in its staging buffer in the
-// order of their destinations, so that tiles next to each other on the
-// device are next to each other in staging and move with one copy: the
-// tiles of one (layer, kind, head) of consecutive cache blocks of a Hugging
-// Face cache ([batch, kv_heads, seq, head_dim]: one 4 KiB copy per group,
-// in item order), and all heads of consecutive blocks of a head-major one.
-// The store then lands a run of a slot's groups by vector read (its
-// destinations lie apart in staging) instead of one contiguous read. Chunks
-// with pitched tiles (interleaved sets), or already in destination order,
-// keep item order.
+// order of their destinations when, in item order, they would move in
+// short copies: the tiles of one (layer, kind, head) of consecutive cache
+// blocks of a Hugging Face cache ([batch, kv_heads, seq, head_dim]) lie
+// next to each other on the device but a whole block apart in item order
+// (one 4 KiB copy per group); staged by destination they move with one
+// copy. The store then lands a run of a slot's groups by vector read (its
+// destinations lie apart in staging) instead of one contiguous read, so
+// chunks whose tiles already form runs of minRun groups or more (a
+// head-major cache's heads of one block), chunks with pitched tiles
+// (interleaved sets) and chunks already in destination order keep item
+// order.
 func (p *Pipeline) sortStaging(c *chunk, reqs []store.ReadReq, st *Staging) {
+	const minRun = 4
 	n := len(c.items)
 	if n < 2 {
 		return
 	}
-	rb := p.Geo.RowBytes
-	sorted := true
+	gb, rb := p.Geo.GroupBytes, p.Geo.RowBytes
+	sorted, runs := true, 1
 	for i, it := range c.items {
 		if it.Pitch != 0 && it.Pitch != rb {
 			return
 		}
-		if i > 0 && it.Dst < c.items[i-1].Dst {
-			sorted = false
+		if i > 0 {
+			prev := c.items[i-1]
+			if it.Dst < prev.Dst {
+				sorted = false
+			}
+			if it.Dst != prev.Dst+uint64(gb) || it.Mapping != prev.Mapping {
+				runs++
+			}
 		}
 	}
-	if sorted {
+	if sorted || n >= minRun*runs {
 		return
 	}
-	gb := p.Geo.GroupBytes
-	order := make([]int32, n)
-	for i := range order {
-		order[i] = int32(i)
+	// Sort (destination, item) pairs, not item indexes through pointers.
+	type ent struct {
+		dst uint64
+		i   int32
 	}
-	slices.SortFunc(order, func(a, b int32) int { return cmp.Compare(c.items[a].Dst, c.items[b].Dst) })
-	c.pos = make([]int32, n)
-	for k, i := range order {
-		c.pos[i] = int32(k)
+	ents := make([]ent, n)
+	for i, it := range c.items {
+		ents[i] = ent{it.Dst, int32(i)}
+	}
+	slices.SortFunc(ents, func(a, b ent) int { return cmp.Compare(a.dst, b.dst) })
+	c.pos, c.order = make([]int32, n), make([]int32, n)
+	for k, e := range ents {
+		c.pos[e.i], c.order[k] = int32(k), e.i
 	}
 	for i := range reqs {
 		o := int(c.pos[i]) * gb
