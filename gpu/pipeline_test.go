@@ -620,6 +620,40 @@ func TestPoolRefusesBusyBuffer(t *testing.T) {
 	}
 }
 
+// regionItems stores blocks×regions groups and returns their items block
+// by block, the tiles of each region side by side on the device in block
+// order (a Hugging Face cache's (layer, kind, head) of consecutive cache
+// blocks), region k at Base + k*region; apart gives each region a Mapping
+// of its own.
+func (r *rig) regionItems(blocks, regions, region int, apart bool) []gpu.Item {
+	its := make([]gpu.Item, blocks*regions)
+	for b := range blocks {
+		for k := range regions {
+			i := b*regions + k
+			r.st.groups[key(i)] = content(i)
+			base := gputest.Base + uint64(k*region)
+			its[i] = gpu.Item{Key: key(i), Dst: base + uint64(b*gb)}
+			if apart {
+				its[i].Mapping = base
+			}
+		}
+	}
+	return its
+}
+
+// loadAll loads its and checks that every tile holds its group.
+func (r *rig) loadAll(t *testing.T, its []gpu.Item) {
+	t.Helper()
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+	}
+}
+
 // TestRunsMergeInto2D: groups laid out as a Hugging Face target's (per
 // region, a (layer, kind, head) of the cache, consecutive cache blocks
 // adjacent on the device), given block by block as a LOAD_BLOCKS entry
@@ -634,22 +668,7 @@ func TestRunsMergeInto2D(t *testing.T) {
 		t.Run(fmt.Sprintf("2d=%v", twoD), func(t *testing.T) {
 			r := newRig(t, 2, blocks*regions, 1)
 			r.dev.Enable2D = twoD
-			its := make([]gpu.Item, blocks*regions)
-			for b := range blocks {
-				for k := range regions {
-					i := b*regions + k
-					r.st.groups[key(i)] = content(i)
-					its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(k*region+b*gb)}
-				}
-			}
-			if err := r.p.Load(r.st, its); err != nil {
-				t.Fatal(err)
-			}
-			for i, it := range its {
-				if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
-					t.Fatalf("item %d: %v", i, it.Err)
-				}
-			}
+			r.loadAll(t, r.regionItems(blocks, regions, region, false))
 			// One copy per region (all blocks in one chunk), or one 2D
 			// copy of a row per region.
 			want2D := 0
@@ -677,26 +696,7 @@ func TestRunsNeverSpanMappings(t *testing.T) {
 			t.Run(fmt.Sprintf("2d=%v/mappings-apart=%v", twoD, apart), func(t *testing.T) {
 				r := newRig(t, 2, blocks*regions, 1)
 				r.dev.Enable2D = twoD
-				its := make([]gpu.Item, blocks*regions)
-				for b := range blocks {
-					for k := range regions {
-						i := b*regions + k
-						r.st.groups[key(i)] = content(i)
-						base := gputest.Base + uint64(k*region)
-						its[i] = gpu.Item{Key: key(i), Dst: base + uint64(b*gb)}
-						if apart {
-							its[i].Mapping = base
-						}
-					}
-				}
-				if err := r.p.Load(r.st, its); err != nil {
-					t.Fatal(err)
-				}
-				for i, it := range its {
-					if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
-						t.Fatalf("item %d: %v", i, it.Err)
-					}
-				}
+				r.loadAll(t, r.regionItems(blocks, regions, region, apart))
 				want := 1
 				if apart {
 					want = regions

@@ -450,6 +450,31 @@ func (c *callCounter) enter() (leave func()) {
 	return func() { c.inflight.Add(-1) }
 }
 
+// checkServed checks the outcome of reads of version 1 of groupData: the
+// group bad corrupt and zeroed, the groups failed reports (if not nil) with
+// EIO, every other group served byte for byte.
+func checkServed(t *testing.T, geo layout.Geometry, reqs []store.ReadReq, bad layout.Key, failed func(layout.Key) bool) {
+	t.Helper()
+	zero := make([]byte, geo.GroupBytes())
+	for _, r := range reqs {
+		if failed != nil && failed(r.Key) {
+			if !errors.Is(r.Err, unix.EIO) {
+				t.Fatalf("%v in the failed run: %v", r.Key, r.Err)
+			}
+			continue
+		}
+		if r.Key == bad {
+			if !errors.Is(r.Err, store.ErrCorrupt) || !bytes.Equal(r.Buf, zero) {
+				t.Fatalf("corrupt group: %v, zeroed %v", r.Err, bytes.Equal(r.Buf, zero))
+			}
+			continue
+		}
+		if r.Err != nil || !bytes.Equal(r.Buf, groupData(geo, r.Key, 1)) {
+			t.Fatalf("%v: %v", r.Key, r.Err)
+		}
+	}
+}
+
 // overlapEngine counts its Do calls at once and hands out the store's
 // buffers (allocCounter).
 type overlapEngine struct {
@@ -503,16 +528,7 @@ func TestReadWindowsOverlap(t *testing.T) {
 			}
 			s := openStore(t, e, store.Options{MaxIO: 2 << 20})
 			gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
-			for blk := uint64(1); blk <= blocks; blk++ {
-				w := make([]store.WriteReq, per)
-				for i := range w {
-					k := geo.KeyAt(blk, i)
-					w[i] = store.WriteReq{Key: k, Data: groupData(geo, k, 1)}
-				}
-				if err := s.Write(w); err != nil {
-					t.Fatal(err)
-				}
-			}
+			writeBlocks(t, s, geo, int(blocks), 1)
 			bad := geo.KeyAt(blocks-2, 77)
 			off := groupOnDevice(t, s, bad)
 			m.Poke(off+9, []byte{^m.Image()[off+9]})
@@ -532,18 +548,7 @@ func TestReadWindowsOverlap(t *testing.T) {
 			if err := s.Read(reqs); err != nil {
 				t.Fatal(err)
 			}
-			zero := make([]byte, gb)
-			for _, r := range reqs {
-				if r.Key == bad {
-					if !errors.Is(r.Err, store.ErrCorrupt) || !bytes.Equal(r.Buf, zero) {
-						t.Fatalf("corrupt group: %v, zeroed %v", r.Err, bytes.Equal(r.Buf, zero))
-					}
-					continue
-				}
-				if r.Err != nil || !bytes.Equal(r.Buf, groupData(geo, r.Key, 1)) {
-					t.Fatalf("%v: %v", r.Key, r.Err)
-				}
-			}
+			checkServed(t, geo, reqs, bad, nil)
 			ac.mu.Lock()
 			used := ac.peak - base
 			ac.mu.Unlock()
@@ -589,15 +594,7 @@ func readFaultPanicsInCaller(t *testing.T, notify, aligned bool, blocks int) {
 	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
 	// 3 blocks, 6 MiB: more than one verification piece.
 	var reqs []store.ReadReq
-	for blk := uint64(1); blk <= uint64(blocks); blk++ {
-		w := make([]store.WriteReq, per)
-		for i := range w {
-			w[i] = store.WriteReq{Key: geo.KeyAt(blk, i), Data: make([]byte, gb)}
-		}
-		if err := s.Write(w); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeBlocks(t, s, geo, blocks, 1)
 	f, err := os.CreateTemp(t.TempDir(), "dst")
 	if err != nil {
 		t.Fatal(err)
@@ -688,16 +685,7 @@ func readLargeCorrupt(t *testing.T, mode string) {
 	s := openStore(t, e, store.Options{InlineChunk: chunk})
 	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
 	const blocks = 3
-	for blk := uint64(1); blk <= blocks; blk++ {
-		w := make([]store.WriteReq, per)
-		for i := range w {
-			k := geo.KeyAt(blk, i)
-			w[i] = store.WriteReq{Key: k, Data: groupData(geo, k, 1)}
-		}
-		if err := s.Write(w); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeBlocks(t, s, geo, int(blocks), 1)
 	bad := geo.KeyAt(3, 300)
 	off := groupOnDevice(t, s, bad)
 	m.Poke(off+9, []byte{^m.Image()[off+9]})
@@ -737,24 +725,7 @@ func readLargeCorrupt(t *testing.T, mode string) {
 	if mode == "notify" && nt.Calls() == 0 {
 		t.Fatal("the store never used DoNotify")
 	}
-	zero := make([]byte, gb)
-	for _, r := range reqs {
-		if failed(r.Key) {
-			if !errors.Is(r.Err, unix.EIO) {
-				t.Fatalf("%v in the failed run: %v", r.Key, r.Err)
-			}
-			continue
-		}
-		if r.Key == bad {
-			if !errors.Is(r.Err, store.ErrCorrupt) || !bytes.Equal(r.Buf, zero) {
-				t.Fatalf("corrupt group: %v, zeroed %v", r.Err, bytes.Equal(r.Buf, zero))
-			}
-			continue
-		}
-		if r.Err != nil || !bytes.Equal(r.Buf, groupData(geo, r.Key, 1)) {
-			t.Fatalf("%v: %v", r.Key, r.Err)
-		}
-	}
+	checkServed(t, geo, reqs, bad, failed)
 	if m := s.Metrics(); m.Corrupt != 1 {
 		t.Fatalf("%d corrupt groups counted", m.Corrupt)
 	}
@@ -885,16 +856,7 @@ func TestReadOrderings(t *testing.T) {
 	}
 	s := openStore(t, m, store.Options{})
 	per, gb := geo.GroupsPerBlock(), geo.GroupBytes()
-	for b := uint64(1); b <= blocks; b++ {
-		w := make([]store.WriteReq, per)
-		for i := range w {
-			k := geo.KeyAt(b, i)
-			w[i] = store.WriteReq{Key: k, Data: groupData(geo, k, 1)}
-		}
-		if err := s.Write(w); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeBlocks(t, s, geo, int(blocks), 1)
 	order := []uint64{17, 3, 24, 9, 1, 12, 20, 5, 14, 2, 22, 7, 11, 19, 4, 16, 8, 23, 6, 13, 21, 10, 15, 18}
 	var keys []layout.Key
 	for n, b := range order {

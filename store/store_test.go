@@ -56,6 +56,21 @@ func checkAtClose(t testing.TB, s *store.Store) {
 }
 
 // groupData is deterministic content for a key and a version.
+// writeBlocks writes every group of blocks 1..n, version v of groupData.
+func writeBlocks(t testing.TB, s *store.Store, geo layout.Geometry, n, v int) {
+	t.Helper()
+	for b := uint64(1); b <= uint64(n); b++ {
+		w := make([]store.WriteReq, geo.GroupsPerBlock())
+		for i := range w {
+			k := geo.KeyAt(b, i)
+			w[i] = store.WriteReq{Key: k, Data: groupData(geo, k, v)}
+		}
+		if err := s.Write(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func groupData(geo layout.Geometry, k layout.Key, version int) []byte {
 	b := make([]byte, geo.GroupBytes())
 	r := rand.New(rand.NewPCG(k.Block, uint64(geo.Index(k))<<32|uint64(version)))
