@@ -66,7 +66,16 @@ type LoadConfig struct {
 	// allocation on its device after each call, inside the measured call:
 	// the path where the client drives its own H2D copies.
 	Pinned bool
+	// Store, with BlocksPerCall, measures STORE_BLOCKS instead: each call
+	// stores the job's whole target (cache blocks 0..BlocksPerCall-1) as
+	// blocks of its own (StoreBlock), durably; this writes to the store.
+	Store bool
 }
+
+// StoreBlock is the block id a --store measurement gives cache block i of
+// job j: apart from the blocks a fill stores, and the same in every call,
+// so the store replaces them instead of filling up.
+func StoreBlock(j, i int) uint64 { return 1<<56 | uint64(j)<<24 | uint64(i) }
 
 // LoadResult is the outcome of RunLoad; its JSON is what kvfs bench-load
 // --json prints. Latencies are per ioctl; UsPerGroup is the mean call
@@ -100,6 +109,8 @@ type LoadResult struct {
 	Layout        string  `json:"layout,omitempty"`
 	UsPerBlock    float64 `json:"us_per_block,omitempty"`
 	NotOKBlocks   int     `json:"not_ok_blocks,omitempty"`
+	// Op is "store" for STORE_BLOCKS runs (LoadConfig.Store).
+	Op string `json:"op,omitempty"`
 	// Into is "host" or the CUDA devices ("cuda:0,1"); PerDevice their
 	// shares.
 	Into      string         `json:"into,omitempty"`
@@ -130,6 +141,12 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return LoadResult{}, fmt.Errorf("%w: the daemon has no LOAD_BLOCKS (ABI minor %d)", ErrConfig, info.ABIMinor)
 	case c.BlocksPerCall == 0 && (c.GroupsPerCall < 1 || info.MaxEntries > 0 && c.GroupsPerCall > info.MaxEntries):
 		return LoadResult{}, fmt.Errorf("%w: %d groups per call (one LOAD ioctl takes 1 to %d)", ErrConfig, c.GroupsPerCall, info.MaxEntries)
+	case c.Store && c.BlocksPerCall == 0:
+		return LoadResult{}, fmt.Errorf("%w: stores are measured with --blocks-per-call", ErrConfig)
+	case c.Store && c.Pinned:
+		return LoadResult{}, fmt.Errorf("%w: --store with --into pinned (the client's own copies) is not measured", ErrConfig)
+	case c.Store && !info.Has(abi.CapStore):
+		return LoadResult{}, fmt.Errorf("%w: the daemon takes no STORE (mounted read-only)", ErrConfig)
 	case len(c.Devices) > 0 && c.BlocksPerCall == 0:
 		return LoadResult{}, fmt.Errorf("%w: loads into GPU memory need --blocks-per-call", ErrConfig)
 	case len(c.Devices) > 0 && !c.Pinned && !info.Has(abi.CapCUDA):
@@ -149,7 +166,7 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 	}
 	perBlock := g.GroupsPerBlock()
 	if c.BlocksPerCall > 0 {
-		if len(blocks) == 0 {
+		if len(blocks) == 0 && !c.Store {
 			return LoadResult{}, fmt.Errorf("%w: %s holds no blocks", ErrFewBlocks, c.Mountpoint)
 		}
 		return runLoadBlocks(c, blocks)
@@ -286,6 +303,10 @@ func (r LoadResult) String() string {
 	if r.BlocksPerCall > 0 {
 		s = fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d LOAD_BLOCKS × %d whole blocks (%d groups of %d bytes) into %s targets, from %d blocks\n",
 			r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.BlocksPerCall, r.GroupsPerCall, r.GroupBytes, r.Layout, r.Blocks)
+		if r.Op == "store" {
+			s = fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d STORE_BLOCKS × %d whole blocks (%d groups of %d bytes) from %s targets\n",
+				r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.BlocksPerCall, r.GroupsPerCall, r.GroupBytes, r.Layout)
+		}
 	}
 	s += fmt.Sprintf("  %.2f GB/s   %.1f µs/ioctl (p50 %.1f, p99 %.1f)   %.3f µs/group   %d bytes in %.3f s",
 		r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, r.Bytes, r.Seconds)

@@ -129,7 +129,8 @@ func blocksTarget(c *client.Client, lay string, n, dev int, pinned bool) (client
 // runLoadBlocks is RunLoad with LOAD_BLOCKS: each call loads BlocksPerCall
 // random whole blocks into cache blocks 0..BlocksPerCall-1 of the job's own
 // target (inline up to abi.BlocksInlineMax entries, else through the job's
-// entry array).
+// entry array); with c.Store each call stores those cache blocks as
+// blocks StoreBlock(job, i) instead.
 func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 	info := c.Client.Info()
 	g, gb := info.Geometry, info.GroupBytes
@@ -196,13 +197,20 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 		es := make([]client.BlockEntry, n)
 		return func() (int, error) {
 			for i := range es {
-				es[i] = jb.t.WholeBlock(blocks[rng.IntN(len(blocks))], i)
+				b := StoreBlock(j, i)
+				if !c.Store {
+					b = blocks[rng.IntN(len(blocks))]
+				}
+				es[i] = jb.t.WholeBlock(b, i)
 			}
 			var nok int
 			var err error
-			if jb.arr != nil {
-				nok, err = c.Client.BlocksIn(true, jb.id, jb.arr, 0, es)
-			} else {
+			switch {
+			case jb.arr != nil:
+				nok, err = c.Client.BlocksIn(!c.Store, jb.id, jb.arr, 0, es)
+			case c.Store:
+				nok, err = c.Client.StoreBlocks(jb.id, es)
+			default:
 				nok, err = c.Client.LoadBlocks(jb.id, es)
 			}
 			if err == nil && jb.after != nil {
@@ -218,6 +226,9 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 		BlocksPerCall: n, Layout: c.Layout, Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), NotOKBlocks: m.notOK}
 	m.fill(&res, callBytes)
 	res.UsPerBlock = res.UsPerCall / float64(n)
+	if c.Store {
+		res.Op = "store"
+	}
 	res.Into = "host"
 	if len(c.Devices) > 0 {
 		var names []string
@@ -278,6 +289,9 @@ func SweepTable(rs []LoadResult) string {
 	what := fmt.Sprintf("%d groups per LOAD", r0.GroupsPerCall)
 	if r0.BlocksPerCall > 0 {
 		what = fmt.Sprintf("%d blocks (%d groups) per LOAD_BLOCKS into %s targets", r0.BlocksPerCall, r0.GroupsPerCall, r0.Layout)
+		if r0.Op == "store" {
+			what = fmt.Sprintf("%d blocks (%d groups) per STORE_BLOCKS from %s targets", r0.BlocksPerCall, r0.GroupsPerCall, r0.Layout)
+		}
 	}
 	if r0.Into != "" && r0.Into != "host" {
 		what += " in " + r0.Into

@@ -246,12 +246,13 @@ type benchLoadOptions struct {
 	daemonPID     int
 	into          string
 	h2dChunk      string
+	store         bool
 }
 
 func init() {
 	var o benchLoadOptions
 	c := &cobra.Command{
-		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep [--plot FILE]] [--fill K] [--into host|cuda[:N,M]|pinned[:N]] [--daemon-pid PID] [--json]",
+		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep [--plot FILE]] [--fill K] [--into host|cuda[:N,M]|pinned[:N]] [--store] [--daemon-pid PID] [--json]",
 		Short: "Measure loads through the control ioctls into host shared memory",
 		Long: `Measure end-to-end LOAD throughput of the kvfs mounted on MOUNTPOINT: each
 call is one LOAD ioctl of --groups-per-call groups of whole random blocks
@@ -277,6 +278,10 @@ copy rate measured on it in the same run (--h2d-chunk bytes per copy).
 --into pinned[:N,…] is the simplest GPU path instead: host targets this
 process pins for CUDA (cuMemHostRegister), loaded by the daemon as host
 memory, then copied by this process to its GPU memory inside each call.
+--store measures STORE_BLOCKS instead: each call stores the caller's whole
+target (cache blocks 0..N-1) durably, as blocks of the caller's own that each
+call replaces (this writes to the store; a GPU target with --into cuda is
+copied device-to-host into staging and written from there).
 
 Reports GB/s (wall clock), µs per ioctl (mean, p50, p99 of each call's
 latency) and µs per group (mean call latency / groups per call). --sweep runs
@@ -309,6 +314,7 @@ store's own cost with the same access pattern.`,
 	f.IntVar(&o.daemonPID, "daemon-pid", 0, "the daemon's pid: report its CPU core-seconds per GB")
 	f.StringVar(&o.into, "into", "host", "where the targets live: host (/dev/shm), cuda (device 0), cuda:N or cuda:N,M (jobs round-robin over the devices; per-device and aggregate GB/s, with the pinned H2D rate measured in the same run), or pinned[:N,…] (host targets pinned for CUDA, the client copies to the GPU after each call); needs --blocks-per-call")
 	f.StringVar(&o.h2dChunk, "h2d-chunk", "4MiB", "bytes per copy of the pinned H2D measurement of --into cuda")
+	f.BoolVar(&o.store, "store", false, "with --blocks-per-call: measure STORE_BLOCKS of each caller's whole target (as blocks of its own, replaced call after call; writes to the store)")
 	addCommand(c)
 }
 
@@ -336,6 +342,9 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	if err != nil {
 		return usageErrorf("%v", err)
 	}
+	if o.store && o.blocksPerCall == 0 {
+		return usageErrorf("--store needs --blocks-per-call")
+	}
 	if len(devs) > 0 && o.blocksPerCall == 0 {
 		return usageErrorf("--into %s needs --blocks-per-call (targets in GPU memory)", o.into)
 	}
@@ -350,7 +359,7 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	defer c.Close()
 	cfg := bench.LoadConfig{Devices: devs, Pinned: pinned, H2DChunk: int(chunk), Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
 		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed,
-		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID}
+		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID, Store: o.store}
 	// The fill's progress line ends when the fill does, before measuring.
 	fill := progress.New(cmd.ErrOrStderr(), "fill", "blocks", progress.Count, int64(o.fill))
 	defer fill.Done()

@@ -7,6 +7,7 @@ import (
 	imagepng "image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -175,6 +176,29 @@ func TestBenchLoad(t *testing.T) {
 			t.Fatalf("%s: report %+v", lay, rep)
 		}
 	}
+	// STORE_BLOCKS: each caller's whole target, as blocks of its own that
+	// every call replaces; they are then in the store.
+	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--layout", "hnd", "--calls", "4", "--jobs", "2", "--store", "--json")
+	r.want(t, 0)
+	rep = bench.LoadResult{}
+	if err := json.Unmarshal(r.stdout, &rep); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	if gpb := testGeo.GroupsPerBlock(); rep.Op != "store" || rep.Bytes != int64(2*4*3*gpb*512) || rep.NotOKBlocks != 0 || rep.GBps <= 0 {
+		t.Fatalf("--store: report %+v", rep)
+	}
+	listed, err := bench.ListBlocks(mnt, testGeo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j := range 2 {
+		for i := range 3 {
+			if !slices.Contains(listed, bench.StoreBlock(j, i)) {
+				t.Fatalf("--store: block %#x (job %d, cache block %d) not in the store: %#x", bench.StoreBlock(j, i), j, i, listed)
+			}
+		}
+	}
+	kvfs(t, nil, "bench-load", mnt, "--store").want(t, 2, "--blocks-per-call")
 	// More than 509 blocks per call: the entry array.
 	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "600", "--layout", "hnd", "--calls", "2", "--json")
 	r.want(t, 0)
