@@ -174,6 +174,73 @@ func TestBlocksInProcess(t *testing.T) {
 	}
 }
 
+// TestLoadBlocksWindows: a LOAD_BLOCKS of more groups than one store call
+// takes (maxGroupsPerCall) reports every entry's outcome — landed, absent,
+// refused — whatever window its groups went in, the second window larger
+// than the first.
+func TestLoadBlocksWindows(t *testing.T) {
+	geo := blocksGeo
+	geo.HeadDim = 8 // 256-byte groups: 512 cache blocks in 8 MiB
+	const stored, n = 8, 512
+	f := newBlocksFixture(t, geo, stored, n, false)
+	gpb := geo.GroupsPerBlock()
+	// 255 whole blocks and a half one (16,352 groups) fill the first
+	// window; the next 256 whole blocks (16,384) the second.
+	if 255*gpb+gpb/2 > maxGroupsPerCall || 256*gpb > maxGroupsPerCall || 255*gpb+gpb/2+gpb <= maxGroupsPerCall {
+		t.Fatal("geometry does not split the call as the test assumes")
+	}
+	ents := make([]abi.BlockEntry, n)
+	for i := range ents {
+		ents[i] = abi.BlockEntry{Block: uint64(i % (stored + 2)), CacheBlock: uint32(i), LayerCount: uint16(geo.Layers),
+			HeadCount: uint16(geo.KVHeads), Kinds: abi.KindsBoth}
+	}
+	ents[255].LayerCount /= 2
+	ents[100].HeadCount = 0 // refused
+	ents[400].Kinds = 0     // refused
+	for i := range ents {
+		ents[i].Marshal(f.arr[i*abi.BlockEntrySize:])
+	}
+	var in, out [abi.BlocksSize]byte
+	(&abi.Blocks{ABI: abi.Version, Target: f.target, Count: n, Buffer: f.arrID}).Marshal(in[:])
+	nok, errno := f.ss.Ioctl(abi.CmdLoadBlocks, in[:], out[:])
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	rb, T, H := geo.RowBytes(), geo.BlockTokens, geo.KVHeads
+	tensor := n * T * H * rb
+	wantOK := 0
+	for cb, in := range ents {
+		var e abi.BlockEntry
+		e.Unmarshal(f.arr[cb*abi.BlockEntrySize:])
+		groups := uint32(in.LayerCount) * uint32(in.HeadCount) * 2
+		switch {
+		case cb == 100 || cb == 400:
+			if e.Status != abi.BadRequest || e.GroupsOK != 0 {
+				t.Fatalf("entry %d: %+v", cb, e)
+			}
+		case in.Block >= stored:
+			if e.Status != abi.Absent || e.GroupsOK != 0 {
+				t.Fatalf("entry %d: %+v", cb, e)
+			}
+		default:
+			if e.Status != abi.OK || e.GroupsOK != groups {
+				t.Fatalf("entry %d (%d groups): %+v", cb, groups, e)
+			}
+			wantOK++
+			for i := range int(groups) {
+				k := geo.KeyAt(in.Block, i)
+				off := (2*k.Layer+int(k.Kind))*tensor + ((cb*H+k.Head)*T)*rb
+				if got := binary.LittleEndian.Uint64(f.cache[off:]); got != in.Block<<16|uint64(i) {
+					t.Fatalf("%v at cache block %d: tag %#x", k, cb, got)
+				}
+			}
+		}
+	}
+	if int(nok) != wantOK {
+		t.Fatalf("n_ok %d, want %d", nok, wantOK)
+	}
+}
+
 // BenchmarkLoadBlocks measures LOAD_BLOCKS of 1,024 whole 64-group blocks
 // per call through an entry array, in process (no FUSE), on an in-memory
 // store. ctl-ns/block is the control path per block entry: the call's time
