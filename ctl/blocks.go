@@ -332,6 +332,13 @@ func nextWindow(ents []blockEnt, lo int, stagePer int, budget int) (hi, groups, 
 // lands them row by row (vectored where the engine reads into segments,
 // else verified in its bounce memory and copied while the group is still
 // in cache). No staging copy is made here.
+//
+// The requests of one store call (up to maxGroupsPerCall, ~100 bytes
+// each) outgrow the core's cache, and the store's own traffic evicts them:
+// each pass over them is a pass over memory. So a request's outcome is
+// read back into its entry just before the next window's request takes its
+// place (the line is fetched once for both), and the last window's as the
+// requests are cleared at the end of the call.
 func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) error {
 	s := ss.srv
 	gb := s.gb
@@ -341,91 +348,139 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 	if !t.lay.Packed {
 		span, reqPitch, reqRowBytes = uint64((rows-1)*pitch+rowBytes), pitch, rowBytes
 	}
+	reqs := sc.rreqs[:0]
+	// No reference to client memory (nor a store error) outlives the
+	// call: the requests used are cleared when it ends, whatever the
+	// outcome (each window writes every field the store reads but Err,
+	// which the store sets).
+	used := 0 // requests holding references
+	defer func() { clear(reqs[:used]) }()
+	out := outcomes{ss: ss, ents: ents}
 	for lo := 0; lo < len(ents); {
 		hi, groups, _ := nextWindow(ents, lo, 0, s.opts.MaxStagingBytes)
 		if groups == 0 {
 			lo = hi
 			continue
 		}
-		reqs := sc.rreqs[:0]
 		if cap(reqs) < groups {
+			// The outcomes not yet read are in the old array.
+			out.read(reqs[:used], used)
+			clear(reqs[:used])
 			reqs = make([]store.ReadReq, 0, groups)
+			sc.rreqs, used = reqs, 0
 		}
-		reqs = reqs[:groups]
+		used = max(used, groups)
 		k := 0
 		for i := lo; i < hi; i++ {
-			e := &ents[i]
-			if !e.valid {
-				continue
-			}
-			be := &e.e
-			hs, hn := t.lay.HeadStride, int(be.HeadCount)
-			tileOff := t.lay.TileOffset(be.CacheBlock, uint32(be.HeadFirst))
-			for layer := uint32(be.LayerFirst); layer < uint32(be.LayerFirst)+uint32(be.LayerCount); layer++ {
-				for kind := range 2 {
-					if be.Kinds&(1<<kind) == 0 {
-						continue
-					}
-					r := t.region(layer, kind)
-					off := r.off + tileOff
-					key := layout.Key{Block: be.Block, Layer: int(layer), Head: int(be.HeadFirst), Kind: layout.Kind(kind)}
-					// Every field the store reads is written (Unverified
-					// and CRC stay zero: host loads are verified by the
-					// store); no per-group copy of a whole ReadReq.
-					for j := range hn {
-						q := &reqs[k+j]
-						q.Key = key
-						q.Buf = r.b.mem[off : off+span]
-						q.Pitch, q.RowBytes = reqPitch, reqRowBytes
-						key.Head++
-						off += hs
-					}
-					k += hn
-				}
+			if e := &ents[i]; e.valid {
+				out.read(reqs[:used], k+int(e.groups))
+				k = t.fillReads(reqs[:groups], k, &e.e, span, reqPitch, reqRowBytes)
 			}
 		}
-		err := ss.guardBufs(t, nil, func() error {
-			if err := ss.readGroups(reqs); err != nil {
-				return err
-			}
-			k := 0
-			for i := lo; i < hi; i++ {
-				e := &ents[i]
-				if !e.valid {
-					continue
-				}
-				for j := k; j < k+int(e.groups); j++ {
-					// By pointer (a ReadReq is ~110 bytes); once counted
-					// only its references are dropped (the next window
-					// writes every field the store reads).
-					q := &reqs[j]
-					if q.Err == nil {
-						e.ok++
-					} else {
-						st, det := loadStatus(q.Err)
-						e.tally(st, det)
-						if st == abi.Corrupt {
-							s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(q.Err))
-						}
-					}
-					q.Buf, q.Err = nil, nil
-				}
-				k += int(e.groups)
-			}
-			return nil
-		})
-		// No references to client memory outlive the call: the tally
-		// dropped them unless the read failed.
-		if err != nil {
-			clear(reqs)
-		}
-		sc.rreqs = reqs[:0]
+		out.read(reqs[:used], used)
+		err := ss.guardBufs(t, nil, func() error { return ss.readGroups(reqs[:groups]) })
 		if err != nil {
 			return err
 		}
+		out.next(lo, groups)
 		lo = hi
 	}
+	// The last window's outcomes, each piece cleared as soon as read (while
+	// still in cache).
+	for k := 0; k < used; k += 1024 {
+		out.read(reqs[:used], k+1024)
+		clear(reqs[k:min(k+1024, used)])
+	}
+	used = 0
 	return nil
+}
+
+// outcomes reads the outcomes of one store call's requests — those of the
+// valid entries from lo on, in order — back into their entries.
+type outcomes struct {
+	ss   *Session
+	ents []blockEnt
+	i    int // entry of request at
+	left int // its requests not yet read
+	at   int // next request to read
+	n    int // requests of the call
+}
+
+// next starts on the n requests of a store call for the entries from lo.
+func (o *outcomes) next(lo, n int) {
+	o.i, o.left, o.at, o.n = lo-1, 0, 0, n
+}
+
+// read reads the outcomes of the requests below k not yet read.
+func (o *outcomes) read(reqs []store.ReadReq, k int) {
+	for k = min(k, o.n); o.at < k; {
+		for o.left == 0 {
+			o.i++
+			if e := &o.ents[o.i]; e.valid {
+				o.left = int(e.groups)
+			}
+		}
+		e := &o.ents[o.i]
+		g := reqs[o.at : o.at+min(o.left, k-o.at)]
+		o.at += len(g)
+		o.left -= len(g)
+		// By pointer (a ReadReq is ~100 bytes), reading only Err.
+		bad := 0
+		for j := range g {
+			if g[j].Err != nil {
+				bad++
+			}
+		}
+		e.ok += uint32(len(g) - bad)
+		if bad == 0 {
+			continue
+		}
+		for j := range g {
+			if q := &g[j]; q.Err != nil {
+				st, det := loadStatus(q.Err)
+				e.tally(st, det)
+				if st == abi.Corrupt {
+					o.ss.srv.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", o.ss.id), zap.Error(q.Err))
+				}
+			}
+		}
+	}
+}
+
+// fillReads writes the requests of the groups of valid entry e, in slot
+// order (layer, K before V, head), into reqs from index k on, and returns
+// the index past them. Every field the store reads is written except Err,
+// which the store sets itself; Unverified and CRC stay zero (host loads are
+// verified by the store; clear leaves them so). A tile's destination starts
+// at its offset in its region's buffer and spans span bytes, its capacity
+// reaching to the end of the mapping (packed tiles adjacent in slot order
+// then land in one read); pitch and rowBytes are the pitched shape, zero
+// for a packed tile.
+func (t *target) fillReads(reqs []store.ReadReq, k int, e *abi.BlockEntry, span uint64, pitch, rowBytes int) int {
+	block, hs := e.Block, t.lay.HeadStride
+	h0, hn := int(e.HeadFirst), int(e.HeadCount)
+	tileOff := t.lay.TileOffset(e.CacheBlock, uint32(e.HeadFirst))
+	l0, l1 := int(e.LayerFirst), int(e.LayerFirst)+int(e.LayerCount)
+	regions := t.regions[2*(l0-int(t.lay.LayerFirst)):]
+	for layer := l0; layer < l1; layer++ {
+		for kind := range 2 {
+			if e.Kinds&(1<<kind) == 0 {
+				continue
+			}
+			r := &regions[2*(layer-l0)+kind]
+			mem, off := r.b.mem, r.off+tileOff
+			out := reqs[k : k+hn]
+			for j := range out {
+				q := &out[j]
+				q.Key = layout.Key{Block: block, Layer: layer, Head: h0 + j, Kind: layout.Kind(kind)}
+				q.Buf = mem[off : off+span]
+				q.Pitch, q.RowBytes = pitch, rowBytes
+				off += hs
+			}
+			k += hn
+		}
+	}
+	return k
 }
 
 // storeBlocks copies the tiles of the valid entries out of the client's
