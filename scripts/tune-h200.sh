@@ -2,7 +2,8 @@
 # The knobs and before/after pairs of stop 21 on the H200: the GPU
 # pipeline's --gpu-read-ahead and --gpu-depth (cuda loads, tmpfs store, one
 # and eight callers, with host loads beside), Hugging Face cuda loads
-# (tiles staged in destination order), and the disk store with two windows
+# (tiles staged in destination order), STORE_BLOCKS from host and GPU
+# targets with the checksums on the CPU and on the GPU, and the disk store with two windows
 # of runs in flight against the build before (kvfs-old, given the same
 # --max-io 2MiB) and fio 2 MiB QD32 O_DIRECT on the same file.
 #
@@ -52,6 +53,14 @@ if [ -x "$D/kvfs-old" ]; then
 	echo "kvfs-old cuda hnd 1 caller: $(bl "$D/kvfs-old" --blocks-per-call 1024 --layout hnd --calls 3 --jobs 1 --into cuda)"
 	"$D/kvfs-old" umount "$M"
 fi
+for v in cpu gpu; do
+	mnt "$K" --gpu-staging-buffers 32 --gpu-staging-size 16MiB --gpu-depth 16 --gpu-verify $v
+	[ $v = cpu ] && echo "store host hnd 1 caller: $(bl "$K" --store --blocks-per-call 256 --layout hnd --calls 3 --jobs 1)"
+	[ $v = cpu ] && echo "store host hnd 8 callers: $(bl "$K" --store --blocks-per-call 256 --layout hnd --calls 2 --jobs 8)"
+	echo "store --gpu-verify $v cuda hnd 1 caller: $(bl "$K" --store --blocks-per-call 256 --layout hnd --calls 3 --jobs 1 --into cuda)"
+	echo "store --gpu-verify $v cuda hnd 8 callers: $(bl "$K" --store --blocks-per-call 256 --layout hnd --calls 2 --jobs 8 --into cuda)"
+	"$K" umount "$M"
+done
 rm -f "$S"
 S=/var/tmp/kvfs-tune.kvfs
 "$K" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
