@@ -379,37 +379,61 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 			h.chunks = append(h.chunks, c)
 		}
 	}
-	// With room for two groups in the depth, the next group is read (on
-	// its own goroutine) while this one's copies are queued: the storage
-	// does not wait for the copy submissions, nor they for the storage.
-	// Its buffers are then only taken if free now (the batch's own may all
-	// be this group's, not yet queued, so there is none to wait for);
-	// without any, and without the room, one group at a time.
+	// With room for two groups in the depth, two store reads are in
+	// flight at once (each on its own goroutine): the next group's read is
+	// started as soon as this one's is, so the storage never waits for a
+	// read to end before the next begins (a store read spread over the
+	// cores leaves them idle at its tail), nor for the copy submissions.
+	// A group started while another is in flight takes only buffers free
+	// now (the batch's own may all be in flight, not yet queued, so there
+	// is none to wait for); with none in flight it may wait for one.
+	// Without the room, one group at a time.
 	overlap := 2*p.readAhead() <= p.depth()
-	var groups [2]readGroup
-	cur, next := &groups[0], &groups[1]
-	lo := prepare(cur, 0, true)
-	if len(cur.chunks) > 0 {
-		cur.start(r, overlap)
+	var groups [3]readGroup
+	// No read may outlive Load, even when one panics (its staging
+	// buffers go back to the pool).
+	defer func() {
+		for i := range groups {
+			if g := &groups[i]; g.done != nil {
+				<-g.done
+			}
+		}
+	}()
+	var flight []*readGroup // reads started, oldest first (at most two)
+	lo := 0
+	launch := func(mayWait, async bool) {
+		var g *readGroup
+		for i := range groups {
+			// In flight or being queued, a group has chunks.
+			if len(groups[i].chunks) == 0 {
+				g = &groups[i]
+				break
+			}
+		}
+		if lo = prepare(g, lo, mayWait); len(g.chunks) > 0 {
+			g.start(r, async)
+			flight = append(flight, g)
+		}
 	}
-	for len(cur.chunks) > 0 {
+	launch(true, overlap)
+	if overlap && batchErr == nil && lo < len(items) {
+		launch(false, true)
+	}
+	for len(flight) > 0 {
+		cur := flight[0]
+		flight = append(flight[:0], flight[1:]...)
 		cur.wait()
 		if cur.err != nil && batchErr == nil {
 			batchErr = cur.err
 		}
 		if overlap && batchErr == nil && lo < len(items) {
-			if lo = prepare(next, lo, false); len(next.chunks) > 0 {
-				next.start(r, true)
-			}
+			launch(false, true)
 		}
 		queue(cur)
 		cur.chunks = cur.chunks[:0]
-		if len(next.chunks) == 0 && batchErr == nil && lo < len(items) {
-			if lo = prepare(next, lo, true); len(next.chunks) > 0 {
-				next.start(r, overlap)
-			}
+		if len(flight) == 0 && batchErr == nil && lo < len(items) {
+			launch(true, overlap)
 		}
-		cur, next = next, cur
 	}
 	h.release(finish)
 	if batchErr != nil {

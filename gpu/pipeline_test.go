@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,6 +36,7 @@ type fakeStore struct {
 	chunks     int // staging buffers filled, summed over reads
 	unverified int
 	onRead     func(n int) // called as read n (1-based) starts
+	onReadEnd  func()      // called as a read returns
 }
 
 func newFakeStore(dev *gputest.Device) *fakeStore {
@@ -66,6 +68,9 @@ func (s *fakeStore) Read(reqs []store.ReadReq) error {
 	n, hook := s.reads, s.onRead
 	s.chunks += len(ends)
 	s.mu.Unlock()
+	if s.onReadEnd != nil {
+		defer s.onReadEnd()
+	}
 	if hook != nil {
 		hook(n)
 	}
@@ -235,6 +240,55 @@ func TestReadOverlapsCopies(t *testing.T) {
 	if r.st.reads < 2 {
 		t.Fatalf("%d reads", r.st.reads)
 	}
+}
+
+// TestReadsOverlapEachOther: with room for two groups in the depth, the
+// next group's store read starts while this group's is still under way
+// (two reads in flight), not once it ends. The first read waits for the
+// second to start: one read at a time, it never would (the test fails
+// after a timeout). Every byte still lands, no staging buffer is written
+// under a copy, and no more than two reads are ever in flight.
+func TestReadsOverlapEachOther(t *testing.T) {
+	r := newRig(t, 8, 4, 8)
+	r.p.ReadAhead = 2
+	second := make(chan struct{})
+	var once sync.Once
+	var inFlight, most atomic.Int32
+	overlapped := true
+	r.st.onRead = func(n int) {
+		for v := inFlight.Add(1); ; {
+			if m := most.Load(); v <= m || most.CompareAndSwap(m, v) {
+				break
+			}
+		}
+		switch n {
+		case 1:
+			select {
+			case <-second:
+			case <-time.After(2 * time.Second):
+				overlapped = false
+			}
+		case 2:
+			once.Do(func() { close(second) })
+		}
+	}
+	r.st.onReadEnd = func() { inFlight.Add(-1) }
+	its := r.items(64, 13)
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	if !overlapped {
+		t.Fatal("the second group's read did not start while the first was under way")
+	}
+	if m := most.Load(); m > 2 {
+		t.Fatalf("%d reads in flight at once, want at most 2", m)
+	}
+	for i, it := range its {
+		if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+	}
+	r.checkClean(t)
 }
 
 // items puts n groups in the store and returns load items for them at
