@@ -72,6 +72,9 @@ type GPUOptions struct {
 	// ReadAhead is the staging buffers one store read fills (default 4,
 	// at most Depth): the storage's I/O in flight per GPU load.
 	ReadAhead int
+	// NoBatch queues a load's copies one by one where the driver could
+	// batch them (cuMemcpyBatchAsync): for measuring the difference.
+	NoBatch bool
 	// VerifyOnGPU checks loaded groups where they land, in GPU memory,
 	// with the CRC32C kernel (gpu.GPUVerifier) instead of on the CPU in
 	// staging, and has the kernel checksum the groups a STORE staged (the
@@ -191,7 +194,7 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 		return nil, fmt.Errorf("%w: device %d staging: %w", ErrNoGPU, ordinal, err)
 	}
 	d := &gpuDev{ordinal: ordinal, g: dev, pool: pool,
-		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth, ReadAhead: g.opts.ReadAhead}}
+		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth, ReadAhead: g.opts.ReadAhead, NoBatch: g.opts.NoBatch}}
 	if d.pipe.Depth <= 0 {
 		d.pipe.Depth = 8
 	}

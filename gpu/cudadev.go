@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/kvfs/kvfs/gpu/cuda"
 )
@@ -104,6 +105,26 @@ func (b boundCUDA) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, wid
 
 func (b boundCUDA) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
 	return cuda.Memcpy2DDtoHAsync(dst, dstPitch, cuda.DevicePtr(src), srcPitch, width, rows, b.stream)
+}
+
+func (b boundCUDA) CopyH2DBatch(dsts []uint64, srcs [][]byte) error {
+	return cuda.MemcpyBatchHtoDAsync(devPtrs(dsts), srcs, nil, b.stream)
+}
+
+// devPtrs views device addresses as cuda.DevicePtr (the same 64 bits).
+func devPtrs(a []uint64) []cuda.DevicePtr {
+	if len(a) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*cuda.DevicePtr)(unsafe.Pointer(&a[0])), len(a))
+}
+
+// CanBatch implements Batcher: the driver has cuMemcpyBatchAsync.
+func (g *CUDA) CanBatch() bool { return cuda.HasBatch() }
+
+// CopyH2DBatch implements Batcher.
+func (g *CUDA) CopyH2DBatch(dsts []uint64, srcs [][]byte) error {
+	return g.ctx.Do(func() error { return cuda.MemcpyBatchHtoDAsync(devPtrs(dsts), srcs, nil, g.stream) })
 }
 
 // Can2D implements Copier2D: the driver has cuMemcpy2DAsync.

@@ -41,6 +41,17 @@ type Copier2D interface {
 	CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error
 }
 
+// Batcher is implemented by devices that queue many host-to-device copies
+// with one call (CUDA ≥ 12.8: cuMemcpyBatchAsync); the pipeline uses it,
+// when CanBatch reports true, for the copies of a chunk that no 2D copy
+// takes (tiles of cache blocks scattered over the device). The copies of a
+// batch may run in any order among themselves; their destinations must be
+// disjoint. On an error none may be taken as queued.
+type Batcher interface {
+	CanBatch() bool
+	CopyH2DBatch(dsts []uint64, srcs [][]byte) error
+}
+
 // Binder is implemented by devices whose calls need per-thread setup (CUDA
 // makes its context current on a locked OS thread). Bind runs fn with the
 // setup done once; fn queues its copies through q, valid only inside fn,

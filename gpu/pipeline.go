@@ -76,9 +76,16 @@ type Pipeline struct {
 	// CPU; they are of exactly the bytes written, whatever the client does
 	// to its tiles meanwhile. On an error the store computes them.
 	Sum func(staged [][]byte, crcs []uint32) error
+	// NoBatch queues copies one by one even on a Batcher.
+	NoBatch bool
 
 	summed, sumFailed atomic.Uint64
+	batched           atomic.Uint64 // copies queued in batches
+	batchOff          atomic.Bool   // a batch failed where single copies worked
 }
+
+// Batched reports how many copies were queued in batches (Batcher).
+func (p *Pipeline) Batched() uint64 { return p.batched.Load() }
 
 // Summed reports how many groups Store had checksummed by Sum, and how
 // many Sum failed on (the store computed theirs).
@@ -128,6 +135,7 @@ type chunk struct {
 	// the item's own index: packed tiles may be staged in the order of
 	// their destinations (see sortStaging).
 	pos, order []int32
+	batch      copyBatch // copyRuns' gathered copies
 }
 
 // at is the offset in the staging buffer of item i's group.
@@ -550,7 +558,7 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		j++
 	}
 	if c.failed == nil {
-		if err := copyRuns(q, c, runs, c2); err != nil {
+		if err := p.copyRuns(q, c, runs, c2); err != nil {
 			fail(err)
 		}
 	}
@@ -718,8 +726,11 @@ const maxPitch = 1 << 30
 // sources and destinations advance by constant strides become one 2D copy:
 // the heads of one (layer, kind) of consecutive cache blocks of an HND
 // target, when they lie a block apart in staging and next to each other on
-// the device, move in one copy.
-func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
+// the device, move in one copy. With a Batcher, the copies left (tiles of
+// cache blocks scattered over the device: one per (block, layer, kind) of
+// an HND target) are queued with one call.
+func (p *Pipeline) copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
+	b := p.batcher(q)
 	if len(runs) < 2 {
 		for _, r := range runs {
 			if err := q.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n]); err != nil {
@@ -741,18 +752,20 @@ func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
 		runs[k] = r
 	}
 	runs = runs[:k+1]
-	if c2 == nil {
-		for _, r := range runs {
-			if err := q.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n]); err != nil {
-				return err
-			}
+	bt := &c.batch
+	bt.dsts, bt.srcs = bt.dsts[:0], bt.srcs[:0]
+	one := func(r run) error {
+		if b != nil {
+			bt.dsts = append(bt.dsts, r.dst)
+			bt.srcs = append(bt.srcs, c.st.Mem[r.src:r.src+r.n])
+			return nil
 		}
-		return nil
+		return q.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n])
 	}
 	for lo := 0; lo < len(runs); {
 		r0 := runs[lo]
 		hi := lo + 1
-		if hi < len(runs) && runs[hi].m == r0.m && runs[hi].n == r0.n && runs[hi].src > r0.src && runs[hi].src-r0.src >= r0.n &&
+		if c2 != nil && hi < len(runs) && runs[hi].m == r0.m && runs[hi].n == r0.n && runs[hi].src > r0.src && runs[hi].src-r0.src >= r0.n &&
 			runs[hi].src-r0.src <= maxPitch && runs[hi].dst-r0.dst <= maxPitch {
 			ss, ds := runs[hi].src-r0.src, runs[hi].dst-r0.dst
 			for hi < len(runs) && runs[hi].m == r0.m && runs[hi].n == r0.n && runs[hi].src == r0.src+(hi-lo)*ss && runs[hi].dst == r0.dst+uint64(hi-lo)*ds {
@@ -760,8 +773,14 @@ func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
 			}
 		}
 		var err error
-		if h := hi - lo; h == 1 {
-			err = q.CopyH2D(r0.dst, c.st.Mem[r0.src:r0.src+r0.n])
+		if h := hi - lo; h == 1 || (b != nil && h < minBatch) {
+			// With a batch to join, a few runs go in it rather than as a
+			// 2D copy of their own.
+			for _, r := range runs[lo:hi] {
+				if err = one(r); err != nil {
+					break
+				}
+			}
 		} else {
 			ss, ds := runs[lo+1].src-r0.src, int(runs[lo+1].dst-r0.dst)
 			err = c2.CopyH2D2D(r0.dst, ds, c.st.Mem[r0.src:r0.src+(h-1)*ss+r0.n], ss, r0.n, h)
@@ -770,6 +789,48 @@ func copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
 			return err
 		}
 		lo = hi
+	}
+	return p.flushBatch(q, b, bt)
+}
+
+// minBatch is the fewest copies queued as a batch (fewer go one by one).
+const minBatch = 4
+
+// copyBatch is a chunk's copies gathered for one batch call.
+type copyBatch struct {
+	dsts []uint64
+	srcs [][]byte
+}
+
+// batcher is the device's batch copier, nil when it has none or a batch
+// failed where single copies worked (the driver refuses batches).
+func (p *Pipeline) batcher(q Device) Batcher {
+	if b, ok := q.(Batcher); ok && !p.NoBatch && !p.batchOff.Load() && b.CanBatch() {
+		return b
+	}
+	return nil
+}
+
+// flushBatch queues the gathered copies: as one batch, or one by one when
+// they are few or the batch fails (none of a failed batch's copies can be
+// taken as queued: each is queued again, which rewrites the same bytes).
+func (p *Pipeline) flushBatch(q Device, b Batcher, bt *copyBatch) error {
+	defer func() { clear(bt.srcs) }()
+	refused := false
+	if len(bt.dsts) >= minBatch {
+		if b.CopyH2DBatch(bt.dsts, bt.srcs) == nil {
+			p.batched.Add(uint64(len(bt.dsts)))
+			return nil
+		}
+		refused = true
+	}
+	for i, dst := range bt.dsts {
+		if err := q.CopyH2D(dst, bt.srcs[i]); err != nil {
+			return err // not the batch's fault alone
+		}
+	}
+	if refused {
+		p.batchOff.Store(true)
 	}
 	return nil
 }

@@ -166,6 +166,7 @@ func newRig(t *testing.T, count, groupsPerBuf, depth int) *rig {
 	if rigOverlap {
 		p.ReadAhead = max(1, depth/2)
 	}
+	dev.EnableBatch = rigBatch
 	return &rig{dev: dev, pool: pool, p: p, st: newFakeStore(dev)}
 }
 
@@ -173,6 +174,83 @@ func newRig(t *testing.T, count, groupsPerBuf, depth int) *rig {
 // that the next group's store read overlaps the queueing of this group's
 // copies (TestOverlapVariants).
 var rigOverlap bool
+
+// rigBatch makes newRig's devices gpu.Batchers (TestBatchVariants).
+var rigBatch bool
+
+// TestBatchVariants runs the pipeline tests again with the copies no 2D
+// copy takes queued in batches (cuMemcpyBatchAsync), 2D copies on and off.
+func TestBatchVariants(t *testing.T) {
+	rigBatch = true
+	defer func() { rigBatch = false }()
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"LoadRoundTrip", TestLoadRoundTrip},
+		{"StagingReusedOnlyAfterEvent", TestStagingReusedOnlyAfterEvent},
+		{"CorruptMidBatchZeroedAndReported", TestCorruptMidBatchZeroedAndReported},
+		{"AbsentLeavesDestination", TestAbsentLeavesDestination},
+		{"CopyFailsMidBatch", TestCopyFailsMidBatch},
+		{"PitchedLoadAndStore", TestPitchedLoadAndStore},
+		{"ConcurrentBatchesSharePool", TestConcurrentBatchesSharePool},
+		{"VerifyOnDevice", TestVerifyOnDevice},
+		{"RunsNeverSpanMappings", TestRunsNeverSpanMappings},
+		{"StagedOutOfOrderFailures", TestStagedOutOfOrderFailures},
+	} {
+		t.Run(tc.name, tc.fn)
+	}
+}
+
+// TestScatteredTilesBatched: tiles of cache blocks scattered over the
+// device (no two adjacent, strides irregular, so no 2D copy takes them)
+// are queued with one batch call per chunk, and every byte lands; a device
+// that refuses batches gets every copy one by one, every byte still lands,
+// and the pipeline stops asking it after the first refusal.
+func TestScatteredTilesBatched(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refused=%v", refuse), func(t *testing.T) {
+			const n, per = 48, 16
+			r := newRig(t, 4, per, 2)
+			r.dev.Enable2D, r.dev.EnableBatch = true, true
+			asked := 0
+			if refuse {
+				r.dev.FailBatch = func() error { asked++; return gputest.ErrInjected }
+			}
+			// Group i at slot perm[i] of 3*n, the slots gb*(1+slot%3)
+			// apart: no constant stride, no neighbours.
+			perm := rand.New(rand.NewPCG(5, 5)).Perm(3 * n)
+			var its []gpu.Item
+			for i := range n {
+				r.st.groups[key(i)] = content(i)
+				its = append(its, gpu.Item{Key: key(i), Dst: gputest.Base + uint64(perm[i])*uint64(3*gb) + uint64(perm[i]%3)*gb/2})
+			}
+			for pass := range 2 {
+				for i := range its {
+					its[i].Err = nil
+					clear(r.dev.Mem(its[i].Dst, gb))
+				}
+				if err := r.p.Load(r.st, its); err != nil {
+					t.Fatal(err)
+				}
+				for i, it := range its {
+					if it.Err != nil || !bytes.Equal(r.dev.Mem(it.Dst, gb), content(i)) {
+						t.Fatalf("pass %d, item %d: %v", pass, i, it.Err)
+					}
+				}
+			}
+			chunks := 2 * ((n + per - 1) / per)
+			if refuse {
+				if asked != 1 || r.dev.Batches() != 0 || r.p.Batched() != 0 {
+					t.Fatalf("refused: asked %d times, %d batches, %d batched copies; want 1, 0, 0", asked, r.dev.Batches(), r.p.Batched())
+				}
+			} else if r.dev.Batches() != chunks || r.p.Batched() != 2*n || r.dev.Copies2D() != 0 {
+				t.Fatalf("%d batches of %d copies (%d 2D), want %d of %d (0 2D)", r.dev.Batches(), r.p.Batched(), r.dev.Copies2D(), chunks, 2*n)
+			}
+			r.checkClean(t)
+		})
+	}
+}
 
 // TestOverlapVariants runs the pipeline tests again with the next group's
 // read overlapping the queueing of the copies.

@@ -96,17 +96,20 @@ var drv struct {
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src DevicePtr, n uintptr, s Stream) Result
 	cuMemcpyDtoDAsync         func(dst, src DevicePtr, n uintptr, s Stream) Result
 	cuMemcpy2DAsync           func(p unsafe.Pointer, s Stream) Result
-	cuMemsetD8                func(dst DevicePtr, v uint8, n uintptr) Result
-	cuMemsetD8Async           func(dst DevicePtr, v uint8, n uintptr, s Stream) Result
-	cuMemGetAddressRange      func(base *DevicePtr, size *uintptr, p DevicePtr) Result
-	cuPointerGetAttribute     func(data unsafe.Pointer, attr int32, p DevicePtr) Result
-	cuIpcGetMemHandle         func(h *IpcMemHandle, p DevicePtr) Result
-	cuIpcOpenMemHandle        func(p *DevicePtr, h IpcMemHandle, flags uint32) Result
-	cuIpcCloseMemHandle       func(p DevicePtr) Result
-	cuModuleLoadData          func(m *Module, image unsafe.Pointer) Result
-	cuModuleGetFunction       func(f *Function, m Module, name *byte) Result
-	cuModuleUnload            func(m Module) Result
-	cuLaunchKernel            func(f Function, gx, gy, gz, bx, by, bz, shmem uint32, s Stream, params unsafe.Pointer, extra unsafe.Pointer) Result
+	// CUDA 13's cuMemcpyBatchAsync (no failIdx), and 12.8's (with it).
+	cuMemcpyBatchAsyncV2  func(dsts, srcs, sizes unsafe.Pointer, count uintptr, attrs, attrsIdxs unsafe.Pointer, numAttrs uintptr, s Stream) Result
+	cuMemcpyBatchAsync    func(dsts, srcs, sizes unsafe.Pointer, count uintptr, attrs, attrsIdxs unsafe.Pointer, numAttrs uintptr, failIdx *uintptr, s Stream) Result
+	cuMemsetD8            func(dst DevicePtr, v uint8, n uintptr) Result
+	cuMemsetD8Async       func(dst DevicePtr, v uint8, n uintptr, s Stream) Result
+	cuMemGetAddressRange  func(base *DevicePtr, size *uintptr, p DevicePtr) Result
+	cuPointerGetAttribute func(data unsafe.Pointer, attr int32, p DevicePtr) Result
+	cuIpcGetMemHandle     func(h *IpcMemHandle, p DevicePtr) Result
+	cuIpcOpenMemHandle    func(p *DevicePtr, h IpcMemHandle, flags uint32) Result
+	cuIpcCloseMemHandle   func(p DevicePtr) Result
+	cuModuleLoadData      func(m *Module, image unsafe.Pointer) Result
+	cuModuleGetFunction   func(f *Function, m Module, name *byte) Result
+	cuModuleUnload        func(m Module) Result
+	cuLaunchKernel        func(f Function, gx, gy, gz, bx, by, bz, shmem uint32, s Stream, params unsafe.Pointer, extra unsafe.Pointer) Result
 }
 
 var loadState struct {
@@ -178,6 +181,8 @@ func load() error {
 		{&d.cuMemcpyDtoHAsync, []string{"cuMemcpyDtoHAsync_v2"}, true},
 		{&d.cuMemcpyDtoDAsync, []string{"cuMemcpyDtoDAsync_v2"}, false},
 		{&d.cuMemcpy2DAsync, []string{"cuMemcpy2DAsync_v2"}, false},
+		{&d.cuMemcpyBatchAsyncV2, []string{"cuMemcpyBatchAsync_v2"}, false},
+		{&d.cuMemcpyBatchAsync, []string{"cuMemcpyBatchAsync"}, false},
 		{&d.cuMemsetD8, []string{"cuMemsetD8_v2"}, true},
 		{&d.cuMemsetD8Async, []string{"cuMemsetD8Async"}, false},
 		{&d.cuMemGetAddressRange, []string{"cuMemGetAddressRange_v2"}, true},
@@ -621,6 +626,70 @@ func Memcpy2DDtoHAsync(dst []byte, dstPitch int, src DevicePtr, srcPitch, width,
 	err := check("cuMemcpy2DAsync_v2", drv.cuMemcpy2DAsync(unsafe.Pointer(&c), s))
 	runtime.KeepAlive(dst)
 	return err
+}
+
+// memcpyAttributes is CUmemcpyAttributes (cuda.h, 24 bytes): the source
+// access order, location hints (ignored for memory that is not managed;
+// left zero) and flags.
+type memcpyAttributes struct {
+	srcAccessOrder uint32
+	srcLocHint     [2]int32
+	dstLocHint     [2]int32
+	flags          uint32
+}
+
+// CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: the source is read in stream order,
+// as by any other async copy (staging is reused only after its event).
+const srcAccessOrderStream = 1
+
+// HasBatch reports whether the driver has cuMemcpyBatchAsync (CUDA ≥ 12.8).
+func HasBatch() bool {
+	return Load() == nil && (drv.cuMemcpyBatchAsyncV2 != nil || drv.cuMemcpyBatchAsync != nil)
+}
+
+// MemcpyBatchHtoDAsync queues len(dsts) copies, srcs[i] to dsts[i], with
+// one call (cuMemcpyBatchAsync): the batch runs in stream order, its
+// copies in any order among themselves, so their destinations must not
+// overlap. Every source must stay untouched until the copies are known
+// complete. On an error none of them may be taken as queued: copy again.
+// addrs is scratch of at least 3*len(dsts) words (nil: allocated).
+func MemcpyBatchHtoDAsync(dsts []DevicePtr, srcs [][]byte, addrs []uintptr, s Stream) error {
+	if err := Load(); err != nil {
+		return err
+	}
+	if drv.cuMemcpyBatchAsyncV2 == nil && drv.cuMemcpyBatchAsync == nil {
+		return fmt.Errorf("%w: cuMemcpyBatchAsync", ErrMissingSymbol)
+	}
+	n := len(dsts)
+	if len(srcs) != n {
+		return fmt.Errorf("cuda: batch of %d destinations and %d sources", n, len(srcs))
+	}
+	if n == 0 {
+		return nil
+	}
+	if len(addrs) < 3*n {
+		addrs = make([]uintptr, 3*n)
+	}
+	d, src, sz := addrs[:n], addrs[n:2*n], addrs[2*n:3*n]
+	for i := range n {
+		if len(srcs[i]) == 0 {
+			return fmt.Errorf("cuda: empty copy %d in a batch", i)
+		}
+		d[i], src[i], sz[i] = uintptr(dsts[i]), uintptr(unsafe.Pointer(&srcs[i][0])), uintptr(len(srcs[i]))
+	}
+	attrs := memcpyAttributes{srcAccessOrder: srcAccessOrderStream}
+	var idx uintptr
+	var r Result
+	if drv.cuMemcpyBatchAsyncV2 != nil {
+		r = drv.cuMemcpyBatchAsyncV2(unsafe.Pointer(&d[0]), unsafe.Pointer(&src[0]), unsafe.Pointer(&sz[0]), uintptr(n),
+			unsafe.Pointer(&attrs), unsafe.Pointer(&idx), 1, s)
+	} else {
+		fail := ^uintptr(0)
+		r = drv.cuMemcpyBatchAsync(unsafe.Pointer(&d[0]), unsafe.Pointer(&src[0]), unsafe.Pointer(&sz[0]), uintptr(n),
+			unsafe.Pointer(&attrs), unsafe.Pointer(&idx), 1, &fail, s)
+	}
+	runtime.KeepAlive(srcs)
+	return check("cuMemcpyBatchAsync", r)
 }
 
 // MemcpyDtoDAsync queues a device-to-device copy on s.

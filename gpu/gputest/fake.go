@@ -45,6 +45,11 @@ type Device struct {
 	// Enable2D makes the device a gpu.Copier2D (a pitched copy is queued
 	// as one operation per row, run in order like any other).
 	Enable2D bool
+	// EnableBatch makes the device a gpu.Batcher (a batch is queued as its
+	// copies, run in order like any other); FailBatch, when set, is asked
+	// at each batch, and an error fails it with nothing queued.
+	EnableBatch bool
+	FailBatch   func() error
 
 	mu       sync.Mutex
 	cond     sync.Cond
@@ -57,6 +62,7 @@ type Device struct {
 	viol     []string
 	syncs    int
 	copies2D int
+	batches  int
 	events   int
 }
 
@@ -230,6 +236,37 @@ func (d *Device) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width
 		}
 	}
 	return nil
+}
+
+// CanBatch implements gpu.Batcher.
+func (d *Device) CanBatch() bool { return d.EnableBatch }
+
+// CopyH2DBatch implements gpu.Batcher.
+func (d *Device) CopyH2DBatch(dsts []uint64, srcs [][]byte) error {
+	if len(dsts) != len(srcs) {
+		return fmt.Errorf("gputest: batch of %d destinations and %d sources", len(dsts), len(srcs))
+	}
+	if f := d.FailBatch; f != nil {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	d.mu.Lock()
+	d.batches++
+	d.mu.Unlock()
+	for i, dst := range dsts {
+		if err := d.queue(true, dst, srcs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Batches is how many batches of copies were queued.
+func (d *Device) Batches() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.batches
 }
 
 // CopyD2H2D implements gpu.Copier2D.
