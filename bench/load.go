@@ -70,6 +70,12 @@ type LoadConfig struct {
 	// stores the job's whole target (cache blocks 0..BlocksPerCall-1) as
 	// blocks of its own (StoreBlock), durably; this writes to the store.
 	Store bool
+	// Scatter, with BlocksPerCall, lands each call's blocks in its
+	// target's cache blocks in a random order, drawn anew per call (as a
+	// paged cache's free list hands them out), instead of block i in
+	// cache block i: tiles of neighbouring blocks are then not neighbours
+	// on the device.
+	Scatter bool
 }
 
 // StoreBlock is the block id a --store measurement gives cache block i of

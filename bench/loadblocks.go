@@ -195,13 +195,20 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 		rng := rand.New(rand.NewPCG(c.Seed, uint64(j)))
 		jb := &jobs[j]
 		es := make([]client.BlockEntry, n)
+		cache := make([]int, n)
+		for i := range cache {
+			cache[i] = i
+		}
 		return func() (int, error) {
+			if c.Scatter {
+				rng.Shuffle(n, func(a, b int) { cache[a], cache[b] = cache[b], cache[a] })
+			}
 			for i := range es {
 				b := StoreBlock(j, i)
 				if !c.Store {
 					b = blocks[rng.IntN(len(blocks))]
 				}
-				es[i] = jb.t.WholeBlock(b, i)
+				es[i] = jb.t.WholeBlock(b, cache[i])
 			}
 			var nok int
 			var err error

@@ -247,6 +247,7 @@ type benchLoadOptions struct {
 	into          string
 	h2dChunk      string
 	store         bool
+	scatter       bool
 }
 
 func init() {
@@ -314,6 +315,7 @@ store's own cost with the same access pattern.`,
 	f.IntVar(&o.daemonPID, "daemon-pid", 0, "the daemon's pid: report its CPU core-seconds per GB")
 	f.StringVar(&o.into, "into", "host", "where the targets live: host (/dev/shm), cuda (device 0), cuda:N or cuda:N,M (jobs round-robin over the devices; per-device and aggregate GB/s, with the pinned H2D rate measured in the same run), or pinned[:N,…] (host targets pinned for CUDA, the client copies to the GPU after each call); needs --blocks-per-call")
 	f.StringVar(&o.h2dChunk, "h2d-chunk", "4MiB", "bytes per copy of the pinned H2D measurement of --into cuda")
+	f.BoolVar(&o.scatter, "scatter", false, "with --blocks-per-call: land each call's blocks in the target's cache blocks in a random order, drawn per call (as a paged cache's free list hands them out)")
 	f.BoolVar(&o.store, "store", false, "with --blocks-per-call: measure STORE_BLOCKS of each caller's whole target (as blocks of its own, replaced call after call; writes to the store)")
 	addCommand(c)
 }
@@ -345,6 +347,9 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	if o.store && o.blocksPerCall == 0 {
 		return usageErrorf("--store needs --blocks-per-call")
 	}
+	if o.scatter && o.blocksPerCall == 0 {
+		return usageErrorf("--scatter needs --blocks-per-call")
+	}
 	if len(devs) > 0 && o.blocksPerCall == 0 {
 		return usageErrorf("--into %s needs --blocks-per-call (targets in GPU memory)", o.into)
 	}
@@ -359,7 +364,7 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	defer c.Close()
 	cfg := bench.LoadConfig{Devices: devs, Pinned: pinned, H2DChunk: int(chunk), Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
 		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed,
-		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID, Store: o.store}
+		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID, Store: o.store, Scatter: o.scatter}
 	// The fill's progress line ends when the fill does, before measuring.
 	fill := progress.New(cmd.ErrOrStderr(), "fill", "blocks", progress.Count, int64(o.fill))
 	defer fill.Done()

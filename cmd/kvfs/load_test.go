@@ -162,9 +162,14 @@ func TestBenchLoad(t *testing.T) {
 	// LOAD_BLOCKS: 5 whole blocks per call (the store holds 3: blocks
 	// repeat in one call, into distinct cache blocks), each layout; the
 	// daemon is this process.
-	for _, lay := range []string{"nhd", "hnd", "hf"} {
-		r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "5", "--layout", lay, "--calls", "7", "--jobs", "2",
-			"--daemon-pid", strconv.Itoa(os.Getpid()), "--json")
+	// With --scatter the cache blocks of each call are a permutation: the
+	// daemon refuses overlapping destinations, so any repeat shows up as
+	// entries not ok.
+	for _, lay := range []string{"nhd", "hnd", "hf", "hnd --scatter", "hf --scatter"} {
+		args := append([]string{"bench-load", mnt, "--blocks-per-call", "5", "--calls", "7", "--jobs", "2",
+			"--daemon-pid", strconv.Itoa(os.Getpid()), "--json", "--layout"}, strings.Fields(lay)...)
+		lay = strings.Fields(lay)[0]
+		r = kvfs(t, nil, args...)
 		r.want(t, 0)
 		rep = bench.LoadResult{}
 		if err := json.Unmarshal(r.stdout, &rep); err != nil {
@@ -199,6 +204,7 @@ func TestBenchLoad(t *testing.T) {
 		}
 	}
 	kvfs(t, nil, "bench-load", mnt, "--store").want(t, 2, "--blocks-per-call")
+	kvfs(t, nil, "bench-load", mnt, "--scatter").want(t, 2, "--blocks-per-call")
 	// More than 509 blocks per call: the entry array.
 	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "600", "--layout", "hnd", "--calls", "2", "--json")
 	r.want(t, 0)
