@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvfs/kvfs/internal/par"
 	"github.com/kvfs/kvfs/layout"
 )
 
@@ -701,47 +702,9 @@ func (s *Store) verify(runs []run, first int, ws []want) {
 	})
 }
 
-// parallel runs work on n goroutines, the caller's among them. The others
-// touch caller memory as the calling goroutine would: with its
-// panic-on-fault setting. A panic in any of them (a fault on a client's
-// mapping cut short) is raised again in the caller once every one has
-// stopped, so nothing touches the memory after parallel returns.
-func parallel(n int, work func()) {
-	if n <= 1 {
-		work()
-		return
-	}
-	onFault := debug.SetPanicOnFault(true)
-	debug.SetPanicOnFault(onFault)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var caught any
-	run := func() {
-		defer func() {
-			if r := recover(); r != nil {
-				mu.Lock()
-				if caught == nil {
-					caught = r
-				}
-				mu.Unlock()
-			}
-		}()
-		work()
-	}
-	wg.Add(n - 1)
-	for range n - 1 {
-		go func() {
-			defer wg.Done()
-			debug.SetPanicOnFault(onFault)
-			run()
-		}()
-	}
-	run()
-	wg.Wait()
-	if caught != nil {
-		panic(caught)
-	}
-}
+// parallel runs work on n goroutines, the caller's among them (par.Run:
+// a fault in any is raised in the caller once all stopped).
+func parallel(n int, work func()) { par.Run(n, work) }
 
 // verifyRange verifies ws, a part of a window of runs whose first is the
 // call's run number first.

@@ -3,12 +3,14 @@ package store
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sort"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/kvfs/kvfs/internal/par"
 	"github.com/kvfs/kvfs/layout"
 )
 
@@ -88,7 +90,7 @@ func (s *Store) Write(reqs []WriteReq) error {
 		return err
 	}
 	crcs := make([]uint32, len(reqs))
-	valid := 0
+	valid, toSum := 0, 0
 	for i := range reqs {
 		r := &reqs[i]
 		if r.Err = s.checkRequest(r.Key, len(r.Data)); r.Err != nil {
@@ -97,9 +99,21 @@ func (s *Store) Write(reqs []WriteReq) error {
 		if r.Summed {
 			crcs[i] = r.CRC
 		} else {
-			crcs[i] = CRC32C(r.Data)
+			toSum++
 		}
 		valid++
+	}
+	// The checksums of a large batch are spread over the cores, in pieces
+	// of sumWindow bytes (a fault on client memory is raised here).
+	if toSum > 0 {
+		per := max(1, sumWindow/s.geo.GroupBytes())
+		par.Pieces(len(reqs), per, runtime.GOMAXPROCS(0), func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				if r := &reqs[i]; r.Err == nil && !r.Summed {
+					crcs[i] = CRC32C(r.Data)
+				}
+			}
+		})
 	}
 	if valid == 0 {
 		return nil
@@ -122,6 +136,10 @@ func (s *Store) Write(reqs []WriteReq) error {
 	}
 	return c.err
 }
+
+// sumWindow is how many bytes of groups one goroutine checksums at a time
+// in Write.
+const sumWindow = 4 << 20
 
 // commitHook, when set (by the store's tests), runs as a commit starts,
 // with wmu held, and is told how many calls it commits.
