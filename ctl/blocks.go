@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/internal/par"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
@@ -38,8 +40,9 @@ type blockScratch struct {
 	ents  []blockEnt
 	rreqs []store.ReadReq
 	wreqs []store.WriteReq
-	owner []int32 // entry of each request
-	stage []int32 // per request: staging slot, or -1 when it lands directly
+	srcs  [][]byte // per write request: the client tile it copies
+	owner []int32  // entry of each request
+	stage []int32  // per request: staging slot, or -1 when it lands directly
 	order []int32
 	cells []int32
 }
@@ -483,6 +486,10 @@ func (t *target) fillReads(reqs []store.ReadReq, k int, e *abi.BlockEntry, span 
 	return k
 }
 
+// storeSumWindow is how many bytes of tiles one goroutine copies and sums
+// at a time in storeBlocks.
+const storeSumWindow = 4 << 20
+
 // storeBlocks copies the tiles of the valid entries out of the client's
 // memory into staging (so the checksum the store computes is of the bytes
 // it writes), then writes them, durable on return.
@@ -499,30 +506,42 @@ func (ss *Session) storeBlocks(t *target, ents []blockEnt, sc *blockScratch) err
 		if err != nil {
 			return err
 		}
-		reqs, owner := sc.wreqs[:0], sc.owner[:0]
+		reqs, owner, srcs := sc.wreqs[:0], sc.owner[:0], sc.srcs[:0]
 		rows, rowBytes, pitch := int(s.tile.Rows), int(s.tile.RowBytes), int(t.lay.RowPitch)
-		packed := t.lay.Packed
+		span := uint64(gb)
+		if !t.lay.Packed {
+			span = uint64((rows-1)*pitch + rowBytes)
+		}
+		for i := lo; i < hi; i++ {
+			e := &ents[i]
+			if !e.valid {
+				continue
+			}
+			groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
+				o := len(reqs) * gb
+				reqs = append(reqs, store.WriteReq{Key: k, Data: stage[o : o+gb : o+gb]})
+				srcs = append(srcs, r.b.mem[off:off+span])
+				owner = append(owner, int32(i))
+			})
+		}
+		// Each tile is copied into staging (the snapshot the store writes,
+		// whatever the client does to its memory meanwhile) and summed
+		// there while it is still in cache, the tiles spread over the
+		// cores; the store then reads no payload to checksum it.
 		err = ss.guardBufs(t, nil, func() error {
-			for i := lo; i < hi; i++ {
-				e := &ents[i]
-				if !e.valid {
-					continue
-				}
-				groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
-					o := len(reqs) * gb
-					dst := stage[o : o+gb : o+gb]
-					if packed {
-						copy(dst, r.b.mem[off:off+uint64(gb)])
+			par.Pieces(len(reqs), max(1, storeSumWindow/gb), runtime.GOMAXPROCS(0), func(lo, hi int) {
+				for k := lo; k < hi; k++ {
+					q, src := &reqs[k], srcs[k]
+					if t.lay.Packed {
+						copy(q.Data, src)
 					} else {
-						src := r.b.mem[off:]
 						for row := range rows {
-							copy(dst[row*rowBytes:(row+1)*rowBytes], src[row*pitch:row*pitch+rowBytes])
+							copy(q.Data[row*rowBytes:(row+1)*rowBytes], src[row*pitch:row*pitch+rowBytes])
 						}
 					}
-					reqs = append(reqs, store.WriteReq{Key: k, Data: dst})
-					owner = append(owner, int32(i))
-				})
-			}
+					q.CRC, q.Summed = store.CRC32C(q.Data), true
+				}
+			})
 			return nil
 		})
 		if err == nil {
@@ -543,7 +562,8 @@ func (ss *Session) storeBlocks(t *target, ents []blockEnt, sc *blockScratch) err
 			}
 		}
 		clear(reqs)
-		sc.wreqs, sc.owner = reqs[:0], owner[:0]
+		clear(srcs) // no reference to client memory outlives the call
+		sc.wreqs, sc.owner, sc.srcs = reqs[:0], owner[:0], srcs[:0]
 		s.stage.put(stage)
 		if err != nil {
 			return err

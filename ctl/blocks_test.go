@@ -172,6 +172,24 @@ func TestBlocksInProcess(t *testing.T) {
 	if f.srv.Metrics().Faults == 0 {
 		t.Fatal("fault not counted")
 	}
+	// A STORE_BLOCKS of 64 blocks from a shrunk file: the tiles are
+	// copied by several goroutines (4 MiB each), every one of them faults,
+	// and the call still fails with EFAULT, the daemon alive.
+	f = newBlocksFixture(t, geo, 2, 64, false)
+	if err := os.Truncate(f.cachePath, 0); err != nil {
+		t.Fatal(err)
+	}
+	for cb := range 64 {
+		(&abi.BlockEntry{Block: uint64(1000 + cb), CacheBlock: uint32(cb), LayerCount: uint16(geo.Layers), HeadCount: uint16(geo.KVHeads),
+			Kinds: abi.KindsBoth}).Marshal(f.arr[cb*abi.BlockEntrySize:])
+	}
+	(&abi.Blocks{ABI: abi.Version, Target: f.target, Count: 64, Buffer: f.arrID}).Marshal(in[:])
+	if _, errno := f.ss.Ioctl(abi.CmdStoreBlocks, in[:], out[:]); errno != syscall.EFAULT {
+		t.Fatalf("store from a shrunk file: %v", errno)
+	}
+	if f.srv.Metrics().Faults == 0 {
+		t.Fatal("store fault not counted")
+	}
 }
 
 // TestLoadBlocksWindows: a LOAD_BLOCKS of more groups than one store call
