@@ -518,8 +518,11 @@ func (ss *Session) storeBlocks(t *target, ents []blockEnt, sc *blockScratch) err
 				continue
 			}
 			groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
+				// Capacity to the staging buffer's end: the store writes
+				// the groups of a slot that follow each other here with
+				// one I/O, straight from staging (no bounce copy).
 				o := len(reqs) * gb
-				reqs = append(reqs, store.WriteReq{Key: k, Data: stage[o : o+gb : o+gb]})
+				reqs = append(reqs, store.WriteReq{Key: k, Data: stage[o : o+gb]})
 				srcs = append(srcs, r.b.mem[off:off+span])
 				owner = append(owner, int32(i))
 			})

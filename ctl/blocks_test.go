@@ -1,10 +1,13 @@
 package ctl
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -23,6 +26,7 @@ var blocksGeo = layout.Geometry{Layers: 8, KVHeads: 4, HeadDim: 128, BlockTokens
 // blocks (ids 0..stored-1), a session, and a target of nb cache blocks in
 // the given layout in one registered /dev/shm buffer.
 type blocksFixture struct {
+	st        *store.Store
 	srv       *Server
 	ss        *Session
 	cache     []byte
@@ -88,7 +92,7 @@ func newBlocksFixture(tb testing.TB, geo layout.Geometry, stored, nb int, nhd bo
 	if _, errno := ss.Ioctl(abi.CmdRegisterTarget, in, out); errno != 0 {
 		tb.Fatalf("register target: %v", errno)
 	}
-	f := &blocksFixture{srv: srv, ss: ss, cache: mem, cachePath: path, target: binary.LittleEndian.Uint32(out[abi.TargetOutOff:])}
+	f := &blocksFixture{st: st, srv: srv, ss: ss, cache: mem, cachePath: path, target: binary.LittleEndian.Uint32(out[abi.TargetOutOff:])}
 	apath, amem := newShmPath(tb, abi.BlocksMax*abi.BlockEntrySize)
 	if f.arrID, errno = register(tb, ss, apath, uint64(len(amem))); errno != 0 {
 		tb.Fatal(errno)
@@ -189,6 +193,49 @@ func TestBlocksInProcess(t *testing.T) {
 	}
 	if f.srv.Metrics().Faults == 0 {
 		t.Fatal("store fault not counted")
+	}
+}
+
+// TestStoreBlocksWriteStraight: STORE_BLOCKS of whole blocks, head-major
+// and token-major, writes every group to the device straight from the
+// staging it was copied into (no bounce copy in the store), and the blocks
+// load back byte for byte.
+func TestStoreBlocksWriteStraight(t *testing.T) {
+	geo := blocksGeo
+	for _, nhd := range []bool{false, true} {
+		const nb = 8
+		f := newBlocksFixture(t, geo, nb, nb, nhd)
+		rnd := rand.New(rand.NewPCG(9, uint64(len(f.cache))))
+		for i := range f.cache {
+			f.cache[i] = byte(rnd.UintN(256))
+		}
+		want := slices.Clone(f.cache)
+		for cb := range nb {
+			(&abi.BlockEntry{Block: uint64(500 + cb), CacheBlock: uint32(cb), LayerCount: uint16(geo.Layers), HeadCount: uint16(geo.KVHeads),
+				Kinds: abi.KindsBoth}).Marshal(f.arr[cb*abi.BlockEntrySize:])
+		}
+		var in, out [abi.BlocksSize]byte
+		(&abi.Blocks{ABI: abi.Version, Target: f.target, Count: nb, Buffer: f.arrID}).Marshal(in[:])
+		m0 := f.st.Metrics()
+		if _, errno := f.ss.Ioctl(abi.CmdStoreBlocks, in[:], out[:]); errno != 0 {
+			t.Fatalf("nhd=%v: store: %v", nhd, errno)
+		}
+		m1 := f.st.Metrics()
+		if w := m1.BytesWritten - m0.BytesWritten; w != uint64(nb*geo.GroupsPerBlock()*geo.GroupBytes()) || m1.WriteBounced != m0.WriteBounced {
+			t.Fatalf("nhd=%v: %d bytes written, %d of them through bounce memory; want %d, none", nhd, w, m1.WriteBounced-m0.WriteBounced,
+				nb*geo.GroupsPerBlock()*geo.GroupBytes())
+		}
+		clear(f.cache)
+		ids := make([]uint64, nb)
+		for cb := range ids {
+			ids[cb] = uint64(500 + cb)
+		}
+		if n := f.loadBlocks(t, geo, ids); n != nb {
+			t.Fatalf("nhd=%v: %d blocks loaded back", nhd, n)
+		}
+		if !bytes.Equal(f.cache, want) {
+			t.Fatalf("nhd=%v: blocks loaded back differ from those stored", nhd)
+		}
 	}
 }
 

@@ -135,7 +135,7 @@ type Store struct {
 }
 
 type metrics struct {
-	reads, writes, bytesRead, bytesWritten, hits, misses, evictions, corrupt, ioErrors, bounced, commits atomic.Uint64
+	reads, writes, bytesRead, bytesWritten, hits, misses, evictions, corrupt, ioErrors, bounced, writeBounced, commits atomic.Uint64
 }
 
 // Metrics is a snapshot of the store's counters.
@@ -152,6 +152,9 @@ type Metrics struct {
 	// Bounced counts group bytes read into store memory and copied to
 	// the caller (the rest landed straight in the caller's memory).
 	Bounced uint64
+	// WriteBounced counts group bytes copied into store memory to be
+	// written (the rest went to the device straight from the caller's).
+	WriteBounced uint64
 	// Commits counts write commits: one Write call, or several concurrent
 	// ones committed together (group commit), each with its own syncs.
 	Commits uint64
@@ -582,7 +585,7 @@ func (s *Store) Metrics() Metrics {
 		Reads: s.m.reads.Load(), Writes: s.m.writes.Load(),
 		BytesRead: s.m.bytesRead.Load(), BytesWritten: s.m.bytesWritten.Load(),
 		Hits: s.m.hits.Load(), Misses: s.m.misses.Load(), Evictions: s.m.evictions.Load(),
-		Corrupt: s.m.corrupt.Load(), IOErrors: s.m.ioErrors.Load(), Bounced: s.m.bounced.Load(), Commits: s.m.commits.Load(),
+		Corrupt: s.m.corrupt.Load(), IOErrors: s.m.ioErrors.Load(), Bounced: s.m.bounced.Load(), WriteBounced: s.m.writeBounced.Load(), Commits: s.m.commits.Load(),
 	}
 }
 

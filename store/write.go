@@ -582,6 +582,7 @@ func (s *Store) writePayloads(plans []*plan) error {
 			for k := lo; k < hi; k++ {
 				copy(buf[(k-lo)*stride:], all[idxs[k]])
 			}
+			s.m.writeBounced.Add(uint64((hi - lo) * gb))
 			ios = append(ios, IO{Op: OpWrite, Off: s.groupOffset(p.target, idxs[lo]), Buf: buf, Stream: stream})
 			owners = append(owners, p)
 			lo = hi
