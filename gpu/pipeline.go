@@ -945,6 +945,19 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 		c := &chunk{st: st, copied: make([]bool, hi-lo)}
 		p.bind(func(q Device) {
 			c2 := copier2D(q)
+			// Packed tiles adjacent on the device (and so in staging,
+			// which takes them in item order) move with one copy: the
+			// heads of one (layer, kind) of an HND block, a Hugging Face
+			// cache's consecutive positions.
+			var pend run
+			flush := func() {
+				if pend.n > 0 && c.failed == nil {
+					if err := q.CopyD2H(st.Mem[pend.src:pend.src+pend.n], pend.dst); err != nil {
+						c.failed = copyErr(err)
+					}
+				}
+				pend.n = 0
+			}
 			for i := lo; i < hi; i++ {
 				it := &items[i]
 				c.items = append(c.items, it)
@@ -956,8 +969,21 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 				c.copied[k] = true
 				var err error
 				if it.Pitch == 0 || it.Pitch == rb {
-					err = q.CopyD2H(st.Mem[k*gb:(k+1)*gb], it.Dst)
-				} else if c2 != nil {
+					if pend.n > 0 && pend.m == it.Mapping && pend.src+pend.n == k*gb && pend.dst+uint64(pend.n) == it.Dst {
+						pend.n += gb
+						continue
+					}
+					flush()
+					pend = run{src: k * gb, dst: it.Dst, n: gb, m: it.Mapping}
+					continue
+				}
+				flush()
+				if c.failed != nil {
+					it.Err = c.failed
+					c.copied[k] = false
+					continue
+				}
+				if c2 != nil {
 					err = c2.CopyD2H2D(st.Mem[k*gb:(k+1)*gb], rb, it.Dst, it.Pitch, rb, rows)
 				} else {
 					for r := 0; r < rows && err == nil; r++ {
@@ -968,6 +994,7 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 					c.failed = copyErr(err)
 				}
 			}
+			flush()
 		})
 		p.record(c)
 		h.chunks = append(h.chunks, c)

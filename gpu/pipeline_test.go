@@ -652,8 +652,10 @@ func TestStoreRoundTripAndCopyFailure(t *testing.T) {
 	for i := range its {
 		r.dev.Fill(its[i].Dst, content(1000+i))
 	}
+	// Adjacent tiles move with one copy, so there are fewer copies than
+	// tiles: fail an early one.
 	r.dev.FailCopy = func(i int) error {
-		if i == 20 {
+		if i == 5 {
 			return gputest.ErrInjected
 		}
 		return nil
@@ -684,6 +686,44 @@ func TestStoreRoundTripAndCopyFailure(t *testing.T) {
 	}
 	if len(out.viol) > 0 {
 		t.Fatal(out.viol)
+	}
+	r.checkClean(t)
+}
+
+// TestStoreMergesAdjacentTiles: a STORE moves packed tiles adjacent on the
+// device, in item order, with one device-to-host copy (the heads of one
+// (layer, kind) of an HND block), never across two mappings, and stores
+// every group's own bytes.
+func TestStoreMergesAdjacentTiles(t *testing.T) {
+	r := newRig(t, 2, 32, 1)
+	const runs, heads = 3, 8
+	var its []gpu.Item
+	for k := range runs {
+		base := gputest.Base + uint64(k)*(1<<20)
+		for h := range heads {
+			i := k*heads + h
+			it := gpu.Item{Key: key(i), Dst: base + uint64(h*gb)}
+			if k == 2 {
+				// Two allocations back to back: heads 0-3 and 4-7 are
+				// mapped apart.
+				it.Mapping = base + uint64(h/4*4*gb)
+			}
+			its = append(its, it)
+			r.dev.Fill(it.Dst, content(2000+i))
+		}
+	}
+	out := newFakeStore(r.dev)
+	c0 := r.dev.Copies()
+	if err := r.p.Store(out, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		if it.Err != nil || !bytes.Equal(out.groups[it.Key], content(2000+i)) {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+	}
+	if n := r.dev.Copies() - c0; n != runs+1 {
+		t.Fatalf("%d copies for %d runs of adjacent tiles (one split by a mapping), want %d", n, runs, runs+1)
 	}
 	r.checkClean(t)
 }
