@@ -170,7 +170,14 @@ func (s *Store) commit(calls []*writeCall) {
 			}
 			p := byBlock[r.Key.Block]
 			if p == nil {
-				p = &plan{block: r.Key.Block, groups: map[int][]byte{}, crcs: map[int]uint32{}, old: -1, target: -1}
+				// Sized for the block's requests that follow (a batch
+				// of whole blocks names each block's groups together):
+				// the maps do not grow group by group.
+				n := 1
+				for n < len(c.reqs)-i && c.reqs[i+n].Key.Block == r.Key.Block {
+					n++
+				}
+				p = &plan{block: r.Key.Block, groups: make(map[int][]byte, n), crcs: make(map[int]uint32, n), old: -1, target: -1}
 				byBlock[r.Key.Block] = p
 				plans = append(plans, p)
 			}
@@ -534,7 +541,7 @@ func (s *Store) writePayloads(plans []*plan) error {
 	}()
 	var cur []byte // the unused rest of the last bounce buffer
 	for _, p := range livePlans(plans) {
-		all := map[int][]byte{}
+		all := make(map[int][]byte, len(p.carry)+len(p.groups))
 		for idx, d := range p.carry {
 			all[idx] = d
 		}
