@@ -72,6 +72,10 @@ type GPUOptions struct {
 	// ReadAhead is the staging buffers one store read fills (default 4,
 	// at most Depth): the storage's I/O in flight per GPU load.
 	ReadAhead int
+	// Streams is how many copy streams each device gets (default 1): the
+	// batches of different callers take them round robin, so their copies
+	// do not queue behind each other's.
+	Streams int
 	// NoBatch queues a load's copies one by one where the driver could
 	// batch them (cuMemcpyBatchAsync): for measuring the difference.
 	NoBatch bool
@@ -187,6 +191,12 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 	dev, err := open(ordinal)
 	if err != nil {
 		return nil, fmt.Errorf("%w: device %d: %w", ErrNoGPU, ordinal, err)
+	}
+	if l, ok := dev.(interface{ AddLanes(int) error }); ok && g.opts.Streams > 1 {
+		if err := l.AddLanes(g.opts.Streams); err != nil {
+			_ = dev.Close()
+			return nil, fmt.Errorf("%w: device %d streams: %w", ErrNoGPU, ordinal, err)
+		}
 	}
 	pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: g.opts.StagingCount, Size: g.opts.StagingSize, Registrar: g.reg})
 	if err != nil {

@@ -21,6 +21,7 @@ type CUDA struct {
 	dev    cuda.Device
 	ctx    cuda.Context
 	stream cuda.Stream
+	lanes  []*cudaLane // more copy streams (AddLanes)
 	once   sync.Once
 }
 
@@ -58,7 +59,11 @@ func (g *CUDA) Close() error {
 	var err error
 	g.once.Do(func() {
 		err = g.ctx.Do(func() error {
-			return errors.Join(g.stream.Synchronize(), g.stream.Destroy())
+			err := errors.Join(g.stream.Synchronize(), g.stream.Destroy())
+			for _, l := range g.lanes {
+				err = errors.Join(err, l.s.Synchronize(), l.s.Destroy())
+			}
+			return err
 		})
 		err = errors.Join(err, g.dev.PrimaryCtxRelease())
 	})
@@ -84,31 +89,34 @@ func (g *CUDA) CopyD2H(dst []byte, src uint64) error {
 // Bind implements Binder: fn runs on one locked OS thread with the context
 // current, and q's copies call the driver directly.
 func (g *CUDA) Bind(fn func(q Device) error) error {
-	return g.ctx.Do(func() error { return fn(boundCUDA{g}) })
+	return g.ctx.Do(func() error { return fn(boundCUDA{g, g.stream}) })
 }
 
-// boundCUDA is the device inside Bind: copies without making the context
-// current again (the other methods are the device's own).
-type boundCUDA struct{ *CUDA }
+// boundCUDA is the device inside Bind: copies on stream s without making
+// the context current again (the other methods are the device's own).
+type boundCUDA struct {
+	*CUDA
+	s cuda.Stream
+}
 
 func (b boundCUDA) CopyH2D(dst uint64, src []byte) error {
-	return cuda.MemcpyHtoDAsync(cuda.DevicePtr(dst), src, b.stream)
+	return cuda.MemcpyHtoDAsync(cuda.DevicePtr(dst), src, b.s)
 }
 
 func (b boundCUDA) CopyD2H(dst []byte, src uint64) error {
-	return cuda.MemcpyDtoHAsync(dst, cuda.DevicePtr(src), b.stream)
+	return cuda.MemcpyDtoHAsync(dst, cuda.DevicePtr(src), b.s)
 }
 
 func (b boundCUDA) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error {
-	return cuda.Memcpy2DHtoDAsync(cuda.DevicePtr(dst), dstPitch, src, srcPitch, width, rows, b.stream)
+	return cuda.Memcpy2DHtoDAsync(cuda.DevicePtr(dst), dstPitch, src, srcPitch, width, rows, b.s)
 }
 
 func (b boundCUDA) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
-	return cuda.Memcpy2DDtoHAsync(dst, dstPitch, cuda.DevicePtr(src), srcPitch, width, rows, b.stream)
+	return cuda.Memcpy2DDtoHAsync(dst, dstPitch, cuda.DevicePtr(src), srcPitch, width, rows, b.s)
 }
 
 func (b boundCUDA) CopyH2DBatch(dsts []uint64, srcs [][]byte) error {
-	return cuda.MemcpyBatchHtoDAsync(devPtrs(dsts), srcs, nil, b.stream)
+	return cuda.MemcpyBatchHtoDAsync(devPtrs(dsts), srcs, nil, b.s)
 }
 
 // devPtrs views device addresses as cuda.DevicePtr (the same 64 bits).
@@ -145,8 +153,92 @@ func (g *CUDA) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, 
 }
 
 // Synchronize implements Device.
+// With lanes it waits for every stream's work.
 func (g *CUDA) Synchronize() error {
-	return g.ctx.Do(g.stream.Synchronize)
+	return g.ctx.Do(func() error {
+		err := g.stream.Synchronize()
+		for _, l := range g.lanes {
+			err = errors.Join(err, l.s.Synchronize())
+		}
+		return err
+	})
+}
+
+// AddLanes gives the device n copy streams in all (n-1 more than its own),
+// for Laner: batches on different lanes queue and run their copies
+// independently (several copy engines, no batch's copies behind
+// another's). Call it before the device is used.
+func (g *CUDA) AddLanes(n int) error {
+	return g.ctx.Do(func() error {
+		for len(g.lanes)+1 < n {
+			st, err := cuda.StreamCreate(cuda.StreamNonBlocking)
+			if err != nil {
+				return err
+			}
+			g.lanes = append(g.lanes, &cudaLane{CUDA: g, s: st})
+		}
+		return nil
+	})
+}
+
+// Lanes implements Laner.
+func (g *CUDA) Lanes() int { return 1 + len(g.lanes) }
+
+// Lane implements Laner: lane 0 is the device's own stream.
+func (g *CUDA) Lane(i int) Device {
+	if k := i % g.Lanes(); k > 0 {
+		return g.lanes[k-1]
+	}
+	return g
+}
+
+// RecordOn implements LaneRecorder for the device's own stream.
+func (g *CUDA) RecordOn(ev Event) error { return ev.Record() }
+
+// cudaLane is the device with another copy stream: its copies, events and
+// Synchronize use that stream; the rest is the device's.
+type cudaLane struct {
+	*CUDA
+	s cuda.Stream
+}
+
+func (l *cudaLane) CopyH2D(dst uint64, src []byte) error {
+	return l.ctx.Do(func() error { return cuda.MemcpyHtoDAsync(cuda.DevicePtr(dst), src, l.s) })
+}
+
+func (l *cudaLane) CopyD2H(dst []byte, src uint64) error {
+	return l.ctx.Do(func() error { return cuda.MemcpyDtoHAsync(dst, cuda.DevicePtr(src), l.s) })
+}
+
+func (l *cudaLane) Bind(fn func(q Device) error) error {
+	return l.ctx.Do(func() error { return fn(boundCUDA{l.CUDA, l.s}) })
+}
+
+func (l *cudaLane) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error {
+	return l.ctx.Do(func() error {
+		return cuda.Memcpy2DHtoDAsync(cuda.DevicePtr(dst), dstPitch, src, srcPitch, width, rows, l.s)
+	})
+}
+
+func (l *cudaLane) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
+	return l.ctx.Do(func() error {
+		return cuda.Memcpy2DDtoHAsync(dst, dstPitch, cuda.DevicePtr(src), srcPitch, width, rows, l.s)
+	})
+}
+
+func (l *cudaLane) CopyH2DBatch(dsts []uint64, srcs [][]byte) error {
+	return l.ctx.Do(func() error { return cuda.MemcpyBatchHtoDAsync(devPtrs(dsts), srcs, nil, l.s) })
+}
+
+func (l *cudaLane) Synchronize() error { return l.ctx.Do(l.s.Synchronize) }
+
+// RecordOn implements LaneRecorder: ev marks the work queued on the lane.
+func (l *cudaLane) RecordOn(ev Event) error {
+	e, ok := ev.(*cudaEvent)
+	if !ok {
+		return fmt.Errorf("gpu: event %T is not the device's", ev)
+	}
+	return l.ctx.Do(func() error { return e.ev.Record(l.s) })
 }
 
 // AllocHost implements Device: portable pinned memory, on the GPU's NUMA

@@ -52,6 +52,23 @@ type Batcher interface {
 	CopyH2DBatch(dsts []uint64, srcs [][]byte) error
 }
 
+// Laner is implemented by devices with several copy queues (CUDA streams).
+// Lane(i) is a view of the device whose copies, event records (through
+// LaneRecorder) and Synchronize go to queue i mod Lanes(). The pipeline
+// gives each batch one lane for all its copies, so batches of different
+// callers do not queue behind each other; the device's own Synchronize
+// waits for every lane.
+type Laner interface {
+	Lanes() int
+	Lane(i int) Device
+}
+
+// LaneRecorder is implemented by lane views: RecordOn records ev (one of
+// the device's events) on the lane's queue.
+type LaneRecorder interface {
+	RecordOn(ev Event) error
+}
+
 // Binder is implemented by devices whose calls need per-thread setup (CUDA
 // makes its context current on a locked OS thread). Bind runs fn with the
 // setup done once; fn queues its copies through q, valid only inside fn,

@@ -81,6 +81,7 @@ type Pipeline struct {
 
 	summed, sumFailed atomic.Uint64
 	batched           atomic.Uint64 // copies queued in batches
+	lanes             atomic.Uint64 // batches given a lane
 	batchOff          atomic.Bool   // a batch failed where single copies worked
 }
 
@@ -136,6 +137,7 @@ type chunk struct {
 	// their destinations (see sortStaging).
 	pos, order []int32
 	batch      copyBatch // copyRuns' gathered copies
+	dev        Device    // the lane its copies were queued on (nil: Pipeline.Dev)
 }
 
 // at is the offset in the staging buffer of item i's group.
@@ -230,7 +232,7 @@ func (p *Pipeline) settle(c *chunk) bool {
 	if !c.st.busy {
 		return true
 	}
-	if err := p.Dev.Synchronize(); err != nil {
+	if err := c.device(p).Synchronize(); err != nil {
 		p.Pool.leak(c.st)
 		return false
 	}
@@ -241,11 +243,17 @@ func (p *Pipeline) settle(c *chunk) bool {
 // record marks the chunk's queued copies with its buffer's event. When the
 // event cannot be recorded the device is synchronized instead.
 func (p *Pipeline) record(c *chunk) {
-	if err := c.st.ev.Record(); err != nil {
+	var err error
+	if r, ok := c.dev.(LaneRecorder); ok {
+		err = r.RecordOn(c.st.ev)
+	} else {
+		err = c.st.ev.Record()
+	}
+	if err != nil {
 		if c.failed == nil {
 			c.failed = fmt.Errorf("%w: event record: %w", ErrCopy, err)
 		}
-		if serr := p.Dev.Synchronize(); serr == nil {
+		if serr := c.device(p).Synchronize(); serr == nil {
 			c.st.busy = false
 			return
 		}
@@ -276,6 +284,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 		return fmt.Errorf("%w: staging buffers of %d bytes hold no %d-byte group", ErrConfig, p.Pool.BufferSize(), gb)
 	}
 	h := &held{p: p}
+	dev := p.lane()
 	finish := func(c *chunk) {
 		err := p.wait(c)
 		if err == nil && c.failed != nil {
@@ -327,7 +336,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 				break
 			}
 			hi := min(lo+per, len(items))
-			c := &chunk{st: st, copied: make([]bool, hi-lo), set: make([]int32, 0, hi-lo)}
+			c := &chunk{st: st, dev: dev, copied: make([]bool, hi-lo), set: make([]int32, 0, hi-lo)}
 			g.bounds = append(g.bounds, len(g.reqs))
 			rows, rb := p.Geo.Rows, p.Geo.RowBytes
 			for i := lo; i < hi; {
@@ -382,7 +391,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 					c.items[j].CRC = rq[j].CRC
 				}
 			}
-			p.bind(func(q Device) { p.queueH2D(q, c, rq) })
+			p.bind(c.dev, func(q Device) { p.queueH2D(q, c, rq) })
 			p.record(c)
 			h.chunks = append(h.chunks, c)
 		}
@@ -837,12 +846,29 @@ func (p *Pipeline) flushBatch(q Device, b Batcher, bt *copyBatch) error {
 
 // bind runs fn with the device's per-thread setup done once (Binder), so a
 // chunk's many copies do not each pay for it; fn queues through q.
-func (p *Pipeline) bind(fn func(q Device)) {
-	if b, ok := p.Dev.(Binder); ok {
+func (p *Pipeline) bind(dev Device, fn func(q Device)) {
+	if b, ok := dev.(Binder); ok {
 		_ = b.Bind(func(q Device) error { fn(q); return nil })
 		return
 	}
-	fn(p.Dev)
+	fn(dev)
+}
+
+// lane is the device a batch queues all its copies on: the next of the
+// device's lanes (Laner), round robin, or the device.
+func (p *Pipeline) lane() Device {
+	if l, ok := p.Dev.(Laner); ok && l.Lanes() > 1 {
+		return l.Lane(int(p.lanes.Add(1) % uint64(l.Lanes())))
+	}
+	return p.Dev
+}
+
+// device is the device (or lane) the chunk's copies were queued on.
+func (c *chunk) device(p *Pipeline) Device {
+	if c.dev != nil {
+		return c.dev
+	}
+	return p.Dev
 }
 
 // copier2D is the device's one-operation pitched copy, nil when it has none.
@@ -892,6 +918,7 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 		return fmt.Errorf("%w: staging buffers of %d bytes hold no %d-byte group", ErrConfig, p.Pool.BufferSize(), gb)
 	}
 	h := &held{p: p}
+	dev := p.lane()
 	var batchErr error
 	reqs := make([]store.WriteReq, 0, per)
 	// finish waits for the chunk's copies, then writes what arrived.
@@ -942,8 +969,8 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 			break
 		}
 		reached = hi
-		c := &chunk{st: st, copied: make([]bool, hi-lo)}
-		p.bind(func(q Device) {
+		c := &chunk{st: st, dev: dev, copied: make([]bool, hi-lo)}
+		p.bind(dev, func(q Device) {
 			c2 := copier2D(q)
 			// Packed tiles adjacent on the device (and so in staging,
 			// which takes them in item order) move with one copy: the

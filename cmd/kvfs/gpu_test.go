@@ -23,6 +23,7 @@ func TestMountGPUFlags(t *testing.T) {
 		{[]string{"--gpu-staging-buffers", "0"}, "--gpu-staging-buffers"},
 		{[]string{"--gpu-depth", "0"}, "--gpu-depth"},
 		{[]string{"--gpu-verify", "both"}, "--gpu-verify"},
+		{[]string{"--gpu-streams", "0"}, "--gpu-streams"},
 	} {
 		kvfs(t, nil, append([]string{"mount", dir + "/none.kvfs", dir}, c.args...)...).want(t, 2, c.msg)
 	}

@@ -50,6 +50,10 @@ type Device struct {
 	// at each batch, and an error fails it with nothing queued.
 	EnableBatch bool
 	FailBatch   func() error
+	// LaneCount above 1 makes the device a gpu.Laner: its lanes are views
+	// that queue on the same ordered queue (stricter than separate
+	// streams) and count the events recorded on each (LaneRecords).
+	LaneCount int
 
 	mu       sync.Mutex
 	cond     sync.Cond
@@ -63,6 +67,7 @@ type Device struct {
 	syncs    int
 	copies2D int
 	batches  int
+	laneRecs map[int]int
 	events   int
 }
 
@@ -236,6 +241,40 @@ func (d *Device) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width
 		}
 	}
 	return nil
+}
+
+// Lanes implements gpu.Laner.
+func (d *Device) Lanes() int { return max(1, d.LaneCount) }
+
+// Lane implements gpu.Laner.
+func (d *Device) Lane(i int) gpu.Device { return &lane{Device: d, i: i % d.Lanes()} }
+
+// LaneRecords is, per lane, how many events were recorded on it.
+func (d *Device) LaneRecords() map[int]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := map[int]int{}
+	for k, v := range d.laneRecs {
+		m[k] = v
+	}
+	return m
+}
+
+// lane is a view of the device as one of its lanes.
+type lane struct {
+	*Device
+	i int
+}
+
+// RecordOn implements gpu.LaneRecorder.
+func (l *lane) RecordOn(ev gpu.Event) error {
+	l.mu.Lock()
+	if l.laneRecs == nil {
+		l.laneRecs = map[int]int{}
+	}
+	l.laneRecs[l.i]++
+	l.mu.Unlock()
+	return ev.Record()
 }
 
 // CanBatch implements gpu.Batcher.

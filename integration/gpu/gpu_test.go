@@ -56,6 +56,10 @@ func requireGPU(t *testing.T) {
 	}
 }
 
+// mountStreams is the copy streams per device of the daemons mount starts
+// (0: the default, one).
+var mountStreams int
+
 // mount mounts an in-memory store holding blocks 0..nblocks-1 in this
 // process (the daemon).
 // mount serves a store of nblocks blocks through a real FUSE mount, the
@@ -74,7 +78,8 @@ func mount(t *testing.T, nblocks int, verifyOnGPU, trustHandles bool) *env {
 	}
 	e.st = st
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	e.srv = ctl.NewServer(st, ctl.Options{Logger: log, GPU: ctl.GPUOptions{StagingCount: 8, StagingSize: 1 << 20, VerifyOnGPU: verifyOnGPU, TrustHandles: trustHandles}})
+	e.srv = ctl.NewServer(st, ctl.Options{Logger: log, GPU: ctl.GPUOptions{StagingCount: 8, StagingSize: 1 << 20, VerifyOnGPU: verifyOnGPU, TrustHandles: trustHandles,
+		Streams: mountStreams}})
 	e.dir = t.TempDir()
 	srv, err := fs.Mount(e.dir, st, fs.Options{Logger: log, Ctl: fs.Handler(e.srv.Open)})
 	if err != nil {
@@ -240,6 +245,11 @@ func TestRoundTrip(t *testing.T) {
 	for _, onGPU := range []bool{false, true} {
 		t.Run(fmt.Sprintf("verify-on-gpu=%v", onGPU), func(t *testing.T) { roundTrip(t, onGPU) })
 	}
+	// Three copy streams: consecutive loads and stores take different
+	// ones.
+	mountStreams = 3
+	defer func() { mountStreams = 0 }()
+	t.Run("streams=3", func(t *testing.T) { roundTrip(t, false) })
 }
 
 func roundTrip(t *testing.T, verifyOnGPU bool) {
