@@ -32,7 +32,6 @@ for cfg in "1 16MiB 128" "4 16MiB 128" "4 64MiB 32"; do
 	done
 	echo "streams $1 staging $3 x $2: cuda hnd 8 callers scatter: $(bl --blocks-per-call 1024 --layout hnd --calls 1 --jobs 8 --into cuda --scatter)"
 	echo "streams $1 staging $3 x $2: cuda nhd 8 callers: $(bl --blocks-per-call 1024 --layout nhd --calls 1 --jobs 8 --into cuda)"
-	echo "streams $1 staging $3 x $2: store cuda hnd 8 callers: $(bl --store --blocks-per-call 128 --layout hnd --calls 1 --jobs 8 --into cuda)"
 	"$K" umount "$M"
 done
 rm -f "$S"
