@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -136,6 +137,10 @@ func (s *Store) Write(reqs []WriteReq) error {
 	}
 	return c.err
 }
+
+// minWritePiece is the fewest I/Os of a write phase one goroutine submits
+// when the phase is split over the cores.
+const minWritePiece = 4
 
 // sumWindow is how many bytes of groups one goroutine checksums at a time
 // in Write.
@@ -624,16 +629,44 @@ func (s *Store) writePhase(fp string, owners []*plan, ios []IO) {
 		}
 		return
 	}
-	if err := s.e.Do(ios); err != nil {
-		for _, p := range owners {
-			p.fail(fmt.Errorf("store: write: %w", err))
-		}
-		return
+	// A large phase is split over the cores: a buffered write the kernel
+	// completes inline (a store file on tmpfs, in the page cache) is a
+	// copy done by the submitting thread, one after another for the whole
+	// commit otherwise.
+	n := len(ios)
+	pieces := 1
+	if n >= 2*minWritePiece {
+		pieces = min(runtime.GOMAXPROCS(0), n/minWritePiece)
 	}
-	for i, p := range owners {
-		if ios[i].Err != nil {
-			s.m.ioErrors.Add(1)
-			p.fail(fmt.Errorf("store: write block %016x: %w", p.block, ios[i].Err))
+	per := (n + pieces - 1) / pieces
+	errs := make([]error, pieces)
+	var wg sync.WaitGroup
+	for k := range pieces {
+		lo, hi := k*per, min((k+1)*per, n)
+		if k == pieces-1 {
+			errs[k] = s.e.Do(ios[lo:hi])
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = s.e.Do(ios[lo:hi])
+		}()
+	}
+	wg.Wait()
+	for k, err := range errs {
+		lo, hi := k*per, min((k+1)*per, n)
+		if err != nil {
+			for _, p := range owners[lo:hi] {
+				p.fail(fmt.Errorf("store: write: %w", err))
+			}
+			continue
+		}
+		for i := lo; i < hi; i++ {
+			if ios[i].Err != nil {
+				s.m.ioErrors.Add(1)
+				owners[i].fail(fmt.Errorf("store: write block %016x: %w", owners[i].block, ios[i].Err))
+			}
 		}
 	}
 }
