@@ -176,35 +176,62 @@ func newRig(t *testing.T, count, groupsPerBuf, depth int) *rig {
 // copies (TestOverlapVariants).
 var rigOverlap bool
 
+// pipelineTests are run again under each variant of the rig (overlapped
+// reads, batched copies, lanes).
+var pipelineTests = []struct {
+	name string
+	fn   func(*testing.T)
+}{
+	{"LoadRoundTrip", TestLoadRoundTrip},
+	{"StagingReusedOnlyAfterEvent", TestStagingReusedOnlyAfterEvent},
+	{"CorruptMidBatchZeroedAndReported", TestCorruptMidBatchZeroedAndReported},
+	{"AbsentLeavesDestination", TestAbsentLeavesDestination},
+	{"CopyFailsMidBatch", TestCopyFailsMidBatch},
+	{"RecordFailureFallsBackToSynchronize", TestRecordFailureFallsBackToSynchronize},
+	{"PitchedLoadAndStore", TestPitchedLoadAndStore},
+	{"StoreRoundTripAndCopyFailure", TestStoreRoundTripAndCopyFailure},
+	{"ConcurrentBatchesSharePool", TestConcurrentBatchesSharePool},
+	{"VerifyOnDevice", TestVerifyOnDevice},
+	{"InterleavedSets", TestInterleavedSets},
+	{"RunsNeverSpanMappings", TestRunsNeverSpanMappings},
+	{"StagedOutOfOrderFailures", TestStagedOutOfOrderFailures},
+	{"ReadsOverlapEachOther", TestReadsOverlapEachOther},
+}
+
+// runVariant runs pipelineTests with set(true) in force.
+func runVariant(t *testing.T, set func(on bool)) {
+	set(true)
+	defer set(false)
+	for _, tc := range pipelineTests {
+		t.Run(tc.name, tc.fn)
+	}
+}
+
+// TestOverlapVariants: the next group's read overlapping the queueing of
+// the copies.
+func TestOverlapVariants(t *testing.T) { runVariant(t, func(on bool) { rigOverlap = on }) }
+
+// TestBatchVariants: the copies no 2D copy takes queued in batches
+// (cuMemcpyBatchAsync).
+func TestBatchVariants(t *testing.T) { runVariant(t, func(on bool) { rigBatch = on }) }
+
+// TestLaneVariants: a device with three lanes (each batch's copies and
+// events on one of them).
+func TestLaneVariants(t *testing.T) {
+	runVariant(t, func(on bool) {
+		rigLanes = 0
+		if on {
+			rigLanes = 3
+		}
+	})
+}
+
 // rigBatch makes newRig's devices gpu.Batchers (TestBatchVariants).
 var rigBatch bool
 
 // rigLanes gives newRig's devices lanes (TestLaneVariants).
 var rigLanes int
 
-// TestLaneVariants runs the pipeline tests again on a device with three
-// lanes (each batch's copies and events on one of them).
-func TestLaneVariants(t *testing.T) {
-	rigLanes = 3
-	defer func() { rigLanes = 0 }()
-	for _, tc := range []struct {
-		name string
-		fn   func(*testing.T)
-	}{
-		{"LoadRoundTrip", TestLoadRoundTrip},
-		{"StagingReusedOnlyAfterEvent", TestStagingReusedOnlyAfterEvent},
-		{"CorruptMidBatchZeroedAndReported", TestCorruptMidBatchZeroedAndReported},
-		{"CopyFailsMidBatch", TestCopyFailsMidBatch},
-		{"RecordFailureFallsBackToSynchronize", TestRecordFailureFallsBackToSynchronize},
-		{"PitchedLoadAndStore", TestPitchedLoadAndStore},
-		{"StoreRoundTripAndCopyFailure", TestStoreRoundTripAndCopyFailure},
-		{"ConcurrentBatchesSharePool", TestConcurrentBatchesSharePool},
-		{"VerifyOnDevice", TestVerifyOnDevice},
-		{"ReadsOverlapEachOther", TestReadsOverlapEachOther},
-	} {
-		t.Run(tc.name, tc.fn)
-	}
-}
 
 // TestBatchesSpreadOverLanes: concurrent loads and stores on a device with
 // lanes record their buffers' events on more than one lane (round robin,
@@ -261,29 +288,6 @@ func TestBatchesSpreadOverLanes(t *testing.T) {
 	r.checkClean(t)
 }
 
-// TestBatchVariants runs the pipeline tests again with the copies no 2D
-// copy takes queued in batches (cuMemcpyBatchAsync), 2D copies on and off.
-func TestBatchVariants(t *testing.T) {
-	rigBatch = true
-	defer func() { rigBatch = false }()
-	for _, tc := range []struct {
-		name string
-		fn   func(*testing.T)
-	}{
-		{"LoadRoundTrip", TestLoadRoundTrip},
-		{"StagingReusedOnlyAfterEvent", TestStagingReusedOnlyAfterEvent},
-		{"CorruptMidBatchZeroedAndReported", TestCorruptMidBatchZeroedAndReported},
-		{"AbsentLeavesDestination", TestAbsentLeavesDestination},
-		{"CopyFailsMidBatch", TestCopyFailsMidBatch},
-		{"PitchedLoadAndStore", TestPitchedLoadAndStore},
-		{"ConcurrentBatchesSharePool", TestConcurrentBatchesSharePool},
-		{"VerifyOnDevice", TestVerifyOnDevice},
-		{"RunsNeverSpanMappings", TestRunsNeverSpanMappings},
-		{"StagedOutOfOrderFailures", TestStagedOutOfOrderFailures},
-	} {
-		t.Run(tc.name, tc.fn)
-	}
-}
 
 // TestScatteredTilesBatched: tiles of cache blocks scattered over the
 // device (no two adjacent, strides irregular, so no 2D copy takes them)
@@ -335,29 +339,6 @@ func TestScatteredTilesBatched(t *testing.T) {
 	}
 }
 
-// TestOverlapVariants runs the pipeline tests again with the next group's
-// read overlapping the queueing of the copies.
-func TestOverlapVariants(t *testing.T) {
-	rigOverlap = true
-	defer func() { rigOverlap = false }()
-	for _, tc := range []struct {
-		name string
-		fn   func(*testing.T)
-	}{
-		{"LoadRoundTrip", TestLoadRoundTrip},
-		{"StagingReusedOnlyAfterEvent", TestStagingReusedOnlyAfterEvent},
-		{"CorruptMidBatchZeroedAndReported", TestCorruptMidBatchZeroedAndReported},
-		{"AbsentLeavesDestination", TestAbsentLeavesDestination},
-		{"CopyFailsMidBatch", TestCopyFailsMidBatch},
-		{"RecordFailureFallsBackToSynchronize", TestRecordFailureFallsBackToSynchronize},
-		{"PitchedLoadAndStore", TestPitchedLoadAndStore},
-		{"ConcurrentBatchesSharePool", TestConcurrentBatchesSharePool},
-		{"VerifyOnDevice", TestVerifyOnDevice},
-		{"InterleavedSets", TestInterleavedSets},
-	} {
-		t.Run(tc.name, tc.fn)
-	}
-}
 
 // TestReadOverlapsCopies: with room for two groups in the depth, the next
 // group's store read is under way while this group's copies are queued.
