@@ -232,7 +232,6 @@ var rigBatch bool
 // rigLanes gives newRig's devices lanes (TestLaneVariants).
 var rigLanes int
 
-
 // TestBatchesSpreadOverLanes: concurrent loads and stores on a device with
 // lanes record their buffers' events on more than one lane (round robin,
 // one lane per batch), and every byte still lands and is stored.
@@ -288,7 +287,6 @@ func TestBatchesSpreadOverLanes(t *testing.T) {
 	r.checkClean(t)
 }
 
-
 // TestScatteredTilesBatched: tiles of cache blocks scattered over the
 // device (no two adjacent, strides irregular, so no 2D copy takes them)
 // are queued with one batch call per chunk, and every byte lands; a device
@@ -338,7 +336,6 @@ func TestScatteredTilesBatched(t *testing.T) {
 		})
 	}
 }
-
 
 // TestReadOverlapsCopies: with room for two groups in the depth, the next
 // group's store read is under way while this group's copies are queued.
