@@ -117,6 +117,10 @@ type LoadResult struct {
 	NotOKBlocks   int     `json:"not_ok_blocks,omitempty"`
 	// Op is "store" for STORE_BLOCKS runs (LoadConfig.Store).
 	Op string `json:"op,omitempty"`
+	// Evicting is set when the blocks a STORE run writes (twice that in
+	// slots while each is replaced) exceed the store's slots: other blocks
+	// are evicted and the rate measures eviction too.
+	Evicting bool `json:"evicting,omitempty"`
 	// Into is "host" or the CUDA devices ("cuda:0,1"); PerDevice their
 	// shares.
 	Into      string         `json:"into,omitempty"`
@@ -325,6 +329,10 @@ func (r LoadResult) String() string {
 	}
 	if r.NotOKBlocks > 0 {
 		s += fmt.Sprintf("\n  %d blocks not ok (absent, corrupt or evicted while measuring)", r.NotOKBlocks)
+	}
+	if r.Evicting {
+		s += fmt.Sprintf("\n  note: %d callers store %d blocks each, %d slots while they are replaced: more than the store has, so other blocks were evicted (a larger store measures the STORE path alone)",
+			r.Jobs, r.BlocksPerCall, 2*r.Jobs*r.BlocksPerCall)
 	}
 	for _, d := range r.PerDevice {
 		ratio := 0.0

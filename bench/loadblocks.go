@@ -235,6 +235,7 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 	res.UsPerBlock = res.UsPerCall / float64(n)
 	if c.Store {
 		res.Op = "store"
+		res.Evicting = int64(2*c.Jobs*n) > info.Slots
 	}
 	res.Into = "host"
 	if len(c.Devices) > 0 {

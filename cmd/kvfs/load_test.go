@@ -189,7 +189,7 @@ func TestBenchLoad(t *testing.T) {
 	if err := json.Unmarshal(r.stdout, &rep); err != nil {
 		t.Fatalf("%v: %s", err, r.stdout)
 	}
-	if gpb := testGeo.GroupsPerBlock(); rep.Op != "store" || rep.Bytes != int64(2*4*3*gpb*512) || rep.NotOKBlocks != 0 || rep.GBps <= 0 {
+	if gpb := testGeo.GroupsPerBlock(); rep.Op != "store" || rep.Bytes != int64(2*4*3*gpb*512) || rep.NotOKBlocks != 0 || rep.GBps <= 0 || rep.Evicting {
 		t.Fatalf("--store: report %+v", rep)
 	}
 	listed, err := bench.ListBlocks(mnt, testGeo)
@@ -231,4 +231,11 @@ func TestBenchLoad(t *testing.T) {
 	kvfs(t, nil, "bench-load").want(t, 2)
 	kvfs(t, nil, "bench-load", mnt, "--plot", "x.svg").want(t, 2, "add --sweep")
 	kvfs(t, nil, "bench-load", mnt, "--sweep", "--plot", "x.jpg").want(t, 2, "want a .svg or .png file")
+	// Two callers storing 5 blocks each need 20 slots while they replace
+	// them; the store has 16: the report says the rate includes evictions.
+	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "5", "--layout", "hnd", "--calls", "1", "--jobs", "2", "--store")
+	r.want(t, 0)
+	if !strings.Contains(string(r.stdout), "other blocks were evicted") {
+		t.Fatalf("--store beyond the store's slots: no note in\n%s", r.stdout)
+	}
 }
