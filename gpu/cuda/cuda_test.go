@@ -445,3 +445,12 @@ func BenchmarkQueueScattered(b *testing.B) {
 		})
 	}
 }
+
+// TestMissingSymbol: an unbound optional driver function is reported
+// missing (not called through a nil func).
+func TestMissingSymbol(t *testing.T) {
+	var unbound func(s Stream) Result
+	if !missing(unbound) || !missing(nil) || missing(func(s Stream) Result { return Success }) {
+		t.Fatalf("missing: unbound %v, nil %v, bound %v", missing(unbound), missing(nil), missing(func(s Stream) Result { return Success }))
+	}
+}

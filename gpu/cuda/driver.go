@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"reflect"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -253,10 +254,21 @@ func need(f any, name string) error {
 	if err := Load(); err != nil {
 		return err
 	}
-	if f == nil {
+	if missing(f) {
 		return fmt.Errorf("%w: %s", ErrMissingSymbol, name)
 	}
 	return nil
+}
+
+// missing reports whether f, a driver function variable, was left unbound:
+// a nil func inside an interface is not a nil interface, so f == nil
+// would never say so and the call would panic.
+func missing(f any) bool {
+	if f == nil {
+		return true
+	}
+	v := reflect.ValueOf(f)
+	return v.Kind() == reflect.Func && v.IsNil()
 }
 
 // DriverVersion is the driver's CUDA version (e.g. 13000 for 13.0).
