@@ -5,13 +5,20 @@
 // GPU and registered with the store's engine as a fixed buffer, so the
 // storage DMA lands there and the CPU never copies the payload), then
 // queues asynchronous host-to-device copies from it and records the
-// buffer's own event. The next chunk is read while the copies run. A
-// store runs the other way: device-to-host copies into staging, wait for
-// that buffer's event, then the store's batched durable write from it.
+// buffer's own event. Chunks are read in groups (ReadAhead buffers per
+// store call), two groups' reads in flight while the copies of the group
+// before run. Runs of tiles adjacent on both sides move with one copy,
+// runs at constant strides with one 2D copy, and the rest of a chunk's
+// copies with one batch call (Batcher: cuMemcpyBatchAsync). A store runs
+// the other way: device-to-host copies into staging (adjacent tiles with
+// one copy), wait for that buffer's event, then the store's batched
+// durable write from it.
 //
 // The GPU is reached through the Device interface (copies on one ordered
 // queue, events, pinned allocations); CUDA implements it over package
-// gpu/cuda, and package gpu/gputest has a fake for tests without a GPU.
+// gpu/cuda, and package gpu/gputest has a fake for tests without a GPU. A
+// device with several queues (Laner: CUDA streams) gives each batch one of
+// them for all its copies and events.
 //
 // # Invariants
 //
