@@ -558,7 +558,7 @@ func (s *Store) readNotified(runs []run, ios []IO, wants []want) error {
 	ready := make(chan int, len(runs)) // never blocks the engine's goroutine
 	var started atomic.Bool
 	var derr error
-	parallel(min(len(runs), runtime.GOMAXPROCS(0))+1, func() {
+	par.Run(min(len(runs), runtime.GOMAXPROCS(0))+1, func() {
 		if started.CompareAndSwap(false, true) {
 			func() {
 				defer close(ready)
@@ -588,7 +588,7 @@ func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 	stride := int(s.geo.GroupStride())
 	per := max(1, s.inlineChunk/stride) // groups per chunk
 	var next atomic.Int64
-	parallel(min(len(runs), runtime.GOMAXPROCS(0)), func() {
+	par.Run(min(len(runs), runtime.GOMAXPROCS(0)), func() {
 		var vec [][]byte // this goroutine's chunk segments
 		var io IO        // and chunk request (one allocation per goroutine)
 		for {
@@ -686,25 +686,10 @@ const verifyWindow = 4 << 20
 // of runs, the first of which is the call's run number first. Large windows
 // are spread over the cores in verifyWindow pieces.
 func (s *Store) verify(runs []run, first int, ws []want) {
-	gb := s.geo.GroupBytes()
-	per := max(1, verifyWindow/gb)
-	pieces := (len(ws) + per - 1) / per
-	var next atomic.Int64
-	parallel(min(pieces, runtime.GOMAXPROCS(0)), func() {
-		for {
-			p := int(next.Add(1) - 1)
-			if p >= pieces {
-				return
-			}
-			lo := p * per
-			s.verifyRange(runs, first, ws[lo:min(lo+per, len(ws))])
-		}
+	par.Pieces(len(ws), verifyWindow/s.geo.GroupBytes(), runtime.GOMAXPROCS(0), func(lo, hi int) {
+		s.verifyRange(runs, first, ws[lo:hi])
 	})
 }
-
-// parallel runs work on n goroutines, the caller's among them (par.Run:
-// a fault in any is raised in the caller once all stopped).
-func parallel(n int, work func()) { par.Run(n, work) }
 
 // verifyRange verifies ws, a part of a window of runs whose first is the
 // call's run number first.

@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"sort"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -634,26 +633,13 @@ func (s *Store) writePhase(fp string, owners []*plan, ios []IO) {
 	// copy done by the submitting thread, one after another for the whole
 	// commit otherwise.
 	n := len(ios)
-	pieces := 1
+	per, workers := max(n, 1), 1
 	if n >= 2*minWritePiece {
-		pieces = min(runtime.GOMAXPROCS(0), n/minWritePiece)
+		workers = min(runtime.GOMAXPROCS(0), n/minWritePiece)
+		per = (n + workers - 1) / workers
 	}
-	per := (n + pieces - 1) / pieces
-	errs := make([]error, pieces)
-	var wg sync.WaitGroup
-	for k := range pieces {
-		lo, hi := k*per, min((k+1)*per, n)
-		if k == pieces-1 {
-			errs[k] = s.e.Do(ios[lo:hi])
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[k] = s.e.Do(ios[lo:hi])
-		}()
-	}
-	wg.Wait()
+	errs := make([]error, (n+per-1)/per)
+	par.Pieces(n, per, workers, func(lo, hi int) { errs[lo/per] = s.e.Do(ios[lo:hi]) })
 	for k, err := range errs {
 		lo, hi := k*per, min((k+1)*per, n)
 		if err != nil {
