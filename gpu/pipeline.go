@@ -137,7 +137,7 @@ type chunk struct {
 	// their destinations (see sortStaging).
 	pos, order []int32
 	batch      copyBatch // copyRuns' gathered copies
-	dev        Device    // the lane its copies were queued on (nil: Pipeline.Dev)
+	dev        Device    // the device, or its lane, its copies were queued on
 }
 
 // at is the offset in the staging buffer of item i's group.
@@ -232,7 +232,7 @@ func (p *Pipeline) settle(c *chunk) bool {
 	if !c.st.busy {
 		return true
 	}
-	if err := c.device(p).Synchronize(); err != nil {
+	if err := c.dev.Synchronize(); err != nil {
 		p.Pool.leak(c.st)
 		return false
 	}
@@ -253,7 +253,7 @@ func (p *Pipeline) record(c *chunk) {
 		if c.failed == nil {
 			c.failed = fmt.Errorf("%w: event record: %w", ErrCopy, err)
 		}
-		if serr := c.device(p).Synchronize(); serr == nil {
+		if serr := c.dev.Synchronize(); serr == nil {
 			c.st.busy = false
 			return
 		}
@@ -859,14 +859,6 @@ func (p *Pipeline) bind(dev Device, fn func(q Device)) {
 func (p *Pipeline) lane() Device {
 	if l, ok := p.Dev.(Laner); ok && l.Lanes() > 1 {
 		return l.Lane(int(p.lanes.Add(1) % uint64(l.Lanes())))
-	}
-	return p.Dev
-}
-
-// device is the device (or lane) the chunk's copies were queued on.
-func (c *chunk) device(p *Pipeline) Device {
-	if c.dev != nil {
-		return c.dev
 	}
 	return p.Dev
 }
