@@ -21,7 +21,7 @@ type CUDA struct {
 	dev    cuda.Device
 	ctx    cuda.Context
 	stream cuda.Stream
-	lanes  []*cudaLane // more copy streams (AddLanes)
+	lanes  []cudaLane // more copy streams (AddLanes)
 	once   sync.Once
 }
 
@@ -76,21 +76,19 @@ func (g *CUDA) Do(fn func() error) error { return g.ctx.Do(fn) }
 // Stream is the device's copy stream.
 func (g *CUDA) Stream() cuda.Stream { return g.stream }
 
+// own is the device on its own stream (lane 0): the copy methods below
+// are its.
+func (g *CUDA) own() cudaLane { return cudaLane{g, g.stream} }
+
 // CopyH2D implements Device.
-func (g *CUDA) CopyH2D(dst uint64, src []byte) error {
-	return g.ctx.Do(func() error { return cuda.MemcpyHtoDAsync(cuda.DevicePtr(dst), src, g.stream) })
-}
+func (g *CUDA) CopyH2D(dst uint64, src []byte) error { return g.own().CopyH2D(dst, src) }
 
 // CopyD2H implements Device.
-func (g *CUDA) CopyD2H(dst []byte, src uint64) error {
-	return g.ctx.Do(func() error { return cuda.MemcpyDtoHAsync(dst, cuda.DevicePtr(src), g.stream) })
-}
+func (g *CUDA) CopyD2H(dst []byte, src uint64) error { return g.own().CopyD2H(dst, src) }
 
 // Bind implements Binder: fn runs on one locked OS thread with the context
 // current, and q's copies call the driver directly.
-func (g *CUDA) Bind(fn func(q Device) error) error {
-	return g.ctx.Do(func() error { return fn(boundCUDA{g, g.stream}) })
-}
+func (g *CUDA) Bind(fn func(q Device) error) error { return g.own().Bind(fn) }
 
 // boundCUDA is the device inside Bind: copies on stream s without making
 // the context current again (the other methods are the device's own).
@@ -132,7 +130,7 @@ func (g *CUDA) CanBatch() bool { return cuda.HasBatch() }
 
 // CopyH2DBatch implements Batcher.
 func (g *CUDA) CopyH2DBatch(dsts []uint64, srcs [][]byte) error {
-	return g.ctx.Do(func() error { return cuda.MemcpyBatchHtoDAsync(devPtrs(dsts), srcs, nil, g.stream) })
+	return g.own().CopyH2DBatch(dsts, srcs)
 }
 
 // Can2D implements Copier2D: the driver has cuMemcpy2DAsync.
@@ -140,16 +138,12 @@ func (g *CUDA) Can2D() bool { return cuda.Has2D() }
 
 // CopyH2D2D implements Copier2D.
 func (g *CUDA) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error {
-	return g.ctx.Do(func() error {
-		return cuda.Memcpy2DHtoDAsync(cuda.DevicePtr(dst), dstPitch, src, srcPitch, width, rows, g.stream)
-	})
+	return g.own().CopyH2D2D(dst, dstPitch, src, srcPitch, width, rows)
 }
 
 // CopyD2H2D implements Copier2D.
 func (g *CUDA) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
-	return g.ctx.Do(func() error {
-		return cuda.Memcpy2DDtoHAsync(dst, dstPitch, cuda.DevicePtr(src), srcPitch, width, rows, g.stream)
-	})
+	return g.own().CopyD2H2D(dst, dstPitch, src, srcPitch, width, rows)
 }
 
 // Synchronize implements Device.
@@ -175,7 +169,7 @@ func (g *CUDA) AddLanes(n int) error {
 			if err != nil {
 				return err
 			}
-			g.lanes = append(g.lanes, &cudaLane{CUDA: g, s: st})
+			g.lanes = append(g.lanes, cudaLane{CUDA: g, s: st})
 		}
 		return nil
 	})
@@ -195,45 +189,46 @@ func (g *CUDA) Lane(i int) Device {
 // RecordOn implements LaneRecorder for the device's own stream.
 func (g *CUDA) RecordOn(ev Event) error { return ev.Record() }
 
-// cudaLane is the device with another copy stream: its copies, events and
-// Synchronize use that stream; the rest is the device's.
+// cudaLane is the device on one of its copy streams: its copies, events
+// and Synchronize use that stream, each call making the context current
+// and then queueing as boundCUDA does; the rest is the device's.
 type cudaLane struct {
 	*CUDA
 	s cuda.Stream
 }
 
-func (l *cudaLane) CopyH2D(dst uint64, src []byte) error {
-	return l.ctx.Do(func() error { return cuda.MemcpyHtoDAsync(cuda.DevicePtr(dst), src, l.s) })
+func (l cudaLane) do(fn func(b boundCUDA) error) error {
+	return l.ctx.Do(func() error { return fn(boundCUDA(l)) })
 }
 
-func (l *cudaLane) CopyD2H(dst []byte, src uint64) error {
-	return l.ctx.Do(func() error { return cuda.MemcpyDtoHAsync(dst, cuda.DevicePtr(src), l.s) })
+func (l cudaLane) CopyH2D(dst uint64, src []byte) error {
+	return l.do(func(b boundCUDA) error { return b.CopyH2D(dst, src) })
 }
 
-func (l *cudaLane) Bind(fn func(q Device) error) error {
-	return l.ctx.Do(func() error { return fn(boundCUDA{l.CUDA, l.s}) })
+func (l cudaLane) CopyD2H(dst []byte, src uint64) error {
+	return l.do(func(b boundCUDA) error { return b.CopyD2H(dst, src) })
 }
 
-func (l *cudaLane) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error {
-	return l.ctx.Do(func() error {
-		return cuda.Memcpy2DHtoDAsync(cuda.DevicePtr(dst), dstPitch, src, srcPitch, width, rows, l.s)
-	})
+func (l cudaLane) Bind(fn func(q Device) error) error {
+	return l.do(func(b boundCUDA) error { return fn(b) })
 }
 
-func (l *cudaLane) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
-	return l.ctx.Do(func() error {
-		return cuda.Memcpy2DDtoHAsync(dst, dstPitch, cuda.DevicePtr(src), srcPitch, width, rows, l.s)
-	})
+func (l cudaLane) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width, rows int) error {
+	return l.do(func(b boundCUDA) error { return b.CopyH2D2D(dst, dstPitch, src, srcPitch, width, rows) })
 }
 
-func (l *cudaLane) CopyH2DBatch(dsts []uint64, srcs [][]byte) error {
-	return l.ctx.Do(func() error { return cuda.MemcpyBatchHtoDAsync(devPtrs(dsts), srcs, nil, l.s) })
+func (l cudaLane) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width, rows int) error {
+	return l.do(func(b boundCUDA) error { return b.CopyD2H2D(dst, dstPitch, src, srcPitch, width, rows) })
 }
 
-func (l *cudaLane) Synchronize() error { return l.ctx.Do(l.s.Synchronize) }
+func (l cudaLane) CopyH2DBatch(dsts []uint64, srcs [][]byte) error {
+	return l.do(func(b boundCUDA) error { return b.CopyH2DBatch(dsts, srcs) })
+}
+
+func (l cudaLane) Synchronize() error { return l.ctx.Do(l.s.Synchronize) }
 
 // RecordOn implements LaneRecorder: ev marks the work queued on the lane.
-func (l *cudaLane) RecordOn(ev Event) error {
+func (l cudaLane) RecordOn(ev Event) error {
 	e, ok := ev.(*cudaEvent)
 	if !ok {
 		return fmt.Errorf("gpu: event %T is not the device's", ev)
