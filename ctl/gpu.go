@@ -79,6 +79,10 @@ type GPUOptions struct {
 	// NoBatch queues a load's copies one by one where the driver could
 	// batch them (cuMemcpyBatchAsync): for measuring the difference.
 	NoBatch bool
+	// SpinWait has a load that waits for a staging buffer's copies spin
+	// on a core until they complete, where by default it sleeps until the
+	// GPU's interrupt (gpu.CUDA.SetSpinWait).
+	SpinWait bool
 	// VerifyOnGPU checks loaded groups where they land, in GPU memory,
 	// with the CRC32C kernel (gpu.GPUVerifier) instead of on the CPU in
 	// staging, and has the kernel checksum the groups a STORE staged (the
@@ -191,6 +195,9 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 	dev, err := open(ordinal)
 	if err != nil {
 		return nil, fmt.Errorf("%w: device %d: %w", ErrNoGPU, ordinal, err)
+	}
+	if w, ok := dev.(interface{ SetSpinWait(bool) }); ok {
+		w.SetSpinWait(g.opts.SpinWait)
 	}
 	if l, ok := dev.(interface{ AddLanes(int) error }); ok && g.opts.Streams > 1 {
 		if err := l.AddLanes(g.opts.Streams); err != nil {

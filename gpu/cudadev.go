@@ -23,7 +23,19 @@ type CUDA struct {
 	stream cuda.Stream
 	lanes  []cudaLane // more copy streams (AddLanes)
 	once   sync.Once
+	// spin: events made from now on are waited for by spinning on a
+	// core (the driver's default), not by sleeping until the GPU's
+	// interrupt (cuda.EventBlockingSync). See SetSpinWait.
+	spin bool
 }
+
+// SetSpinWait chooses how a wait for a staging buffer's copies (Event.Wait)
+// spends its time, for the events made after it: spinning on a core until
+// they complete (the driver's default for a context on a machine with more
+// cores than contexts), or, by default, sleeping until the GPU's interrupt.
+// A spinning wait holds a core per waiting caller: with many callers those
+// are the cores the store's reads and checksums need.
+func (g *CUDA) SetSpinWait(spin bool) { g.spin = spin }
 
 // OpenCUDA retains device ordinal's primary context and creates its copy
 // stream. Without a driver or device it returns an error wrapping
@@ -253,12 +265,17 @@ func (g *CUDA) AllocHost(n int) ([]byte, func() error, error) {
 	return mem, func() error { return g.ctx.Do(func() error { return cuda.MemFreeHost(mem) }) }, nil
 }
 
-// NewEvent implements Device (timing disabled: cheapest to record).
+// NewEvent implements Device (timing disabled: cheapest to record; a
+// blocking wait unless SetSpinWait).
 func (g *CUDA) NewEvent() (Event, error) {
 	var ev cuda.Event
+	flags := uint32(cuda.EventDisableTiming)
+	if !g.spin {
+		flags |= cuda.EventBlockingSync
+	}
 	err := g.ctx.Do(func() error {
 		var err error
-		ev, err = cuda.EventCreate(cuda.EventDisableTiming)
+		ev, err = cuda.EventCreate(flags)
 		return err
 	})
 	if err != nil {

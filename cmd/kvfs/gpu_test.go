@@ -24,6 +24,7 @@ func TestMountGPUFlags(t *testing.T) {
 		{[]string{"--gpu-depth", "0"}, "--gpu-depth"},
 		{[]string{"--gpu-verify", "both"}, "--gpu-verify"},
 		{[]string{"--gpu-streams", "0"}, "--gpu-streams"},
+		{[]string{"--gpu-wait", "poll"}, "--gpu-wait"},
 	} {
 		kvfs(t, nil, append([]string{"mount", dir + "/none.kvfs", dir}, c.args...)...).want(t, 2, c.msg)
 	}

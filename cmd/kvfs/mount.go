@@ -60,6 +60,7 @@ type mountOptions struct {
 	gpuAhead                 int
 	gpuBatch                 bool
 	gpuStreams               int
+	gpuWait                  string
 	hostID                   string
 	leaseTTL                 time.Duration
 	forceTakeover            bool
@@ -130,6 +131,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.BoolVar(&o.forceTakeover, "force-takeover", false, "take the store over from a daemon on another host whose lease is still live (it stops writing at its next renewal)")
 	f.IntVar(&o.gpuAhead, "gpu-read-ahead", 4, "staging buffers one store read of a GPU load fills (the storage's I/O in flight per call; at most --gpu-depth)")
 	f.IntVar(&o.gpuStreams, "gpu-streams", 1, "copy streams per GPU; concurrent loads and stores take them round robin (1..64)")
+	f.StringVar(&o.gpuWait, "gpu-wait", "block", "how a GPU load waits for a staging buffer's copies: block (sleep until the GPU's interrupt) or spin (hold a core until they complete)")
 	f.BoolVar(&o.gpuBatch, "gpu-batch-copies", true, "queue the copies of a GPU load that no 2D copy takes (tiles of scattered cache blocks) with one cuMemcpyBatchAsync per staging buffer, where the driver has it (CUDA ≥ 12.8)")
 	f.StringVar(&o.gpuVerify, "gpu-verify", "cpu", "where loads into GPU memory are checksummed: cpu (the store, in staging) or gpu (the CRC32C kernel, where the groups land)")
 	addCommand(c)
@@ -147,11 +149,14 @@ func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
 	if o.gpuStreams < 1 || o.gpuStreams > 64 {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-streams %d: want 1..64", o.gpuStreams)
 	}
+	if o.gpuWait != "block" && o.gpuWait != "spin" {
+		return ctl.GPUOptions{}, usageErrorf("--gpu-wait %q: want block or spin", o.gpuWait)
+	}
 	if o.gpuVerify != "cpu" && o.gpuVerify != "gpu" {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-verify %q: want cpu or gpu", o.gpuVerify)
 	}
 	return ctl.GPUOptions{Disable: !o.gpu, StagingCount: o.gpuStaging, StagingSize: int(n), Depth: min(o.gpuDepth, o.gpuStaging),
-		ReadAhead: o.gpuAhead, NoBatch: !o.gpuBatch, Streams: o.gpuStreams, VerifyOnGPU: o.gpuVerify == "gpu"}, nil
+		ReadAhead: o.gpuAhead, NoBatch: !o.gpuBatch, Streams: o.gpuStreams, SpinWait: o.gpuWait == "spin", VerifyOnGPU: o.gpuVerify == "gpu"}, nil
 }
 
 // parseCtl checks --ctl-mode and --ctl-group.
