@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/internal/par"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
@@ -41,8 +42,9 @@ type blockScratch struct {
 	rreqs []store.ReadReq
 	wreqs []store.WriteReq
 	srcs  [][]byte // per write request: the client tile it copies
-	owner []int32  // entry of each request
-	stage []int32  // per request: staging slot, or -1 when it lands directly
+	owner []int32  // entry of each request (or GPU item)
+	items []gpu.Item
+	stage []int32 // per request: staging slot, or -1 when it lands directly
 	order []int32
 	cells []int32
 }
@@ -155,7 +157,7 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	var err error
 	switch {
 	case t.dev != nil:
-		err = ss.gpuBlocks(t, ents, load)
+		err = ss.gpuBlocks(t, ents, load, sc)
 	case load:
 		err = ss.loadBlocks(t, ents, sc)
 	default:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/kvfs/kvfs/layout"
@@ -83,6 +84,38 @@ type Pipeline struct {
 	batched           atomic.Uint64 // copies queued in batches
 	lanes             atomic.Uint64 // batches given a lane
 	batchOff          atomic.Bool   // a batch failed where single copies worked
+	// idle keeps the read groups of finished loads, whose request slices
+	// the next loads reuse.
+	idle struct {
+		sync.Mutex
+		groups []*[3]readGroup
+	}
+}
+
+// readGroups takes a load's read groups from the idle ones, or new ones.
+func (p *Pipeline) readGroups() *[3]readGroup {
+	p.idle.Lock()
+	defer p.idle.Unlock()
+	if n := len(p.idle.groups); n > 0 {
+		g := p.idle.groups[n-1]
+		p.idle.groups = p.idle.groups[:n-1]
+		return g
+	}
+	return new([3]readGroup)
+}
+
+// putReadGroups keeps a finished load's read groups, emptied, for the next
+// (as many as loads ran at once).
+func (p *Pipeline) putReadGroups(gs *[3]readGroup) {
+	for i := range gs {
+		g := &gs[i]
+		clear(g.chunks[:cap(g.chunks)])
+		clear(g.reqs[:cap(g.reqs)])
+		*g = readGroup{chunks: g.chunks[:0], bounds: g.bounds[:0], reqs: g.reqs[:0]}
+	}
+	p.idle.Lock()
+	p.idle.groups = append(p.idle.groups, gs)
+	p.idle.Unlock()
 }
 
 // Batched reports how many copies were queued in batches (Batcher).
@@ -136,8 +169,33 @@ type chunk struct {
 	// the item's own index: packed tiles may be staged in the order of
 	// their destinations (see sortStaging).
 	pos, order []int32
-	batch      copyBatch // copyRuns' gathered copies
-	dev        Device    // the device, or its lane, its copies were queued on
+	// posBuf, orderBuf and sortBuf keep sortStaging's memory for the
+	// buffer's next chunks.
+	posBuf, orderBuf []int32
+	sortBuf          []stagedAt
+	batch            copyBatch // copyRuns' gathered copies
+	dev              Device    // the device, or its lane, its copies were queued on
+}
+
+// chunk returns the buffer's chunk for n items queued on dev, empty: the
+// slices of the buffer's chunks before it are reused, so a batch allocates
+// nothing per group once each buffer has carried one. The buffer is the
+// batch's until it goes back to the pool, and with it the chunk.
+func (st *Staging) chunk(dev Device, n int) *chunk {
+	c := st.c
+	if c == nil {
+		c = new(chunk)
+		st.c = c
+	}
+	clear(c.items) // no item of an earlier batch stays reachable
+	copied := c.copied[:0]
+	if cap(copied) < n {
+		copied = make([]bool, 0, n)
+	}
+	*c = chunk{st: st, dev: dev, items: c.items[:0], copied: copied[:n], set: c.set[:0], runs: c.runs[:0],
+		posBuf: c.posBuf, orderBuf: c.orderBuf, sortBuf: c.sortBuf, batch: copyBatch{dsts: c.batch.dsts[:0], srcs: c.batch.srcs[:0]}}
+	clear(c.copied)
+	return c
 }
 
 // at is the offset in the staging buffer of item i's group.
@@ -336,7 +394,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 				break
 			}
 			hi := min(lo+per, len(items))
-			c := &chunk{st: st, dev: dev, copied: make([]bool, hi-lo), set: make([]int32, 0, hi-lo)}
+			c := st.chunk(dev, hi-lo)
 			g.bounds = append(g.bounds, len(g.reqs))
 			rows, rb := p.Geo.Rows, p.Geo.RowBytes
 			for i := lo; i < hi; {
@@ -406,7 +464,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 	// is none to wait for); with none in flight it may wait for one.
 	// Without the room, one group at a time.
 	overlap := 2*p.readAhead() <= p.depth()
-	var groups [3]readGroup
+	groups := p.readGroups()
 	// No read may outlive Load, even when one panics (its staging
 	// buffers go back to the pool).
 	defer func() {
@@ -415,6 +473,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 				<-g.done
 			}
 		}
+		p.putReadGroups(groups)
 	}()
 	var flight []*readGroup // reads started, oldest first (at most two)
 	lo := 0
@@ -619,16 +678,14 @@ func (p *Pipeline) sortStaging(c *chunk, reqs []store.ReadReq, st *Staging) {
 		return
 	}
 	// Sort (destination, item) pairs, not item indexes through pointers.
-	type ent struct {
-		dst uint64
-		i   int32
-	}
-	ents := make([]ent, n)
+	ents := grow(c.sortBuf, n)
+	c.sortBuf = ents
 	for i, it := range c.items {
-		ents[i] = ent{it.Dst, int32(i)}
+		ents[i] = stagedAt{it.Dst, int32(i)}
 	}
-	slices.SortFunc(ents, func(a, b ent) int { return cmp.Compare(a.dst, b.dst) })
-	c.pos, c.order = make([]int32, n), make([]int32, n)
+	slices.SortFunc(ents, func(a, b stagedAt) int { return cmp.Compare(a.dst, b.dst) })
+	c.posBuf, c.orderBuf = grow(c.posBuf, n), grow(c.orderBuf, n)
+	c.pos, c.order = c.posBuf, c.orderBuf
 	for k, e := range ents {
 		c.pos[e.i], c.order[k] = int32(k), e.i
 	}
@@ -636,6 +693,20 @@ func (p *Pipeline) sortStaging(c *chunk, reqs []store.ReadReq, st *Staging) {
 		o := int(c.pos[i]) * gb
 		reqs[i].Buf = st.Mem[o : o+gb : len(st.Mem)]
 	}
+}
+
+// stagedAt is an item of a chunk (i) and its destination, for sortStaging.
+type stagedAt struct {
+	dst uint64
+	i   int32
+}
+
+// grow returns b with length n, reusing its memory when it has the room.
+func grow[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	return b[:n]
 }
 
 // interleaved is how many of its, from the first, form an interleaved set:
@@ -961,7 +1032,7 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 			break
 		}
 		reached = hi
-		c := &chunk{st: st, dev: dev, copied: make([]bool, hi-lo)}
+		c := st.chunk(dev, hi-lo)
 		p.bind(dev, func(q Device) {
 			c2 := copier2D(q)
 			// Packed tiles adjacent on the device (and so in staging,

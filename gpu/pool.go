@@ -13,6 +13,9 @@ type Staging struct {
 	// busy: the event was recorded after copies that read or write Mem and
 	// has not been observed complete; Put refuses the buffer then.
 	busy bool
+	// c is the chunk of the batch holding the buffer: reset for each
+	// batch that takes it, its working slices keep their memory.
+	c *chunk
 }
 
 // PoolConfig sizes a staging pool.
