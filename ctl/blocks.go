@@ -35,6 +35,10 @@ type blockEnt struct {
 	det    abi.Detail
 }
 
+// reqs is how many store requests a valid entry's load makes: one per
+// (layer, kind), for all its heads.
+func (e *blockEnt) reqs() int { return int(e.groups) / int(e.e.HeadCount) }
+
 // blockScratch is per-call working memory, pooled: a call allocates
 // nothing proportional to its entries or groups once the pool is warm.
 type blockScratch struct {
@@ -338,8 +342,11 @@ func nextWindow(ents []blockEnt, lo int, stagePer int, budget int) (hi, groups, 
 // else verified in its bounce memory and copied while the group is still
 // in cache). No staging copy is made here.
 //
-// The requests of one store call (up to maxGroupsPerCall, ~100 bytes
-// each) outgrow the core's cache, and the store's own traffic evicts them:
+// A tile's heads of one (layer, kind) are one store request (a range,
+// store.ReadReq.Heads): the control path writes and reads one request per
+// (layer, kind) of an entry, not one per group. The requests of one store
+// call (up to maxGroupsPerCall groups, ~100 bytes per request) outgrow the
+// core's cache, and the store's own traffic evicts them:
 // each pass over them is a pass over memory. So a request's outcome is
 // read back into its entry just before the next window's request takes its
 // place (the line is fetched once for both), and the last window's as the
@@ -367,27 +374,33 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 			lo = hi
 			continue
 		}
-		if cap(reqs) < groups {
+		n := 0 // requests: one per (layer, kind) of each entry
+		for i := lo; i < hi; i++ {
+			if e := &ents[i]; e.valid {
+				n += e.reqs()
+			}
+		}
+		if cap(reqs) < n {
 			// The outcomes not yet read are in the old array.
 			out.read(reqs[:used], used)
 			clear(reqs[:used])
-			reqs = make([]store.ReadReq, 0, groups)
+			reqs = make([]store.ReadReq, 0, n)
 			sc.rreqs, used = reqs, 0
 		}
-		used = max(used, groups)
+		used = max(used, n)
 		k := 0
 		for i := lo; i < hi; i++ {
 			if e := &ents[i]; e.valid {
-				out.read(reqs[:used], k+int(e.groups))
-				k = t.fillReads(reqs[:groups], k, &e.e, span, reqPitch, reqRowBytes)
+				out.read(reqs[:used], k+e.reqs())
+				k = t.fillReads(reqs[:n], k, &e.e, span, reqPitch, reqRowBytes)
 			}
 		}
 		out.read(reqs[:used], used)
-		err := ss.guardBufs(t, nil, func() error { return ss.readGroups(reqs[:groups]) })
+		err := ss.guardBufs(t, nil, func() error { return ss.readGroups(reqs[:n]) })
 		if err != nil {
 			return err
 		}
-		out.next(lo, groups)
+		out.next(lo, n)
 		lo = hi
 	}
 	// The last window's outcomes, each piece cleared as soon as read (while
@@ -422,45 +435,39 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 		for o.left == 0 {
 			o.i++
 			if e := &o.ents[o.i]; e.valid {
-				o.left = int(e.groups)
+				o.left = e.reqs()
 			}
 		}
 		e := &o.ents[o.i]
 		g := reqs[o.at : o.at+min(o.left, k-o.at)]
 		o.at += len(g)
 		o.left -= len(g)
-		// By pointer (a ReadReq is ~100 bytes), reading only Err.
-		bad := 0
+		// By pointer (a ReadReq is ~100 bytes), reading only the outcome.
 		for j := range g {
-			if g[j].Err != nil {
-				bad++
+			q := &g[j]
+			e.ok += uint32(q.Heads - q.Failed)
+			if q.Err == nil {
+				continue
 			}
-		}
-		e.ok += uint32(len(g) - bad)
-		if bad == 0 {
-			continue
-		}
-		for j := range g {
-			if q := &g[j]; q.Err != nil {
-				st, det := loadStatus(q.Err)
-				e.tally(st, det)
-				if st == abi.Corrupt {
-					o.ss.srv.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", o.ss.id), zap.Error(q.Err))
-				}
+			st, det := loadStatus(q.Err)
+			e.tally(st, det)
+			if st == abi.Corrupt {
+				o.ss.srv.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", o.ss.id), zap.Error(q.Err))
 			}
 		}
 	}
 }
 
-// fillReads writes the requests of the groups of valid entry e, in slot
-// order (layer, K before V, head), into reqs from index k on, and returns
-// the index past them. Every field the store reads is written except Err,
-// which the store sets itself; Unverified and CRC stay zero (host loads are
-// verified by the store; clear leaves them so). A tile's destination starts
-// at its offset in its region's buffer and spans span bytes, its capacity
-// reaching to the end of the mapping (packed tiles adjacent in slot order
-// then land in one read); pitch and rowBytes are the pitched shape, zero
-// for a packed tile.
+// fillReads writes the requests of valid entry e, one per (layer, kind) in
+// slot order (layer, K before V) for its heads, into reqs from index k on,
+// and returns the index past them. Every field the store reads is written
+// except Err and Failed, which the store sets itself; Unverified and CRC
+// stay zero (host loads are verified by the store; clear leaves them so).
+// A request's destination starts at its first head's tile in its region's
+// buffer and spans its heads (span bytes each, headStride apart), its
+// capacity reaching to the end of the mapping (packed tiles adjacent in
+// slot order then land in one read); pitch and rowBytes are the pitched
+// shape, zero for a packed tile.
 func (t *target) fillReads(reqs []store.ReadReq, k int, e *abi.BlockEntry, span uint64, pitch, rowBytes int) int {
 	block, hs := e.Block, t.lay.HeadStride
 	h0, hn := int(e.HeadFirst), int(e.HeadCount)
@@ -473,16 +480,13 @@ func (t *target) fillReads(reqs []store.ReadReq, k int, e *abi.BlockEntry, span 
 				continue
 			}
 			r := &regions[2*(layer-l0)+kind]
-			mem, off := r.b.mem, r.off+tileOff
-			out := reqs[k : k+hn]
-			for j := range out {
-				q := &out[j]
-				q.Key = layout.Key{Block: block, Layer: layer, Head: h0 + j, Kind: layout.Kind(kind)}
-				q.Buf = mem[off : off+span]
-				q.Pitch, q.RowBytes = pitch, rowBytes
-				off += hs
-			}
-			k += hn
+			off := r.off + tileOff
+			q := &reqs[k]
+			q.Key = layout.Key{Block: block, Layer: layer, Head: h0, Kind: layout.Kind(kind)}
+			q.Buf = r.b.mem[off : off+uint64(hn-1)*hs+span]
+			q.Pitch, q.RowBytes = pitch, rowBytes
+			q.Heads, q.HeadStride = hn, int(hs)
+			k++
 		}
 	}
 	return k

@@ -2,6 +2,7 @@ package store
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"math"
@@ -43,16 +44,30 @@ type ReadReq struct {
 	// CRC is set by Read for an Unverified request that landed: the
 	// CRC32C the group's header records.
 	CRC uint32
-	// Err is set by Read: nil (the group landed, its checksum verified, or
-	// for an Unverified request its CRC set), ErrNotFound (the sentinel
+	// Heads, above 1, makes the request a range: the groups of heads
+	// Key.Head to Key.Head+Heads-1 of one (block, layer, kind), head j's
+	// landing at Buf[j*HeadStride:] with the shape above (contiguous, or
+	// pitched rows), so len(Buf) is (Heads-1)*HeadStride plus one group's
+	// span. One request for a tile's heads instead of one per head: a
+	// caller that moves whole blocks writes and reads an eighth of the
+	// requests. The destinations may interleave (pitched heads of a
+	// token-major cache, HeadStride one row) but must not overlap. Not
+	// with Unverified.
+	Heads, HeadStride int
+	// Err is set by Read: nil (every group landed, its checksum verified,
+	// or for an Unverified request its CRC set), ErrNotFound (the sentinel
 	// itself, no allocation), ErrCorrupt (the destination's rows zeroed),
-	// ErrInvalid, ErrSize or an I/O error.
+	// ErrInvalid, ErrSize or an I/O error. For a range, the error of one
+	// of the groups that failed: a corruption if any was corrupt.
 	Err error
+	// Failed is set by Read: how many of the request's groups did not
+	// land (0 with Err nil; 1 for a one-group request that failed).
+	Failed int
 }
 
 // want is one group a read moves: a request with its slot and checksum.
 type want struct {
-	r    *ReadReq
+	r    *ReadReq // its destination: Store.dst
 	slot int64
 	idx  int
 	crc  uint32
@@ -149,10 +164,20 @@ func (s *Store) Read(reqs []ReadReq) error {
 	for i := range reqs {
 		r := &reqs[i]
 		rows, err := s.checkRead(r)
-		if r.Err = err; err != nil {
+		r.Err, r.Failed = err, 0
+		if err != nil {
+			r.Failed = max(1, r.Heads)
 			continue
 		}
-		wants = append(wants, want{r: r, idx: s.geo.Index(r.Key), rows: rows})
+		if r.Heads <= 1 {
+			wants = append(wants, want{r: r, idx: s.geo.Index(r.Key), rows: rows})
+			continue
+		}
+		k := r.Key
+		for j := range r.Heads {
+			k.Head = r.Key.Head + j
+			wants = append(wants, want{r: r, idx: s.geo.Index(k), rows: rows})
+		}
 	}
 	misses := 0
 	s.mu.Lock()
@@ -184,7 +209,11 @@ func (s *Store) Read(reqs []ReadReq) error {
 			}
 		}
 		if hdr == nil || !hdr.Has(w.idx) {
-			w.r.Err = ErrNotFound
+			// Before any goroutine: no lock (see fail).
+			if q := w.r; q.Err == nil {
+				q.Err = ErrNotFound
+			}
+			w.r.Failed++
 			misses++
 			continue
 		}
@@ -211,29 +240,45 @@ func (s *Store) Read(reqs []ReadReq) error {
 	return err
 }
 
-// checkRead validates one request: a key within the geometry and a
-// destination of exactly one group, contiguous or pitched. It returns the
-// number of rows of a pitched destination (0 for a contiguous one).
-func (s *Store) checkRead(r *ReadReq) (int, error) {
+// checkRead validates one request: a key within the geometry (every head
+// of a range) and a destination of exactly one group per head, contiguous
+// or pitched. It returns the number of rows of a pitched destination (0
+// for a contiguous one).
+func (s *Store) checkRead(r *ReadReq) (rows int, err error) {
 	if err := s.geo.CheckKey(r.Key); err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	gb := s.geo.GroupBytes()
-	if r.Pitch == 0 || (r.Pitch == r.RowBytes && r.Pitch > 0) {
-		if len(r.Buf) != gb {
-			return 0, fmt.Errorf("%w: %d bytes for a %d-byte group", ErrSize, len(r.Buf), gb)
+	span := gb
+	if r.Pitch != 0 && (r.Pitch != r.RowBytes || r.Pitch <= 0) {
+		if r.RowBytes <= 0 || r.RowBytes > gb || gb%r.RowBytes != 0 || r.Pitch < r.RowBytes {
+			return 0, fmt.Errorf("%w: pitch %d with %d-byte rows for a %d-byte group", ErrInvalid, r.Pitch, r.RowBytes, gb)
 		}
-		return 0, nil
+		rows = gb / r.RowBytes
+		if rows > 1 && r.Pitch > (math.MaxInt-r.RowBytes)/(rows-1) {
+			return 0, fmt.Errorf("%w: pitch %d too large", ErrInvalid, r.Pitch)
+		}
+		span = (rows-1)*r.Pitch + r.RowBytes
 	}
-	if r.RowBytes <= 0 || r.RowBytes > gb || gb%r.RowBytes != 0 || r.Pitch < r.RowBytes {
-		return 0, fmt.Errorf("%w: pitch %d with %d-byte rows for a %d-byte group", ErrInvalid, r.Pitch, r.RowBytes, gb)
+	if r.Heads <= 1 {
+		if len(r.Buf) != span {
+			return 0, fmt.Errorf("%w: %d bytes for a group spanning %d", ErrSize, len(r.Buf), span)
+		}
+		return rows, nil
 	}
-	rows := gb / r.RowBytes
-	if rows > 1 && r.Pitch > (math.MaxInt-r.RowBytes)/(rows-1) {
-		return 0, fmt.Errorf("%w: pitch %d too large", ErrInvalid, r.Pitch)
+	last := r.Key
+	last.Head += r.Heads - 1
+	if r.Unverified || r.HeadStride <= 0 || last.Head < r.Key.Head {
+		return 0, fmt.Errorf("%w: a range of %d heads %d bytes apart (unverified %v)", ErrInvalid, r.Heads, r.HeadStride, r.Unverified)
 	}
-	if want := (rows-1)*r.Pitch + r.RowBytes; len(r.Buf) != want || want < 0 {
-		return 0, fmt.Errorf("%w: %d bytes for %d rows of %d at pitch %d", ErrSize, len(r.Buf), rows, r.RowBytes, r.Pitch)
+	if err := s.geo.CheckKey(last); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if r.HeadStride > (math.MaxInt-span)/(r.Heads-1) {
+		return 0, fmt.Errorf("%w: head stride %d too large", ErrInvalid, r.HeadStride)
+	}
+	if n := (r.Heads-1)*r.HeadStride + span; len(r.Buf) != n {
+		return 0, fmt.Errorf("%w: %d bytes for %d heads %d apart, each spanning %d", ErrSize, len(r.Buf), r.Heads, r.HeadStride, span)
 	}
 	return rows, nil
 }
@@ -461,12 +506,12 @@ func (s *Store) landing(sc *readScratch, r *run, wants []want) {
 	// allocation), aligned for the engine.
 	direct := true
 	for i := range ws {
-		if ws[i].rows != 0 || (i > 0 && !follows(ws[i-1].r.Buf, ws[i].r.Buf)) {
+		if ws[i].rows != 0 || (i > 0 && !follows(s.dst(&ws[i-1]), s.dst(&ws[i]))) {
 			direct = false
 			break
 		}
 	}
-	if direct && cap(ws[0].r.Buf) >= r.n*gb && Aligned(ws[0].r.Buf[:r.n*gb], align) {
+	if direct && cap(s.dst(&ws[0])) >= r.n*gb && Aligned(s.dst(&ws[0])[:r.n*gb], align) {
 		r.mode = landDirect
 		return
 	}
@@ -477,18 +522,18 @@ func (s *Store) landing(sc *readScratch, r *run, wants []want) {
 	// pitched one) aligned and no shorter than ScatterMin.
 	for _, w := range ws {
 		if w.rows == 0 {
-			if gb < s.opts.ScatterMin || !Aligned(w.r.Buf, align) {
+			if gb < s.opts.ScatterMin || !Aligned(s.dst(&w), align) {
 				return
 			}
 			continue
 		}
 		rb := w.r.RowBytes
-		if rb < s.opts.ScatterMin || rb%max(align, 1) != 0 || (align > 1 && w.r.Pitch%align != 0) || !Aligned(w.r.Buf[:rb], align) {
+		if rb < s.opts.ScatterMin || rb%max(align, 1) != 0 || (align > 1 && w.r.Pitch%align != 0) || !Aligned(s.dst(&w)[:rb], align) {
 			return
 		}
 	}
 	r.v0 = len(sc.vecs)
-	sc.vecs = appendVec(sc.vecs, r.v0, ws)
+	sc.vecs = s.appendVec(sc.vecs, r.v0, ws)
 	r.v1 = len(sc.vecs)
 	r.mode = landVec
 }
@@ -511,7 +556,7 @@ func (s *Store) readRuns(sc *readScratch, w *readWindow, runs []run, wants []wan
 		io := IO{Op: OpRead, Off: s.groupOffset(r.slot, r.first), Stream: StreamData}
 		switch r.mode {
 		case landDirect:
-			io.Buf = wants[r.lo].r.Buf[: r.n*gb : r.n*gb]
+			io.Buf = s.dst(&wants[r.lo])[: r.n*gb : r.n*gb]
 		case landVec:
 			io.Vec = sc.vecs[r.v0:r.v1:r.v1]
 		default:
@@ -612,7 +657,7 @@ func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 				io = IO{Op: OpRead, Off: ios[i].Off + int64(g0*stride), Stream: ios[i].Stream}
 				switch r.mode {
 				case landVec:
-					vec = appendVec(vec[:0], 0, ws)
+					vec = s.appendVec(vec[:0], 0, ws)
 					io.Vec = vec
 				default: // landDirect, landBounce: one range
 					io.Buf = ios[i].Buf[g0*stride : g1*stride]
@@ -636,23 +681,25 @@ func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 // previous segment past vec[base] (in the same slice's capacity: one range
 // of one allocation) extends it, so head-major tiles of one layer and kind
 // are one segment.
-func appendVec(vec [][]byte, base int, ws []want) [][]byte {
-	for _, w := range ws {
-		q := w.r
+func (s *Store) appendVec(vec [][]byte, base int, ws []want) [][]byte {
+	for i := range ws {
+		w := &ws[i]
+		dst := s.dst(w)
 		if w.rows == 0 {
 			if n := len(vec); n > base {
 				last := vec[n-1]
-				if follows(last, q.Buf) && cap(last) >= len(last)+len(q.Buf) {
-					vec[n-1] = last[:len(last)+len(q.Buf)]
+				if follows(last, dst) && cap(last) >= len(last)+len(dst) {
+					vec[n-1] = last[:len(last)+len(dst)]
 					continue
 				}
 			}
-			vec = append(vec, q.Buf)
+			vec = append(vec, dst)
 			continue
 		}
+		q := w.r
 		for row := range w.rows {
 			o := row * q.Pitch
-			vec = append(vec, q.Buf[o:o+q.RowBytes:o+q.RowBytes])
+			vec = append(vec, dst[o:o+q.RowBytes:o+q.RowBytes])
 		}
 	}
 	return vec
@@ -663,9 +710,9 @@ func appendVec(vec [][]byte, base int, ws []want) [][]byte {
 func (s *Store) failWants(ws []want, err error) {
 	s.m.ioErrors.Add(1)
 	for j := range ws {
-		q := ws[j].r
-		q.Err = fmt.Errorf("store: read %v: %w", q.Key, err)
-		ws[j].r = nil // done
+		w := &ws[j]
+		s.fail(w.r, fmt.Errorf("store: read %v: %w", s.keyOf(w), err))
+		w.r = nil // done
 	}
 }
 
@@ -708,7 +755,7 @@ func (s *Store) verifyRange(runs []run, first int, ws []want) {
 			q.CRC = w.crc
 			if r.mode == landBounce {
 				g := w.idx - r.first
-				land(w, r.buf[g*stride:g*stride+gb])
+				s.land(w, r.buf[g*stride:g*stride+gb])
 				bounced += uint64(gb)
 			}
 			hits++
@@ -720,18 +767,18 @@ func (s *Store) verifyRange(runs []run, first int, ws []want) {
 			g := w.idx - r.first
 			src := r.buf[g*stride : g*stride+gb]
 			if got := CRC32C(src); got != w.crc {
-				s.corruptReq(w, got)
+				s.fail(q, s.corruptReq(w, got))
 				continue
 			}
-			land(w, src)
+			s.land(w, src)
 			bounced += uint64(gb)
-		} else if got := destCRC(w); got != w.crc {
+		} else if got := s.destCRC(w); got != w.crc {
 			// The group landed in the caller's memory, which another
 			// process may write meanwhile (a client's shared mapping):
 			// verify again from a private copy before calling it
 			// corrupt.
 			if err := s.reverify(w); err != nil {
-				q.Err = err
+				s.fail(q, err)
 				continue
 			}
 			bounced += uint64(gb)
@@ -749,34 +796,35 @@ func (s *Store) verifyRange(runs []run, first int, ws []want) {
 }
 
 // destCRC is the CRC32C of the group as it lies in w's destination.
-func destCRC(w *want) uint32 {
+func (s *Store) destCRC(w *want) uint32 {
 	q := w.r
 	if w.rows == 0 {
-		return CRC32C(q.Buf)
+		return CRC32C(s.dst(w))
 	}
 	var c uint32
+	dst := s.dst(w)
 	for row := range w.rows {
 		o := row * q.Pitch
-		c = crc32.Update(c, castagnoli, q.Buf[o:o+q.RowBytes])
+		c = crc32.Update(c, castagnoli, dst[o:o+q.RowBytes])
 	}
 	return c
 }
 
 // land copies a group's bytes into w's destination (with non-temporal
 // stores where ntRows allows).
-func land(w *want, src []byte) {
-	q := w.r
+func (s *Store) land(w *want, src []byte) {
+	q, dst := w.r, s.dst(w)
 	rows, rb, pitch := w.rows, q.RowBytes, q.Pitch
 	if rows == 0 { // contiguous: one row
-		rows, rb, pitch = 1, len(q.Buf), 0
+		rows, rb, pitch = 1, len(dst), 0
 	}
-	if haveNT && ntRows && rb%64 == 0 && pitch%16 == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(q.Buf)))%16 == 0 &&
-		len(src) >= rows*rb && len(q.Buf) >= (rows-1)*pitch+rb {
-		copyRowsNT(unsafe.Pointer(unsafe.SliceData(q.Buf)), unsafe.Pointer(unsafe.SliceData(src)), rows, rb, pitch)
+	if haveNT && ntRows && rb%64 == 0 && pitch%16 == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%16 == 0 &&
+		len(src) >= rows*rb && len(dst) >= (rows-1)*pitch+rb {
+		copyRowsNT(unsafe.Pointer(unsafe.SliceData(dst)), unsafe.Pointer(unsafe.SliceData(src)), rows, rb, pitch)
 		return
 	}
 	for row := range rows {
-		copy(q.Buf[row*pitch:row*pitch+rb], src[row*rb:(row+1)*rb])
+		copy(dst[row*pitch:row*pitch+rb], src[row*rb:(row+1)*rb])
 	}
 }
 
@@ -788,18 +836,56 @@ func land(w *want, src []byte) {
 // (0.53 to 0.38 daemon core-s/GB).
 var ntRows = true
 
-// corruptReq zeroes w's destination and reports the group corrupt.
-func (s *Store) corruptReq(w *want, got uint32) {
-	q := w.r
+// corruptReq zeroes w's destination, counts the group corrupt and returns
+// its error.
+func (s *Store) corruptReq(w *want, got uint32) error {
+	q, dst := w.r, s.dst(w)
 	if w.rows == 0 {
-		clear(q.Buf)
+		clear(dst)
 	} else {
 		for row := range w.rows {
-			clear(q.Buf[row*q.Pitch : row*q.Pitch+q.RowBytes])
+			clear(dst[row*q.Pitch : row*q.Pitch+q.RowBytes])
 		}
 	}
-	q.Err = fmt.Errorf("%w: %v: crc32c %08x, header says %08x", ErrCorrupt, q.Key, got, w.crc)
 	s.m.corrupt.Add(1)
+	return fmt.Errorf("%w: %v: crc32c %08x, header says %08x", ErrCorrupt, s.keyOf(w), got, w.crc)
+}
+
+// dst is w's destination: its request's, or its head's in a range (which
+// keeps the capacity to the end of the request's, as a one-group
+// request's does). Not kept in want: a want is sorted, and moved, with
+// every group of a call.
+func (s *Store) dst(w *want) []byte {
+	q := w.r
+	if q.Heads <= 1 {
+		return q.Buf
+	}
+	off := (w.idx - s.geo.Index(q.Key)) * q.HeadStride // heads are consecutive groups
+	return q.Buf[off : off+len(q.Buf)-(q.Heads-1)*q.HeadStride]
+}
+
+// keyOf is the key of w's group.
+func (s *Store) keyOf(w *want) layout.Key {
+	if w.r.Heads <= 1 {
+		return w.r.Key
+	}
+	return s.geo.KeyAt(w.r.Key.Block, w.idx)
+}
+
+// fail records that one of q's groups did not land, with err. The groups
+// of a range may be verified on several goroutines at once: their
+// failures (rare: a corruption or an I/O error) take failMu.
+func (s *Store) fail(q *ReadReq, err error) {
+	if q.Heads <= 1 {
+		q.Err, q.Failed = err, 1
+		return
+	}
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	q.Failed++
+	if q.Err == nil || (errors.Is(err, ErrCorrupt) && !errors.Is(q.Err, ErrCorrupt)) {
+		q.Err = err
+	}
 }
 
 // reverify reads w's group (its slot pinned by the caller) into a bounce
@@ -808,11 +894,10 @@ func (s *Store) corruptReq(w *want, got uint32) {
 // someone else wrote. Otherwise the group is corrupt (destination zeroed,
 // counted), or the read failed (the error is returned).
 func (s *Store) reverify(w *want) error {
-	q := w.r
 	gb, stride := s.geo.GroupBytes(), int(s.geo.GroupStride())
 	b, err := s.getBounce()
 	if err != nil {
-		return fmt.Errorf("store: read %v: %w", q.Key, err)
+		return fmt.Errorf("store: read %v: %w", s.keyOf(w), err)
 	}
 	defer s.putBounce(b)
 	io := []IO{{Op: OpRead, Off: s.groupOffset(w.slot, w.idx), Stream: StreamData, Buf: b[:stride]}}
@@ -821,13 +906,12 @@ func (s *Store) reverify(w *want) error {
 	}
 	if err != nil {
 		s.m.ioErrors.Add(1)
-		return fmt.Errorf("store: read %v: %w", q.Key, err)
+		return fmt.Errorf("store: read %v: %w", s.keyOf(w), err)
 	}
 	if got := CRC32C(b[:gb]); got != w.crc {
-		s.corruptReq(w, got)
-		return q.Err
+		return s.corruptReq(w, got)
 	}
-	land(w, b[:gb])
+	s.land(w, b[:gb])
 	return nil
 }
 

@@ -105,6 +105,10 @@ type Store struct {
 		free [][]byte
 	}
 
+	// failMu guards the outcome of a range read request whose groups
+	// fail on several goroutines at once (a leaf lock; see fail).
+	failMu sync.Mutex
+
 	// scratch keeps Read's per-call working memory (a leaf lock).
 	scratch struct {
 		sync.Mutex
