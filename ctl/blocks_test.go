@@ -27,6 +27,7 @@ var blocksGeo = layout.Geometry{Layers: 8, KVHeads: 4, HeadDim: 128, BlockTokens
 // the given layout in one registered /dev/shm buffer.
 type blocksFixture struct {
 	st        *store.Store
+	mem       *storetest.Mem
 	srv       *Server
 	ss        *Session
 	cache     []byte
@@ -92,7 +93,7 @@ func newBlocksFixture(tb testing.TB, geo layout.Geometry, stored, nb int, nhd bo
 	if _, errno := ss.Ioctl(abi.CmdRegisterTarget, in, out); errno != 0 {
 		tb.Fatalf("register target: %v", errno)
 	}
-	f := &blocksFixture{st: st, srv: srv, ss: ss, cache: mem, cachePath: path, target: binary.LittleEndian.Uint32(out[abi.TargetOutOff:])}
+	f := &blocksFixture{st: st, mem: m, srv: srv, ss: ss, cache: mem, cachePath: path, target: binary.LittleEndian.Uint32(out[abi.TargetOutOff:])}
 	apath, amem := newShmPath(tb, abi.BlocksMax*abi.BlockEntrySize)
 	if f.arrID, errno = register(tb, ss, apath, uint64(len(amem))); errno != 0 {
 		tb.Fatal(errno)
@@ -121,6 +122,79 @@ func (f *blocksFixture) loadBlocks(tb testing.TB, geo layout.Geometry, ids []uin
 		tb.Fatal(errno)
 	}
 	return int(n)
+}
+
+// TestLoadBlocksPartial: an entry whose block lacks one group and has one
+// corrupt reports Corrupt (its most serious failure) with GroupsOK short
+// by two; the corrupt group's tile is zeroed, the missing one's left as it
+// was, every other tile lands; the next entry is unaffected. The control
+// path asks for a (layer, kind)'s heads with one store request, so this is
+// the store range's outcome read back per entry.
+func TestLoadBlocksPartial(t *testing.T) {
+	geo := blocksGeo
+	for _, nhd := range []bool{false, true} {
+		f := newBlocksFixture(t, geo, 4, 8, nhd)
+		gone := layout.Key{Block: 1, Layer: 2, Head: 1, Kind: layout.K}
+		bad := layout.Key{Block: 1, Layer: 5, Head: 3, Kind: layout.V}
+		if err := f.st.Delete([]layout.Key{gone}); err != nil {
+			t.Fatal(err)
+		}
+		gi, err := f.st.Stat(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb := f.st.Superblock()
+		off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + geo.Offset(geo.Index(bad)) + 9
+		f.mem.Poke(off, []byte{f.mem.Image()[off] ^ 0x40})
+		rb, T, H := geo.RowBytes(), geo.BlockTokens, geo.KVHeads
+		tensor := 8 * T * H * rb
+		tile := func(k layout.Key, cb int) []byte {
+			var b []byte
+			for r := range T {
+				o := (2*k.Layer+int(k.Kind))*tensor + ((cb*H+k.Head)*T+r)*rb
+				if nhd {
+					o = (2*k.Layer+int(k.Kind))*tensor + ((cb*T+r)*H+k.Head)*rb
+				}
+				b = append(b, f.cache[o:o+rb]...)
+			}
+			return b
+		}
+		for i := range f.cache[:2*geo.Layers*tensor] {
+			f.cache[i] = 0x5A
+		}
+		if n := f.loadBlocks(t, geo, []uint64{1, 2}); n != 1 {
+			t.Fatalf("nhd=%v: %d ok, want 1", nhd, n)
+		}
+		var e0, e1 abi.BlockEntry
+		e0.Unmarshal(f.arr)
+		e1.Unmarshal(f.arr[abi.BlockEntrySize:])
+		if e0.Status != abi.Corrupt || int(e0.GroupsOK) != geo.GroupsPerBlock()-2 {
+			t.Fatalf("nhd=%v: entry 0: %v, %d groups ok, want Corrupt, %d", nhd, e0.Status, e0.GroupsOK, geo.GroupsPerBlock()-2)
+		}
+		if e1.Status != abi.OK || int(e1.GroupsOK) != geo.GroupsPerBlock() {
+			t.Fatalf("nhd=%v: entry 1: %+v", nhd, e1)
+		}
+		for cb, b := range []uint64{1, 2} {
+			for i := range geo.GroupsPerBlock() {
+				k := geo.KeyAt(b, i)
+				got := tile(k, cb)
+				switch k {
+				case gone:
+					if !bytes.Equal(got, bytes.Repeat([]byte{0x5A}, len(got))) {
+						t.Fatalf("nhd=%v: the missing group's tile was written", nhd)
+					}
+				case bad:
+					if !bytes.Equal(got, make([]byte, len(got))) {
+						t.Fatalf("nhd=%v: the corrupt group's tile is not zeroed", nhd)
+					}
+				default:
+					if tag := binary.LittleEndian.Uint64(got); tag != b<<16|uint64(i) {
+						t.Fatalf("nhd=%v: %v at cache block %d: tag %#x", nhd, k, cb, tag)
+					}
+				}
+			}
+		}
+	}
 }
 
 // TestBlocksInProcess: whole blocks land where the layout says, the entry

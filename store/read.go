@@ -58,7 +58,8 @@ type ReadReq struct {
 	// or for an Unverified request its CRC set), ErrNotFound (the sentinel
 	// itself, no allocation), ErrCorrupt (the destination's rows zeroed),
 	// ErrInvalid, ErrSize or an I/O error. For a range, the error of one
-	// of the groups that failed: a corruption if any was corrupt.
+	// of the groups that failed, the most serious: an I/O error, else a
+	// corruption, else ErrNotFound.
 	Err error
 	// Failed is set by Read: how many of the request's groups did not
 	// land (0 with Err nil; 1 for a one-group request that failed).
@@ -883,9 +884,22 @@ func (s *Store) fail(q *ReadReq, err error) {
 	s.failMu.Lock()
 	defer s.failMu.Unlock()
 	q.Failed++
-	if q.Err == nil || (errors.Is(err, ErrCorrupt) && !errors.Is(q.Err, ErrCorrupt)) {
+	if q.Err == nil || failRank(err) > failRank(q.Err) {
 		q.Err = err
 	}
+}
+
+// failRank orders the failures of a range's groups, the one reported
+// ranking highest: a missing group, then a corrupt one, then an I/O
+// error (the order in which a caller must not overlook them).
+func failRank(err error) int {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return 0
+	case errors.Is(err, ErrCorrupt):
+		return 1
+	}
+	return 2
 }
 
 // reverify reads w's group (its slot pinned by the caller) into a bounce

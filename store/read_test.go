@@ -315,9 +315,12 @@ func TestReadAllocs(t *testing.T) {
 		name  string
 		block uint64
 		scat  bool // destinations apart from each other: bounce
-	}{{"hits", 1, false}, {"hits-bounced", 1, true}, {"misses", 2, false}} {
+		heads int  // groups per request (a range of heads above 1)
+	}{{"hits", 1, false, 1}, {"hits-bounced", 1, true, 1}, {"misses", 2, false, 1},
+		{"range-hits", 1, false, geo.KVHeads}, {"range-misses", 2, false, geo.KVHeads}} {
 		allocs := func(groups int) float64 {
-			reqs := make([]store.ReadReq, groups)
+			h := tc.heads
+			reqs := make([]store.ReadReq, groups/h)
 			return testing.AllocsPerRun(50, func() {
 				for i := range reqs {
 					j := i
@@ -327,7 +330,10 @@ func TestReadAllocs(t *testing.T) {
 							j = (i*2)%n + (i*2)/n // a permutation
 						}
 					}
-					reqs[i] = store.ReadReq{Key: geo.KeyAt(tc.block, i), Buf: buf[j*gb : (j+1)*gb]}
+					reqs[i] = store.ReadReq{Key: geo.KeyAt(tc.block, i*h), Buf: buf[j*h*gb : (j+1)*h*gb]}
+					if h > 1 {
+						reqs[i].Heads, reqs[i].HeadStride = h, gb
+					}
 				}
 				if err := s.Read(reqs); err != nil {
 					t.Fatal(err)
