@@ -115,6 +115,31 @@ func gpuFixture(t *testing.T, devs int, mods ...func(*GPUOptions, []*fakeGPU)) (
 	return f, fakes
 }
 
+// testTarget is a target of nb cache blocks of testGeo in buffer id, token-
+// major (NHD) or head-major (HND), each (layer, kind) a tensor after the
+// one before from offset 0.
+func testTarget(id uint32, nb int, nhd bool) *abi.Target {
+	geo := testGeo
+	rb, T, H, L := geo.RowBytes(), geo.BlockTokens, geo.KVHeads, geo.Layers
+	tg := &abi.Target{ABI: abi.Version, NumBlocks: uint32(nb), RowBytes: uint32(rb), LayerCount: uint16(L), HeadCount: uint16(H),
+		BlockStride: uint64(T * H * rb), HeadStride: uint64(T * rb), RowPitch: uint32(rb)}
+	if nhd {
+		tg.HeadStride, tg.RowPitch = uint64(rb), uint32(H*rb)
+	}
+	for i := range 2 * L {
+		tg.Regions[i] = abi.TargetRegion{Buffer: id, Offset: uint64(i * nb * T * H * rb)}
+	}
+	return tg
+}
+
+// registerTarget registers tg and returns its id.
+func registerTarget(ss *Session, tg *abi.Target) (uint32, syscall.Errno) {
+	in, out := make([]byte, abi.TargetSize), make([]byte, abi.TargetSize)
+	tg.Marshal(in)
+	_, errno := ss.Ioctl(abi.CmdRegisterTarget, in, out)
+	return binary.LittleEndian.Uint32(out[abi.TargetOutOff:]), errno
+}
+
 func registerCUDA(ss *Session, tid uint32, r abi.RegisterCUDA) (abi.RegisterCUDA, syscall.Errno) {
 	in := make([]byte, abi.RegisterCUDASize)
 	if r.ABI == 0 {
@@ -449,18 +474,8 @@ func TestBlocksCUDA(t *testing.T) {
 	for _, b := range []uint64{1, 2} {
 		f.put(blockKeys(b), int(b))
 	}
-	tg := &abi.Target{ABI: abi.Version, NumBlocks: nb, RowBytes: uint32(rb), LayerCount: uint16(L), HeadCount: uint16(H),
-		BlockStride: uint64(T * H * rb), HeadStride: uint64(rb), RowPitch: uint32(H * rb)}
-	for i := range 2 * L {
-		tg.Regions[i] = abi.TargetRegion{Buffer: id, Offset: uint64(i * tensor)}
-	}
-	regTarget := func(tg *abi.Target) (uint32, syscall.Errno) {
-		in, out := make([]byte, abi.TargetSize), make([]byte, abi.TargetSize)
-		tg.Marshal(in)
-		_, errno := ss.Ioctl(abi.CmdRegisterTarget, in, out)
-		return binary.LittleEndian.Uint32(out[abi.TargetOutOff:]), errno
-	}
-	tid, errno := regTarget(tg)
+	tg := testTarget(id, nb, true)
+	tid, errno := registerTarget(ss, tg)
 	if errno != 0 {
 		t.Fatalf("register target in CUDA memory: %v", errno)
 	}
@@ -563,7 +578,7 @@ func TestBlocksCUDA(t *testing.T) {
 	s := newShm(t, tensor, 0)
 	hid := mustRegister(t, ss, s)
 	tg.Regions[1] = abi.TargetRegion{Buffer: hid}
-	if _, errno := regTarget(tg); errno != syscall.EINVAL {
+	if _, errno := registerTarget(ss, tg); errno != syscall.EINVAL {
 		t.Fatalf("mixed target: %v, want EINVAL", errno)
 	}
 	if v := dev.Violations(); len(v) != 0 {
@@ -771,18 +786,11 @@ func TestGPULoadBlocksAllocationsPerGroup(t *testing.T) {
 	for b := range uint64(nb) {
 		f.put(blockKeys(b), int(b))
 	}
-	tg := &abi.Target{ABI: abi.Version, NumBlocks: nb, RowBytes: uint32(rb), LayerCount: uint16(L), HeadCount: uint16(H),
-		BlockStride: uint64(H * T * rb), HeadStride: uint64(T * rb), RowPitch: uint32(rb)}
-	for i := range 2 * L {
-		tg.Regions[i] = abi.TargetRegion{Buffer: id, Offset: uint64(i * tensor)}
-	}
-	in, out := make([]byte, abi.TargetSize), make([]byte, abi.TargetSize)
-	tg.Marshal(in)
-	if _, errno := ss.Ioctl(abi.CmdRegisterTarget, in, out); errno != 0 {
+	tid, errno := registerTarget(ss, testTarget(id, nb, false))
+	if errno != 0 {
 		t.Fatalf("register target: %v", errno)
 	}
-	tid := binary.LittleEndian.Uint32(out[abi.TargetOutOff:])
-	in, out = make([]byte, abi.BlocksInlineSize), make([]byte, abi.BlocksInlineSize)
+	in, out := make([]byte, abi.BlocksInlineSize), make([]byte, abi.BlocksInlineSize)
 	load := func(blocks int) {
 		(&abi.Blocks{ABI: abi.Version, Target: tid, Count: uint32(blocks)}).Marshal(in)
 		for i := range blocks {

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 
+	"github.com/kvfs/kvfs/internal/freelist"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
@@ -86,26 +86,11 @@ type Pipeline struct {
 	batchOff          atomic.Bool   // a batch failed where single copies worked
 	// idle keeps the read groups of finished loads, whose request slices
 	// the next loads reuse.
-	idle struct {
-		sync.Mutex
-		groups []*[3]readGroup
-	}
-}
-
-// readGroups takes a load's read groups from the idle ones, or new ones.
-func (p *Pipeline) readGroups() *[3]readGroup {
-	p.idle.Lock()
-	defer p.idle.Unlock()
-	if n := len(p.idle.groups); n > 0 {
-		g := p.idle.groups[n-1]
-		p.idle.groups = p.idle.groups[:n-1]
-		return g
-	}
-	return new([3]readGroup)
+	idle freelist.List[[3]readGroup]
 }
 
 // putReadGroups keeps a finished load's read groups, emptied, for the next
-// (as many as loads ran at once).
+// (up to freelist.DefaultMax of them).
 func (p *Pipeline) putReadGroups(gs *[3]readGroup) {
 	for i := range gs {
 		g := &gs[i]
@@ -113,9 +98,7 @@ func (p *Pipeline) putReadGroups(gs *[3]readGroup) {
 		clear(g.reqs[:cap(g.reqs)])
 		*g = readGroup{chunks: g.chunks[:0], bounds: g.bounds[:0], reqs: g.reqs[:0]}
 	}
-	p.idle.Lock()
-	p.idle.groups = append(p.idle.groups, gs)
-	p.idle.Unlock()
+	p.idle.Put(gs)
 }
 
 // Batched reports how many copies were queued in batches (Batcher).
@@ -464,7 +447,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 	// is none to wait for); with none in flight it may wait for one.
 	// Without the room, one group at a time.
 	overlap := 2*p.readAhead() <= p.depth()
-	groups := p.readGroups()
+	groups := p.idle.Get()
 	// No read may outlive Load, even when one panics (its staging
 	// buffers go back to the pool).
 	defer func() {

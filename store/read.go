@@ -115,21 +115,7 @@ type readWindow struct {
 	bounces [][]byte
 }
 
-// maxScratch is how many idle readScratch the store keeps (a free list
-// rather than a sync.Pool, which drops items at random under the race
-// detector and at every GC).
-const maxScratch = 64
-
-func (s *Store) getScratch() *readScratch {
-	s.scratch.Lock()
-	defer s.scratch.Unlock()
-	if n := len(s.scratch.free); n > 0 {
-		sc := s.scratch.free[n-1]
-		s.scratch.free = s.scratch.free[:n-1]
-		return sc
-	}
-	return new(readScratch)
-}
+func (s *Store) getScratch() *readScratch { return s.scratch.Get() }
 
 func (s *Store) putScratch(sc *readScratch) {
 	clear(sc.wants) // no references to callers' memory outlive the call
@@ -141,11 +127,7 @@ func (s *Store) putScratch(sc *readScratch) {
 	}
 	clear(sc.vecs)
 	sc.wants, sc.pins, sc.runs, sc.vecs = sc.wants[:0], sc.pins[:0], sc.runs[:0], sc.vecs[:0]
-	s.scratch.Lock()
-	if len(s.scratch.free) < maxScratch {
-		s.scratch.free = append(s.scratch.free, sc)
-	}
-	s.scratch.Unlock()
+	s.scratch.Put(sc)
 }
 
 // Read reads a batch of groups. Groups adjacent on disk are coalesced into

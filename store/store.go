@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvfs/kvfs/internal/freelist"
 	"github.com/kvfs/kvfs/layout"
 )
 
@@ -110,10 +111,7 @@ type Store struct {
 	failMu sync.Mutex
 
 	// scratch keeps Read's per-call working memory (a leaf lock).
-	scratch struct {
-		sync.Mutex
-		free []*readScratch
-	}
+	scratch freelist.List[readScratch]
 
 	// wq queues Write calls for the next committer (a leaf lock).
 	wq struct {
