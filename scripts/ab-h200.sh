@@ -13,21 +13,9 @@ D=$(cd "${BIN:-out/h200}" && pwd)
 K=$D/kvfs
 M=/mnt/kvfs-ab
 mkdir -p "$M"
-mnt() {
-	local k=$1
-	shift
-	out=$("$k" mount "$S" "$M" --daemon "$@")
-	pid=$(echo "$out" | sed -n 's/.*(pid \([0-9]*\),.*/\1/p')
-}
-bl() {
-	timeout 90 "$K" bench-load "$M" --warmup 1 --daemon-pid "$pid" "$@" 2>&1 | grep -E 'GB/s|cpu|H2D' |
-		awk '{$1=$1; printf "%s | ", $0} END {print ""}' | sed -E 's/^bench-load[^|]*\| //; s/ [0-9.]+ µs\/ioctl \(p50 [0-9.]+, p99 [0-9.]+\)//; s/[0-9]+ bytes in [0-9.]+ s //'
-}
+. "$(dirname "$0")/h200-lib.sh"
 S=/dev/shm/kvfs-ab.kvfs
-"$K" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
-mnt "$K"
-"$K" bench-load "$M" --groups-per-call 511 --calls 1 --warmup 0 --fill 2048 >/dev/null
-"$K" umount "$M"
+fresh
 for round in 1 2; do
 	for k in kvfs-prev kvfs; do
 		mnt "$D/$k"

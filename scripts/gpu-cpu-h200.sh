@@ -13,20 +13,10 @@ K=$D/kvfs
 O=${OUT:-/tmp}
 M=/mnt/kvfs-gcpu
 mkdir -p "$M" "$O"
-mnt() {
-	local k=$1
-	shift
-	out=$("$k" mount "$S" "$M" --daemon "$@")
-	pid=$(echo "$out" | sed -n 's/.*(pid \([0-9]*\),.*/\1/p')
-}
-bl() {
-	timeout 60 "$K" bench-load "$M" --warmup 1 --daemon-pid "$pid" "$@" 2>&1 | grep -E 'GB/s|cpu|H2D' |
-		awk '{$1=$1; printf "%s | ", $0} END {print ""}' | sed -E 's/ [0-9.]+ µs\/ioctl \(p50 [0-9.]+, p99 [0-9.]+\)//; s/[0-9]+ bytes in [0-9.]+ s //'
-}
+. "$(dirname "$0")/h200-lib.sh"
 S=/dev/shm/kvfs-gcpu.kvfs
-"$K" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
+fresh
 mnt "$K"
-"$K" bench-load "$M" --groups-per-call 511 --calls 1 --warmup 0 --fill 2048 >/dev/null
 echo "host hnd 1 caller: $(bl --blocks-per-call 1024 --layout hnd --calls 3 --jobs 1)"
 echo "host hnd 8 callers: $(bl --blocks-per-call 1024 --layout hnd --calls 2 --jobs 8)"
 "$K" umount "$M"

@@ -18,20 +18,10 @@ O=${OUT:-/tmp}
 export PATH=$D:$PATH
 M=/mnt/kvfs-wait
 mkdir -p "$M" "$O"
-mnt() {
-	local k=$1
-	shift
-	out=$("$k" mount "$S" "$M" --daemon "$@")
-	pid=$(echo "$out" | sed -n 's/.*(pid \([0-9]*\),.*/\1/p')
-}
-bl() {
-	timeout 60 "$K" bench-load "$M" --warmup 1 --daemon-pid "$pid" "$@" 2>&1 | grep -E 'GB/s|cpu|H2D' |
-		awk '{$1=$1; printf "%s | ", $0} END {print ""}'
-}
+. "$(dirname "$0")/h200-lib.sh"
 S=/dev/shm/kvfs-wait.kvfs
-"$K" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
+fresh
 mnt "$K"
-"$K" bench-load "$M" --groups-per-call 511 --calls 1 --warmup 0 --fill 2048 >/dev/null
 echo "host hnd 1 caller: $(bl --blocks-per-call 1024 --layout hnd --calls 3 --jobs 1)"
 echo "host hnd 8 callers: $(bl --blocks-per-call 1024 --layout hnd --calls 1 --jobs 8)"
 echo "host hnd 16 callers: $(bl --blocks-per-call 1024 --layout hnd --calls 1 --jobs 16)"
@@ -54,9 +44,8 @@ for cfg in "kvfs-prev -" "kvfs spin" "kvfs block" "kvfs block 128"; do
 done
 rm -f "$S"
 S=/var/tmp/kvfs-wait.kvfs
-"$K" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
+fresh
 mnt "$K"
-"$K" bench-load "$M" --groups-per-call 511 --calls 1 --warmup 0 --fill 2048 >/dev/null
 echo "disk host: $(bl --blocks-per-call 1000 --layout hnd --calls 2 --jobs 1)"
 echo "disk cuda verify cpu: $(bl --blocks-per-call 1000 --layout hnd --calls 2 --jobs 1 --into cuda)"
 "$K" umount "$M"
