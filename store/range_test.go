@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
 )
 
 // rangeCache is a paged cache of one block of nhdGeo in store memory,
@@ -186,4 +187,76 @@ func TestReadRangeFailures(t *testing.T) {
 		}
 		c.check(t, want)
 	}
+}
+
+// FuzzReadRequest: any read request — a range or one group, any key,
+// heads, strides, pitch, row size and destination length — is either
+// refused whole (ErrInvalid or ErrSize, every group counted failed,
+// nothing written) or served, and the store never writes a byte outside
+// the request's destination, even where the destination's capacity
+// reaches further.
+func FuzzReadRequest(f *testing.F) {
+	geo := nhdGeo
+	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
+	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
+		f.Fatal(err)
+	}
+	s, err := store.Open(m, store.Options{ScatterMin: 512})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { s.Close() })
+	w := make([]store.WriteReq, geo.GroupsPerBlock())
+	for i := range w {
+		k := geo.KeyAt(1, i)
+		w[i] = store.WriteReq{Key: k, Data: groupData(geo, k, 1)}
+	}
+	if err := s.Write(w); err != nil {
+		f.Fatal(err)
+	}
+	rb, gb := geo.RowBytes(), geo.GroupBytes()
+	pitch := geo.KVHeads * rb
+	f.Add(uint8(1), uint8(0), uint8(1), int8(0), int16(4), int64(gb), int64(0), int64(0), uint16(0), int64(4*gb), false)
+	f.Add(uint8(1), uint8(1), uint8(0), int8(1), int16(3), int64(rb), int64(pitch), int64(rb), uint16(512), int64(2*rb+15*pitch+rb), false)
+	f.Add(uint8(2), uint8(0), uint8(1), int8(0), int16(1), int64(0), int64(0), int64(0), uint16(7), int64(gb), true)
+	const size = 1 << 18
+	mem, err := store.AllocAligned(size)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { store.FreeAligned(mem) })
+	f.Fuzz(func(t *testing.T, block, layer, kind uint8, head int8, heads int16, headStride, reqPitch, rowBytes int64, off uint16, n int64, unverified bool) {
+		for i := range mem {
+			mem[i] = rangeGuard
+		}
+		lo := int(off) % (size / 2)
+		if n < 0 || n > int64(size-lo) {
+			n = int64(size - lo)
+		}
+		q := store.ReadReq{
+			Key:   layout.Key{Block: uint64(block % 3), Layer: int(layer % 4), Head: int(head), Kind: layout.Kind(kind % 3)},
+			Buf:   mem[lo : lo+int(n)], // capacity to the end of mem
+			Pitch: int(reqPitch), RowBytes: int(rowBytes), Heads: int(heads), HeadStride: int(headStride),
+			Unverified: unverified,
+		}
+		reqs := []store.ReadReq{q}
+		if err := s.Read(reqs); err != nil {
+			t.Fatal(err)
+		}
+		got := reqs[0]
+		groups := max(1, q.Heads)
+		if got.Failed < 0 || got.Failed > groups || (got.Err == nil) != (got.Failed == 0) {
+			t.Fatalf("%+v: err %v, %d failed of %d", q.Key, got.Err, got.Failed, groups)
+		}
+		refused := errors.Is(got.Err, store.ErrInvalid) || errors.Is(got.Err, store.ErrSize)
+		if refused && got.Failed != groups {
+			t.Fatalf("refused with %d of %d groups failed: %v", got.Failed, groups, got.Err)
+		}
+		for i, b := range mem {
+			inside := i >= lo && i < lo+int(n)
+			if b != rangeGuard && (!inside || refused) {
+				t.Fatalf("byte %d written (destination [%d, %d), refused %v, err %v)", i, lo, lo+int(n), refused, got.Err)
+			}
+		}
+	})
 }
