@@ -58,7 +58,11 @@
 // contiguous (Buf of GroupBytes, Pitch 0) or pitched (Pitch > RowBytes:
 // row r of the group at Buf[r*Pitch:], RowBytes long; a token-major NHD
 // cache, one head's rows interleaved with the other heads'). The bytes
-// between a pitched destination's rows are never written. Groups adjacent
+// between a pitched destination's rows are never written. A request may
+// name a range of heads of one (block, layer, kind) instead (Heads, each
+// head's destination HeadStride after the one before, in the same shape):
+// one request for a tile's heads, its outcome the count of groups that
+// failed and the most serious failure. Groups adjacent
 // in a slot (layer, then K before V, then head) form runs of up to MaxIO
 // bytes, one I/O each, landing in one of three ways:
 //
