@@ -171,11 +171,7 @@ func (st *Staging) chunk(dev Device, n int) *chunk {
 		st.c = c
 	}
 	clear(c.items) // no item of an earlier batch stays reachable
-	copied := c.copied[:0]
-	if cap(copied) < n {
-		copied = make([]bool, 0, n)
-	}
-	*c = chunk{st: st, dev: dev, items: c.items[:0], copied: copied[:n], set: c.set[:0], runs: c.runs[:0],
+	*c = chunk{st: st, dev: dev, items: c.items[:0], copied: grow(c.copied, n), set: c.set[:0], runs: c.runs[:0],
 		posBuf: c.posBuf, orderBuf: c.orderBuf, sortBuf: c.sortBuf, batch: copyBatch{dsts: c.batch.dsts[:0], srcs: c.batch.srcs[:0]}}
 	clear(c.copied)
 	return c
