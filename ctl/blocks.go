@@ -467,7 +467,9 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 // buffer and spans its heads (span bytes each, headStride apart), its
 // capacity reaching to the end of the mapping (packed tiles adjacent in
 // slot order then land in one read); pitch and rowBytes are the pitched
-// shape, zero for a packed tile.
+// shape, zero for a packed tile. It walks an entry's (layer, kind) tiles as
+// groupsOf does, but as a plain loop: through a callback the control path
+// measured about 80 ns a block slower on the VM.
 func (t *target) fillReads(reqs []store.ReadReq, k int, e *abi.BlockEntry, span uint64, pitch, rowBytes int) int {
 	block, hs := e.Block, t.lay.HeadStride
 	h0, hn := int(e.HeadFirst), int(e.HeadCount)
