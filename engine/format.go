@@ -13,6 +13,10 @@ import (
 // no size to create it with.
 var ErrNeedSize = errors.New("engine: a size is needed to create a store file")
 
+// ErrZeroDevice is returned by Format for FormatOptions.Zero on a block
+// device.
+var ErrZeroDevice = errors.New("engine: only a store file can be zeroed")
+
 // FormatOptions control Format.
 type FormatOptions struct {
 	// Geometry of the new store.
@@ -22,6 +26,11 @@ type FormatOptions struct {
 	Size int64
 	// Force overwrites an existing store.
 	Force bool
+	// Zero writes zeros over the parts of a store file never written
+	// (store.ZeroFile), so every slot is written data: reads of it reach the
+	// device, and a first write into it needs no extent conversion. Files
+	// only; a block device is refused.
+	Zero bool
 	// Engine chooses the engine that writes the store (Kind, Logger).
 	Engine Options
 }
@@ -62,6 +71,9 @@ func Format(path string, o FormatOptions) (_ *store.Superblock, err error) {
 			return nil, err
 		}
 	}
+	if o.Zero && isDev {
+		return nil, fmt.Errorf("%w: %s is a block device; zeroing is for store files", ErrZeroDevice, path)
+	}
 	eo := o.Engine
 	eo.ReadOnly = false
 
@@ -92,6 +104,11 @@ func Format(path string, o FormatOptions) (_ *store.Superblock, err error) {
 			return nil, err
 		}
 		defer lock.Close()
+	}
+	if o.Zero {
+		if err := store.ZeroFile(path); err != nil {
+			return nil, err
+		}
 	}
 	e, err := Open(path, eo)
 	if err != nil {

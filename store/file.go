@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -54,4 +55,127 @@ func Lock(path string) (*os.File, error) {
 		return nil, fmt.Errorf("store: lock %s: %w", path, err)
 	}
 	return f, nil
+}
+
+// WrittenBytes reports how many bytes of the regular file path hold
+// written data, and its size. Holes and unwritten extents (allocated by
+// fallocate, as PrepareFile does, but never written) are not counted: the
+// file system answers reads of them with zeros and no device I/O, so a
+// benchmark reading them (fio on a fresh store file) measures memory, not
+// the device. It asks the file system with lseek SEEK_DATA/SEEK_HOLE; where
+// those are not supported the whole file counts as written.
+func WrittenBytes(path string) (written, size int64, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	if !st.Mode().IsRegular() {
+		return 0, 0, fmt.Errorf("store: %s is not a regular file", path)
+	}
+	size = st.Size()
+	written = size
+	err = holes(int(f.Fd()), size, func(lo, hi int64) error {
+		written -= hi - lo
+		return nil
+	})
+	return written, size, err
+}
+
+// holes calls f with each hole [lo, hi) of the file fd of size bytes, in
+// order; unwritten extents count as holes where the file system says so.
+func holes(fd int, size int64, f func(lo, hi int64) error) error {
+	for off := int64(0); off < size; {
+		lo, err := unix.Seek(fd, off, unix.SEEK_HOLE)
+		if err == unix.ENXIO || (err == nil && lo >= size) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("store: seek hole: %w", err)
+		}
+		hi, err := unix.Seek(fd, lo, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			hi, err = size, nil
+		}
+		if err != nil {
+			return fmt.Errorf("store: seek data: %w", err)
+		}
+		hi = min(hi, size)
+		if hi <= lo {
+			return fmt.Errorf("store: seek data at %d gave %d", lo, hi)
+		}
+		if err := f(lo, hi); err != nil {
+			return err
+		}
+		off = hi
+	}
+	return nil
+}
+
+// zeroChunk is the size of one write of ZeroFile.
+const zeroChunk = 8 << 20
+
+// ZeroFile writes zeros over every hole and unwritten extent of the regular
+// file path (what WrittenBytes does not count) and makes them durable, so
+// that every byte of the file is written data: reads of any part of it go
+// to the device, and the first write into an unwritten extent no longer
+// converts it (a metadata change its fdatasync would have to commit). It
+// writes with O_DIRECT where the file system allows it (no page cache
+// filled with zeros) and leaves written data as it is. A block device is
+// refused.
+func ZeroFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("store: zero %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("store: zero %s: not a regular file", path)
+	}
+	// Writes go through a second, O_DIRECT descriptor while the file
+	// system takes them; a piece it refuses (EINVAL: no O_DIRECT there,
+	// or an unaligned end) is written through f.
+	wfd := int(f.Fd())
+	if d, err := unix.Open(path, unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0); err == nil {
+		defer unix.Close(d)
+		wfd = d
+	}
+	// Anonymous memory is page-aligned and zero, as O_DIRECT wants.
+	buf, err := unix.Mmap(-1, 0, zeroChunk, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return fmt.Errorf("store: zero %s: %w", path, err)
+	}
+	defer unix.Munmap(buf)
+	err = holes(int(f.Fd()), st.Size(), func(lo, hi int64) error {
+		for off := lo; off < hi; {
+			n := int(min(hi-off, zeroChunk))
+			w, err := unix.Pwrite(wfd, buf[:n], off)
+			if err == unix.EINVAL && wfd != int(f.Fd()) {
+				w, err = unix.Pwrite(int(f.Fd()), buf[:n], off)
+			}
+			if err != nil {
+				return fmt.Errorf("store: zero %s at %d: %w", path, off, err)
+			}
+			if w == 0 {
+				return fmt.Errorf("store: zero %s at %d: %w", path, off, io.ErrShortWrite)
+			}
+			off += int64(w)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("store: zero %s: %w", path, err)
+	}
+	return nil
 }

@@ -25,6 +25,7 @@ type formatOptions struct {
 	dtype       string
 	align       int
 	force       bool
+	zero        bool
 }
 
 func init() {
@@ -38,7 +39,14 @@ resized to --size) or a block device (--size optional: the whole device).
 Refusals change nothing on disk. Exit status 2 for bad or inconsistent
 geometry flags; 1 when STORE already holds a store (pass --force to
 overwrite it), when --size (or the device) is smaller than one slot of the
-geometry (the message says the minimum), or when the store is in use.`,
+geometry (the message says the minimum), or when the store is in use.
+
+A store file is allocated (fallocate) but not written: until a slot is
+stored, the file system answers reads of it with zeros and no disk I/O, and
+the first write into it converts the extent (a metadata change its sync
+commits). --zero writes zeros over that space once, at format time, so
+neither happens: use it for a benchmark's fio reference on the same file,
+or to keep first writes as fast as later ones.`,
 		Args: storeArg,
 		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
 	}
@@ -51,6 +59,7 @@ geometry (the message says the minimum), or when the store is in use.`,
 	f.StringVar(&o.dtype, "dtype", "", "element type: bf16, fp16, fp32 or fp8")
 	f.IntVar(&o.align, "align", layout.DefaultAlign, "alignment of every group in bytes (a power of two, 512 to 1MiB)")
 	f.BoolVar(&o.force, "force", false, "overwrite an existing store")
+	f.BoolVar(&o.zero, "zero", false, "write zeros over the file's never-written space (files only): every read then reaches the disk, as a benchmark's reference must, and first writes need no extent conversion")
 	addEngineFlag(c, &o.engine)
 	for _, n := range []string{"layers", "kv-heads", "head-dim", "block-tokens", "dtype"} {
 		_ = c.MarkFlagRequired(n)
@@ -90,8 +99,10 @@ func (o *formatOptions) run(cmd *cobra.Command, path string) error {
 			return usageErrorf("--size %q: want a positive size like 256MiB or 4GiB", o.size)
 		}
 	}
-	sb, err := engine.Format(path, engine.FormatOptions{Geometry: g, Size: size, Force: o.force, Engine: engine.Options{Kind: kind, Logger: log}})
+	sb, err := engine.Format(path, engine.FormatOptions{Geometry: g, Size: size, Force: o.force, Zero: o.zero, Engine: engine.Options{Kind: kind, Logger: log}})
 	switch {
+	case errors.Is(err, engine.ErrZeroDevice):
+		return usageErrorf("--zero: %v", err)
 	case errors.Is(err, engine.ErrNeedSize):
 		return usageErrorf("--size is required to create %s", path)
 	case errors.Is(err, layout.ErrGeometry):
@@ -101,7 +112,11 @@ func (o *formatOptions) run(cmd *cobra.Command, path string) error {
 	case err != nil:
 		return err
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "formatted %s: %v, %d slots of %s (%d groups of %d bytes each), %s used, uuid %s\n",
-		path, g, sb.Slots, bytesize.Format(sb.SlotBytes), g.GroupsPerBlock(), g.GroupBytes(), bytesize.Format(sb.DataOffset+sb.Slots*sb.SlotBytes), sb.UUIDString())
+	zeroed := ""
+	if o.zero {
+		zeroed = ", every byte written (--zero)"
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "formatted %s: %v, %d slots of %s (%d groups of %d bytes each), %s used%s, uuid %s\n",
+		path, g, sb.Slots, bytesize.Format(sb.SlotBytes), g.GroupsPerBlock(), g.GroupBytes(), bytesize.Format(sb.DataOffset+sb.Slots*sb.SlotBytes), zeroed, sb.UUIDString())
 	return nil
 }

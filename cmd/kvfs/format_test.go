@@ -98,6 +98,25 @@ func TestFormatRefusals(t *testing.T) {
 	}
 }
 
+// --zero leaves no never-written space in the file (reads of it would not
+// reach the disk), and the store works as any other.
+func TestFormatZero(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	r := kvfs(t, nil, append([]string{"format", path, "--size", "4MiB", "--zero"}, geoFlags...)...)
+	r.want(t, 0)
+	if !bytes.Contains(r.stdout, []byte("every byte written")) {
+		t.Errorf("stdout: %s", r.stdout)
+	}
+	written, size, err := store.WrittenBytes(path)
+	if err != nil || size != 4<<20 || written != size {
+		t.Fatalf("after format --zero: %d of %d bytes written, %v", written, size, err)
+	}
+	put(t, path, "1", 0, 0, "K", group(3))
+	if got := get(t, path, "1", 0, 0, "K"); got.code != 0 || !bytes.Equal(got.stdout, group(3)) {
+		t.Fatalf("get after format --zero: %+v", got.code)
+	}
+}
+
 func TestFormatNeedsSizeForNewFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "store")
 	kvfs(t, nil, append([]string{"format", path}, geoFlags...)...).want(t, 2, "--size is required")
