@@ -77,6 +77,11 @@ type benchReport struct {
 	FioCPUs      *float64 `json:"fio_cpu_s"`
 	FioCPUsPerGB *float64 `json:"fio_cpu_s_per_gb"`
 	FioJobs      int      `json:"fio_jobs,omitempty"`
+	// FioFileWritten is the fraction of the file fio read that holds
+	// written data (store.WrittenBytes); null when fio was not run or read
+	// a device. Below 1, part of fio's reads were answered with zeros
+	// without disk I/O and its figure is inflated: format with --zero.
+	FioFileWritten *float64 `json:"fio_file_written,omitempty"`
 }
 
 func init() {
@@ -361,6 +366,10 @@ func fromResult(path string, r bench.Result) benchReport {
 		CPUs: r.CPUs, CPUsPerGB: r.CPUsPerGB}
 }
 
+// fioWrittenMin is the written fraction of a file below which fio's
+// figure on it is reported as inflated.
+const fioWrittenMin = 0.99
+
 // compareFio runs fio on the job rep describes (in blocks mode: random
 // reads of --io-size) and records its figure.
 func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchReport, ioSize int, dur time.Duration, log *zap.Logger) error {
@@ -384,6 +393,15 @@ func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchRe
 		// fio runs buffered where the file system refuses O_DIRECT.
 		fc.Buffered = !e.Direct()
 		e.Close()
+	}
+	if written, size, err := store.WrittenBytes(fc.Path); err == nil && size > 0 {
+		// fio reads the whole file at random offsets.
+		frac := float64(written) / float64(size)
+		rep.FioFileWritten = &frac
+		if frac < fioWrittenMin {
+			log.Warn("bench: fio's reference reads a file part of which was never written: the file system answers those reads without disk I/O, so fio's figure is inflated; format the store with --zero",
+				zap.String("path", fc.Path), zap.Float64("written_fraction", frac))
+		}
 	}
 	fr, err := bench.RunFio(ctx, fc)
 	if err != nil {
@@ -446,6 +464,9 @@ func (r benchReport) String() string {
 	}
 	if r.FioGBps != nil {
 		s += fmt.Sprintf("; fio %.3f GB/s, cpu %.3f s/GB, ratio %.3f", *r.FioGBps, *r.FioCPUsPerGB, *r.RatioVsFio)
+		if w := r.FioFileWritten; w != nil && *w < fioWrittenMin {
+			s += fmt.Sprintf(" (fio inflated: only %.0f%% of the file was ever written, the rest reads without disk I/O; format with --zero)", *w*100)
+		}
 	}
 	return s
 }

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvfs/kvfs/store"
 )
 
 // benchJSON runs kvfs bench with --json and decodes the report.
@@ -183,6 +185,27 @@ func TestBenchVsFio(t *testing.T) {
 	if rep.FioGBps == nil || *rep.FioGBps <= 0 || rep.RatioVsFio == nil || *rep.RatioVsFio <= 0 ||
 		rep.FioCPUs == nil || *rep.FioCPUs <= 0 || rep.FioCPUsPerGB == nil || *rep.FioCPUsPerGB <= 0 {
 		t.Errorf("%+v", rep)
+	}
+	// The report says how much of the file fio read was ever written:
+	// the rest reads as zeros without disk I/O. After format --zero, all.
+	written, size, err := store.WrittenBytes(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := rep.FioFileWritten; w == nil || !near(*w, float64(written)/float64(size)) {
+		t.Errorf("fio_file_written %v, want %d/%d", w, written, size)
+	}
+	if written < size {
+		r := kvfs(t, nil, "bench", path, "--vs-fio", "--io-size", "64KiB", "--engine", "posix", "--seconds", "0.2")
+		r.want(t, 0, "fio's figure is inflated") // the log, on stderr
+		if !bytes.Contains(r.stdout, []byte("fio inflated: only")) {
+			t.Errorf("the summary does not say fio is inflated: %s", r.stdout)
+		}
+	}
+	kvfs(t, nil, append([]string{"format", path, "--force", "--zero"}, geoFlags...)...).want(t, 0)
+	rep, _ = benchJSON(t, path, "--vs-fio", "--io-size", "64KiB", "--engine", "posix")
+	if w := rep.FioFileWritten; w == nil || *w != 1 {
+		t.Errorf("after format --zero: fio_file_written %v, want 1", w)
 	}
 }
 
