@@ -21,10 +21,12 @@ bl() {
 		sed -E 's/^bench-load[^|]*\| //; s/ [0-9.]+ µs\/ioctl \(p50 [0-9.]+, p99 [0-9.]+\)//; s/[0-9]+ bytes in [0-9.]+ s //'
 }
 
-# fresh: format S with the Llama-3-8B shape (6 GiB) and store 2,048 blocks
-# in it through a mount of K, unmounted again.
+# fresh [FORMAT FLAGS...]: format S with the Llama-3-8B shape (6 GiB) and
+# store 2,048 blocks in it through a mount of K, unmounted again. On a disk,
+# pass --zero when fio will read the file (never-written space reads
+# without disk I/O).
 fresh() {
-	"$K" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
+	"$K" format "$S" --size 6GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force "$@" >/dev/null
 	mnt "$K"
 	"$K" bench-load "$M" --groups-per-call 511 --calls 1 --warmup 0 --fill 2048 >/dev/null
 	"$K" umount "$M"
