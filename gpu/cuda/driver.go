@@ -609,13 +609,15 @@ func Memcpy2DHtoDAsync(dst DevicePtr, dstPitch int, src []byte, srcPitch, width,
 	if width > srcPitch || width > dstPitch || len(src) < (rows-1)*srcPitch+width {
 		return fmt.Errorf("cuda: bad 2D copy: %d rows × %d bytes, pitches %d/%d, %d source bytes", rows, width, srcPitch, dstPitch, len(src))
 	}
-	c := memcpy2D{
+	sc := getScratch()
+	sc.m2d = memcpy2D{
 		srcMemoryType: memoryTypeHost, srcHost: uintptr(unsafe.Pointer(&src[0])), srcPitch: uintptr(srcPitch),
 		dstMemoryType: memoryTypeDevice, dstDevice: dst, dstPitch: uintptr(dstPitch),
 		widthInBytes: uintptr(width), height: uintptr(rows),
 	}
-	err := check("cuMemcpy2DAsync_v2", drv.cuMemcpy2DAsync(unsafe.Pointer(&c), s))
+	err := check("cuMemcpy2DAsync_v2", drv.cuMemcpy2DAsync(unsafe.Pointer(&sc.m2d), s))
 	runtime.KeepAlive(src)
+	putScratch(sc)
 	return err
 }
 
@@ -630,14 +632,38 @@ func Memcpy2DDtoHAsync(dst []byte, dstPitch int, src DevicePtr, srcPitch, width,
 	if width > srcPitch || width > dstPitch || len(dst) < (rows-1)*dstPitch+width {
 		return fmt.Errorf("cuda: bad 2D copy: %d rows × %d bytes, pitches %d/%d, %d destination bytes", rows, width, srcPitch, dstPitch, len(dst))
 	}
-	c := memcpy2D{
+	sc := getScratch()
+	sc.m2d = memcpy2D{
 		srcMemoryType: memoryTypeDevice, srcDevice: src, srcPitch: uintptr(srcPitch),
 		dstMemoryType: memoryTypeHost, dstHost: uintptr(unsafe.Pointer(&dst[0])), dstPitch: uintptr(dstPitch),
 		widthInBytes: uintptr(width), height: uintptr(rows),
 	}
-	err := check("cuMemcpy2DAsync_v2", drv.cuMemcpy2DAsync(unsafe.Pointer(&c), s))
+	err := check("cuMemcpy2DAsync_v2", drv.cuMemcpy2DAsync(unsafe.Pointer(&sc.m2d), s))
 	runtime.KeepAlive(dst)
+	putScratch(sc)
 	return err
+}
+
+// scratch is the memory a copy hands the driver (a CUDA_MEMCPY2D, a
+// batch's arrays and attributes). What is passed through purego escapes to
+// the heap, and a load queues thousands of copies: allocated per copy, it
+// was garbage the collector then scanned the daemon's heap for. Pooled.
+type scratch struct {
+	m2d   memcpy2D
+	addrs []uintptr
+	attrs memcpyAttributes
+	idx   uintptr
+	fail  uintptr
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+func putScratch(sc *scratch) {
+	sc.m2d = memcpy2D{}
+	clear(sc.addrs) // no stale host address stays reachable as a number
+	scratchPool.Put(sc)
 }
 
 // memcpyAttributes is CUmemcpyAttributes (cuda.h, 24 bytes): the source
@@ -664,7 +690,7 @@ func HasBatch() bool {
 // copies in any order among themselves, so their destinations must not
 // overlap. Every source must stay untouched until the copies are known
 // complete. On an error none of them may be taken as queued: copy again.
-// addrs is scratch of at least 3*len(dsts) words (nil: allocated).
+// addrs is scratch of at least 3*len(dsts) words (nil: pooled).
 func MemcpyBatchHtoDAsync(dsts []DevicePtr, srcs [][]byte, addrs []uintptr, s Stream) error {
 	if err := Load(); err != nil {
 		return err
@@ -679,8 +705,13 @@ func MemcpyBatchHtoDAsync(dsts []DevicePtr, srcs [][]byte, addrs []uintptr, s St
 	if n == 0 {
 		return nil
 	}
+	sc := getScratch()
+	defer putScratch(sc)
 	if len(addrs) < 3*n {
-		addrs = make([]uintptr, 3*n)
+		if cap(sc.addrs) < 3*n {
+			sc.addrs = make([]uintptr, 3*n)
+		}
+		addrs = sc.addrs[:3*n]
 	}
 	d, src, sz := addrs[:n], addrs[n:2*n], addrs[2*n:3*n]
 	for i := range n {
@@ -689,16 +720,14 @@ func MemcpyBatchHtoDAsync(dsts []DevicePtr, srcs [][]byte, addrs []uintptr, s St
 		}
 		d[i], src[i], sz[i] = uintptr(dsts[i]), uintptr(unsafe.Pointer(&srcs[i][0])), uintptr(len(srcs[i]))
 	}
-	attrs := memcpyAttributes{srcAccessOrder: srcAccessOrderStream}
-	var idx uintptr
+	sc.attrs, sc.idx, sc.fail = memcpyAttributes{srcAccessOrder: srcAccessOrderStream}, 0, ^uintptr(0)
 	var r Result
 	if drv.cuMemcpyBatchAsyncV2 != nil {
 		r = drv.cuMemcpyBatchAsyncV2(unsafe.Pointer(&d[0]), unsafe.Pointer(&src[0]), unsafe.Pointer(&sz[0]), uintptr(n),
-			unsafe.Pointer(&attrs), unsafe.Pointer(&idx), 1, s)
+			unsafe.Pointer(&sc.attrs), unsafe.Pointer(&sc.idx), 1, s)
 	} else {
-		fail := ^uintptr(0)
 		r = drv.cuMemcpyBatchAsync(unsafe.Pointer(&d[0]), unsafe.Pointer(&src[0]), unsafe.Pointer(&sz[0]), uintptr(n),
-			unsafe.Pointer(&attrs), unsafe.Pointer(&idx), 1, &fail, s)
+			unsafe.Pointer(&sc.attrs), unsafe.Pointer(&sc.idx), 1, &sc.fail, s)
 	}
 	runtime.KeepAlive(srcs)
 	return check("cuMemcpyBatchAsync", r)
