@@ -158,6 +158,7 @@ type chunk struct {
 	sortBuf          []stagedAt
 	batch            copyBatch // copyRuns' gathered copies
 	dev              Device    // the device, or its lane, its copies were queued on
+	verified         []*Item   // finish's items handed to Verify
 }
 
 // chunk returns the buffer's chunk for n items queued on dev, empty: the
@@ -172,7 +173,8 @@ func (st *Staging) chunk(dev Device, n int) *chunk {
 	}
 	clear(c.items) // no item of an earlier batch stays reachable
 	*c = chunk{st: st, dev: dev, items: c.items[:0], copied: grow(c.copied, n), set: c.set[:0], runs: c.runs[:0],
-		posBuf: c.posBuf, orderBuf: c.orderBuf, sortBuf: c.sortBuf, batch: copyBatch{dsts: c.batch.dsts[:0], srcs: c.batch.srcs[:0]}}
+		posBuf: c.posBuf, orderBuf: c.orderBuf, sortBuf: c.sortBuf, batch: copyBatch{dsts: c.batch.dsts[:0], srcs: c.batch.srcs[:0]},
+		verified: c.verified[:0]}
 	clear(c.copied)
 	return c
 }
@@ -336,7 +338,7 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 			}
 		}
 		if err == nil && p.Verify != nil {
-			var ok []*Item
+			ok := c.verified[:0] // the chunk's, reused: a load allocates nothing per chunk
 			for i, it := range c.items {
 				if c.copied[i] && it.Err == nil {
 					ok = append(ok, it)
@@ -351,6 +353,8 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 					}
 				}
 			}
+			clear(ok) // no item stays reachable past its batch
+			c.verified = ok[:0]
 		}
 	}
 	var batchErr error

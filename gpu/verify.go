@@ -3,6 +3,7 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/kvfs/kvfs/gpu/crc32c"
@@ -30,6 +31,23 @@ type GPUVerifier struct {
 	mod *crc32c.Module
 	s   cuda.Stream
 	chk *crc32c.Checker
+
+	// mu guards the descriptors and checksums of one call, kept from call
+	// to call: a load verifies every staging buffer's groups, and slices
+	// made per call were megabytes of garbage per gigabyte loaded (the
+	// checker runs one batch at a time anyway).
+	mu     sync.Mutex
+	groups []crc32c.Group
+	want   []uint32
+	got    []uint32
+}
+
+// scratch returns the call's slices for n groups; v.mu is held.
+func (v *GPUVerifier) scratch(n int) ([]crc32c.Group, []uint32, []uint32) {
+	if cap(v.groups) < n {
+		v.groups, v.want, v.got = make([]crc32c.Group, n), make([]uint32, n), make([]uint32, n)
+	}
+	return v.groups[:n], v.want[:n], v.got[:n]
 }
 
 // NewGPUVerifier loads the kernels on device ordinal.
@@ -55,8 +73,9 @@ func NewGPUVerifier(ordinal int, geo Geometry) (*GPUVerifier, error) {
 // Item.CRC are zeroed on the device by the kernel and get ErrCorrupt.
 func (v *GPUVerifier) Verify(items []*Item) error {
 	g := v.geo
-	groups := make([]crc32c.Group, len(items))
-	want := make([]uint32, len(items))
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	groups, want, got := v.scratch(len(items))
 	for i, it := range items {
 		pitch := it.Pitch
 		if pitch == 0 {
@@ -65,7 +84,6 @@ func (v *GPUVerifier) Verify(items []*Item) error {
 		groups[i] = crc32c.Group{Addr: it.Dst, Pitch: uint64(pitch), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
 		want[i] = it.CRC
 	}
-	got := make([]uint32, len(items))
 	bad, err := v.chk.Verify(groups, want, got)
 	if err != nil {
 		return fmt.Errorf("%w: GPU checksum: %w", ErrCopy, err)
@@ -81,7 +99,9 @@ func (v *GPUVerifier) Verify(items []*Item) error {
 // (pinned memory from cuMemHostAlloc is mapped at the same address on every
 // device with unified addressing).
 func (v *GPUVerifier) Sum(staged [][]byte, crcs []uint32) error {
-	groups := make([]crc32c.Group, len(staged))
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	groups, _, _ := v.scratch(len(staged))
 	for i, b := range staged {
 		groups[i] = crc32c.Group{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), Rows: 1, RowBytes: uint32(len(b))}
 	}
