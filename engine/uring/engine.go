@@ -101,11 +101,15 @@ type EngineStats struct {
 	// InlineIOs and InlineBytes count the reads done with ReadInline
 	// (not through a ring, so not in IOs and Bytes).
 	InlineIOs, InlineBytes uint64
+	// MappedIOs and MappedBytes count the writes copied into the mapping
+	// of a file in memory (not through a ring either).
+	MappedIOs, MappedBytes uint64
 }
 
 func (s EngineStats) String() string {
-	return fmt.Sprintf("ios=%d errors=%d bytes=%d sqes=%d fixed=%d resubmits=%d retries=%d enters=%d wakeups=%d syncs=%d max_inflight=%d rings=%d pool=%d inline_ios=%d inline_bytes=%d",
-		s.IOs, s.Errors, s.Bytes, s.SQEs, s.FixedSQEs, s.Resubmits, s.Retries, s.Enters, s.Wakeups, s.Syncs, s.MaxInFlight, s.Rings, s.PoolBytes, s.InlineIOs, s.InlineBytes)
+	return fmt.Sprintf("ios=%d errors=%d bytes=%d sqes=%d fixed=%d resubmits=%d retries=%d enters=%d wakeups=%d syncs=%d max_inflight=%d rings=%d pool=%d inline_ios=%d inline_bytes=%d mapped_ios=%d mapped_bytes=%d",
+		s.IOs, s.Errors, s.Bytes, s.SQEs, s.FixedSQEs, s.Resubmits, s.Retries, s.Enters, s.Wakeups, s.Syncs, s.MaxInFlight, s.Rings, s.PoolBytes, s.InlineIOs, s.InlineBytes,
+		s.MappedIOs, s.MappedBytes)
 }
 
 // Engine is the io_uring store engine: plain READ/WRITE (READ_FIXED /
@@ -134,6 +138,10 @@ type Engine struct {
 		closed bool
 	}
 	inlineIOs, inlineBytes atomic.Uint64
+	// mapped is the file mapped shared, for writes, when it is in memory
+	// (mapped.go); nil otherwise. inl guards it too.
+	mapped                 []byte
+	mappedIOs, mappedBytes atomic.Uint64
 
 	closeOnce sync.Once
 }
@@ -218,6 +226,7 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	}
 	e := &Engine{path: path, fd: fd, log: log, direct: direct, readOnly: o.ReadOnly, align: 1}
 	fail := func(err error) (*Engine, error) {
+		e.unmap()
 		_ = unix.Close(fd)
 		return nil, err
 	}
@@ -249,6 +258,9 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	// goroutines' 64 KiB preads are a poor queue for a disk.
 	e.inline = o.InlineReads == "on" || (o.InlineReads != "off" && inMemory)
 	e.pageCache = pageCache
+	if inMemory && e.inline && !o.ReadOnly {
+		e.mapForWrites(fd, st.Size, log)
+	}
 	cfg := ringowner.Config{
 		Name:         "uring",
 		QueueDepth:   o.QueueDepth,
@@ -280,7 +292,7 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	e.ring = r
 	log.Info("uring engine ready", zap.Bool("direct", e.direct), zap.Int("align", e.align),
 		zap.Bool("fixed_file", e.drvs[0].fixedFile), zap.Int("rings", r.N()), zap.Int("queue_depth_per_ring", o.QueueDepth),
-		zap.Bool("async_reads", async))
+		zap.Bool("async_reads", async), zap.Bool("mapped_writes", e.mapped != nil))
 	return e, nil
 }
 
@@ -323,6 +335,7 @@ func (e *Engine) Stats() EngineStats {
 		Resubmits: s.Resubmits, Retries: s.Retries, Enters: s.Enters, Wakeups: s.Wakeups, Syncs: s.Syncs,
 		MaxInFlight: s.MaxInFlight, Rings: e.ring.N(), PoolBytes: s.PoolBytes,
 		InlineIOs: e.inlineIOs.Load(), InlineBytes: e.inlineBytes.Load(),
+		MappedIOs: e.mappedIOs.Load(), MappedBytes: e.mappedBytes.Load(),
 	}
 }
 
@@ -392,7 +405,12 @@ func (e *Engine) Size() int64 {
 // Do performs the batch; see store.Engine. It is safe for concurrent use:
 // concurrent callers are spread over the rings, and share each ring's
 // queue depth; a large batch is split over the rings.
-func (e *Engine) Do(ios []store.IO) error { return e.ring.Do(ios) }
+func (e *Engine) Do(ios []store.IO) error {
+	if e.mappable(ios) {
+		return e.writeMapped(ios)
+	}
+	return e.ring.Do(ios)
+}
 
 // DoNotify implements store.NotifyEngine: Do, with done(i) called on a
 // ring goroutine as ios[i] completes (see ringowner.Rings.DoNotify).
@@ -441,8 +459,9 @@ func (e *Engine) RegisterMemory(b []byte) (func(), error) { return e.ring.Regist
 // returns nil.
 func (e *Engine) Close() error {
 	err := e.ring.Close()
-	e.inl.Lock() // inline reads in progress finish first
+	e.inl.Lock() // inline reads and mapped writes in progress finish first
 	e.inl.closed = true
+	e.unmap()
 	e.inl.Unlock()
 	e.closeOnce.Do(func() {
 		_ = unix.Close(e.fd)

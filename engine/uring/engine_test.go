@@ -1029,3 +1029,91 @@ func TestEngineReadVec(t *testing.T) {
 		})
 	}
 }
+
+// TestEngineMappedWrites: on a file in memory, writes are copies into the
+// file's mapping (counted in MappedIOs, none through a ring), visible to
+// reads; a write past the end, or into memory the file no longer backs
+// (truncated under the engine), fails alone with a clear error instead of
+// crashing the daemon. A read-only engine, InlineReads off and a file on
+// a disk write through the rings.
+func TestEngineMappedWrites(t *testing.T) {
+	dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
+	if err != nil {
+		t.Skipf("skipping: no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	const size = 1 << 20
+	path := newFile(t, dir, size)
+	e := openEngineT(t, path, EngineOptions{Direct: true, QueueDepth: 8})
+	if !e.MappedWrites() {
+		t.Fatal("a tmpfs file: no mapped writes")
+	}
+	a, b, c := pattern(8192, 1), pattern(4096, 2), pattern(4096, 3)
+	ios := []store.IO{
+		{Op: store.OpWrite, Off: 0, Buf: a},
+		{Op: store.OpWrite, Off: 65536, Vec: [][]byte{b, c}},
+		{Op: store.OpWrite, Off: size - 4096, Buf: make([]byte, 8192), Err: errStale}, // past the end
+	}
+	if err := e.Do(ios); err != nil {
+		t.Fatal(err)
+	}
+	if ios[0].Err != nil || ios[1].Err != nil {
+		t.Fatalf("writes failed: %v, %v", ios[0].Err, ios[1].Err)
+	}
+	if err := ios[2].Err; !errors.Is(err, unix.EINVAL) || !strings.Contains(err.Error(), "past the end") {
+		t.Fatalf("write past the end: %v", err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:8192], a) || !bytes.Equal(got[65536:65536+4096], b) || !bytes.Equal(got[65536+4096:65536+8192], c) {
+		t.Fatal("the file does not hold what was written")
+	}
+	if !bytes.Equal(got[size-4096:], make([]byte, 4096)) {
+		t.Fatal("the refused write changed the file")
+	}
+	// Reads through the rings see the writes.
+	rb := allocBuf(t, e, 8192)
+	if err := e.ring.Do([]store.IO{{Op: store.OpRead, Off: 0, Buf: rb}}); err != nil || !bytes.Equal(rb, a) {
+		t.Fatalf("ring read after a mapped write: %v", err)
+	}
+	st := e.Stats()
+	if st.MappedIOs != 2 || st.MappedBytes != 16384 || st.IOs != 1 {
+		t.Fatalf("stats %v: want 2 mapped writes of 16384 bytes and the one ring read", st)
+	}
+	// Truncated under the engine: the write into what the file no longer
+	// backs fails (the fault is caught), the one before it lands.
+	if err := os.Truncate(path, size/2); err != nil {
+		t.Fatal(err)
+	}
+	ios = []store.IO{{Op: store.OpWrite, Off: 4096, Buf: c}, {Op: store.OpWrite, Off: size - 8192, Buf: b}}
+	if err := e.Do(ios); err != nil {
+		t.Fatal(err)
+	}
+	if ios[0].Err != nil || !errors.Is(ios[1].Err, unix.EIO) {
+		t.Fatalf("writes after the truncation: %v, %v; want nil and EIO", ios[0].Err, ios[1].Err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Do([]store.IO{{Op: store.OpWrite, Buf: a}}); !errors.Is(err, store.ErrEngineClosed) {
+		t.Fatalf("write after Close: %v", err)
+	}
+
+	path2 := newFile(t, dir, size)
+	for name, o := range map[string]EngineOptions{"read-only": {ReadOnly: true}, "inline reads off": {InlineReads: "off"}} {
+		if openEngineT(t, path2, o).MappedWrites() {
+			t.Errorf("%s: mapped writes", name)
+		}
+	}
+	if openEngineT(t, newFile(t, t.TempDir(), size), EngineOptions{}).MappedWrites() && !inMemoryDir(t.TempDir()) {
+		t.Error("a file on a disk: mapped writes")
+	}
+}
+
+// inMemoryDir reports whether dir is on tmpfs or ramfs.
+func inMemoryDir(dir string) bool {
+	var sf unix.Statfs_t
+	return unix.Statfs(dir, &sf) == nil && (sf.Type == unix.TMPFS_MAGIC || sf.Type == unix.RAMFS_MAGIC)
+}
