@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# STORE_BLOCKS on a tmpfs store with writes copied into the file's mapping
+# (kvfs) against ring writes (kvfs-prev), stop 24: 1, 4, 8 and 16 callers
+# each storing 512 whole blocks per call (head-major), two rounds, with the
+# daemon's core-seconds per GB; then host loads of the same store (which
+# the change must leave alone).
+#
+# BIN (default out/h200) holds kvfs and kvfs-prev built with
+# CGO_ENABLED=0. Run as root from the repo root; about three minutes.
+set -u
+D=$(cd "${BIN:-out/h200}" && pwd)
+K=$D/kvfs
+M=/mnt/kvfs-mapped
+S=/dev/shm/kvfs-mapped.kvfs
+mkdir -p "$M"
+. "$(dirname "$0")/h200-lib.sh"
+BL_TIMEOUT=90
+"$K" format "$S" --size 20GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
+for round in 1 2; do
+	for b in kvfs-prev kvfs; do
+		mnt "$D/$b"
+		for j in 1 4 8 16; do
+			echo "tmpfs $b STORE_BLOCKS $j callers: $(bl --blocks-per-call 512 --layout hnd --calls 2 --jobs $j --store)"
+		done
+		[ $round = 2 ] && for j in 1 8; do
+			echo "tmpfs $b host load $j callers: $(bl --blocks-per-call 512 --layout hnd --calls 3 --jobs $j --fill 4096)"
+		done
+		"$D/$b" umount "$M"
+	done
+done
+rm -f "$S"

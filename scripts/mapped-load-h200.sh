@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Host loads from a tmpfs store with mapped writes (kvfs) against the build
+# before (kvfs-prev), stop 24: the same store, filled once, loaded by each
+# build in turn (1,024 head-major blocks per call, one and eight callers),
+# three rounds; the mapping of the file must leave reads alone.
+#
+# BIN (default out/h200) holds kvfs and kvfs-prev built with
+# CGO_ENABLED=0. Run as root from the repo root; about two minutes.
+set -u
+D=$(cd "${BIN:-out/h200}" && pwd)
+K=$D/kvfs
+M=/mnt/kvfs-mload
+S=/dev/shm/kvfs-mload.kvfs
+mkdir -p "$M"
+. "$(dirname "$0")/h200-lib.sh"
+fresh
+for round in 1 2 3; do
+	for b in kvfs-prev kvfs; do
+		mnt "$D/$b"
+		for j in 1 8; do
+			echo "round $round $b host load $j callers: $(bl --blocks-per-call 1024 --layout hnd --calls 3 --jobs $j)"
+		done
+		"$D/$b" umount "$M"
+	done
+done
+rm -f "$S"
