@@ -613,8 +613,7 @@ func (s *Store) readNotified(runs []run, ios []IO, wants []want) error {
 // read, while the bytes are in that core's cache.
 func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 	first := wants[runs[0].lo].run
-	stride := int(s.geo.GroupStride())
-	per := max(1, s.inlineChunk/stride) // groups per chunk
+	per := max(1, s.inlineChunk/int(s.geo.GroupStride())) // groups per chunk
 	var next atomic.Int64
 	par.Run(min(len(runs), runtime.GOMAXPROCS(0)), func() {
 		var vec [][]byte // this goroutine's chunk segments
@@ -624,38 +623,58 @@ func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 			if i >= len(runs) {
 				return
 			}
-			r := &runs[i]
-			if r.hi-r.lo != r.n || r.n <= per {
-				// One chunk (or a group asked for twice: its wants do
-				// not map one to one onto the run's groups).
-				ios[i].Err = s.inline.ReadInline(&ios[i])
-				if !s.failRun(r, ios[i].Err, wants) {
-					s.verifyRange(runs, first, wants[r.lo:r.hi])
-				}
-				continue
-			}
-			for g0 := 0; g0 < r.n; g0 += per {
-				g1 := min(g0+per, r.n)
-				ws := wants[r.lo+g0 : r.lo+g1]
-				io = IO{Op: OpRead, Off: ios[i].Off + int64(g0*stride), Stream: ios[i].Stream}
-				switch r.mode {
-				case landVec:
-					vec = s.appendVec(vec[:0], 0, ws)
-					io.Vec = vec
-				default: // landDirect, landBounce: one range
-					io.Buf = ios[i].Buf[g0*stride : g1*stride]
-				}
-				err := s.inline.ReadInline(&io)
-				clear(vec)
-				if err != nil {
-					ios[i].Err = err
-					s.failWants(ws, err)
-					continue
-				}
-				s.verifyRange(runs, first, ws)
-			}
+			s.inlineSlots <- struct{}{}
+			s.readInlineRun(runs, ios, wants, i, first, per, &vec, &io)
+			<-s.inlineSlots
 		}
 	})
+}
+
+// readInlineRun reads run i in chunks of per groups, verifying each
+// chunk's groups right after its read; vec and io are the goroutine's
+// scratch. The caller holds an inline slot (Store.inlineSlots) for it; when
+// a fault on a caller's memory panics through here (and out of Read), the
+// slot is given back on the way.
+func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per int, vec *[][]byte, io *IO) {
+	done := false
+	defer func() {
+		if !done {
+			<-s.inlineSlots
+		}
+	}()
+	stride := int(s.geo.GroupStride())
+	r := &runs[i]
+	if r.hi-r.lo != r.n || r.n <= per {
+		// One chunk (or a group asked for twice: its wants do not map one
+		// to one onto the run's groups).
+		ios[i].Err = s.inline.ReadInline(&ios[i])
+		if !s.failRun(r, ios[i].Err, wants) {
+			s.verifyRange(runs, first, wants[r.lo:r.hi])
+		}
+		done = true
+		return
+	}
+	for g0 := 0; g0 < r.n; g0 += per {
+		g1 := min(g0+per, r.n)
+		ws := wants[r.lo+g0 : r.lo+g1]
+		*io = IO{Op: OpRead, Off: ios[i].Off + int64(g0*stride), Stream: ios[i].Stream}
+		switch r.mode {
+		case landVec:
+			*vec = s.appendVec((*vec)[:0], 0, ws)
+			io.Vec = *vec
+		default: // landDirect, landBounce: one range
+			io.Buf = ios[i].Buf[g0*stride : g1*stride]
+		}
+		err := s.inline.ReadInline(io)
+		clear(*vec)
+		if err != nil {
+			ios[i].Err = err
+			s.failWants(ws, err)
+			continue
+		}
+		s.verifyRange(runs, first, ws)
+	}
+	done = true
 }
 
 // appendVec appends to vec the destination segments of ws (consecutive

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -578,15 +579,19 @@ func TestReadWindowsOverlap(t *testing.T) {
 // left behind: the invariants check runs at Close).
 func TestReadFaultPanicsInCaller(t *testing.T) {
 	for _, notify := range []bool{false, true} {
-		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) { readFaultPanicsInCaller(t, notify, false, 3) })
+		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) { readFaultPanicsInCaller(t, notify, false, false, 3) })
 	}
-	t.Run("aligned", func(t *testing.T) { readFaultPanicsInCaller(t, false, true, 3) })
+	t.Run("aligned", func(t *testing.T) { readFaultPanicsInCaller(t, false, true, false, 3) })
 	// 40 MiB of bounced runs: two windows in flight, each on its own
 	// goroutine.
-	t.Run("windows", func(t *testing.T) { readFaultPanicsInCaller(t, true, false, 20) })
+	t.Run("windows", func(t *testing.T) { readFaultPanicsInCaller(t, true, false, false, 20) })
+	// Inline reads: each fault gives back the inline slots of the runs it
+	// cut short (else the store would stop reading inline once the faults
+	// outnumber the slots).
+	t.Run("inline", func(t *testing.T) { readFaultPanicsInCaller(t, false, false, true, 3) })
 }
 
-func readFaultPanicsInCaller(t *testing.T, notify, aligned bool, blocks int) {
+func readFaultPanicsInCaller(t *testing.T, notify, aligned, inline bool, blocks int) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
 	m := storetest.NewMem(store.SizeFor(geo, int64(blocks)+1), 4096)
 	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
@@ -595,6 +600,9 @@ func readFaultPanicsInCaller(t *testing.T, notify, aligned bool, blocks int) {
 	var e store.Engine = m
 	if notify {
 		e = storetest.NewNotifying(m)
+	}
+	if inline {
+		e = storetest.NewInline(storetest.NewNotifying(m))
 	}
 	s := openStore(t, e, store.Options{})
 	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
@@ -629,28 +637,52 @@ func readFaultPanicsInCaller(t *testing.T, notify, aligned bool, blocks int) {
 	if err := f.Truncate(0); err != nil {
 		t.Fatal(err)
 	}
-	var caught any
-	func() {
-		old := debug.SetPanicOnFault(true)
-		defer func() {
-			debug.SetPanicOnFault(old)
-			caught = recover()
+	faults := 1
+	if inline {
+		faults = runtime.GOMAXPROCS(0) + 1
+	}
+	for range faults {
+		var caught any
+		func() {
+			old := debug.SetPanicOnFault(true)
+			defer func() {
+				debug.SetPanicOnFault(old)
+				caught = recover()
+			}()
+			_ = s.Read(reqs)
 		}()
-		_ = s.Read(reqs)
-	}()
-	a, ok := caught.(interface{ Addr() uintptr })
-	if !ok {
-		t.Fatalf("Read into a truncated mapping: recovered %v, want a fault", caught)
+		a, ok := caught.(interface{ Addr() uintptr })
+		if !ok {
+			t.Fatalf("Read into a truncated mapping: recovered %v, want a fault", caught)
+		}
+		lo := uintptr(unsafe.Pointer(&mem[0]))
+		if p := a.Addr(); p < lo || p >= lo+uintptr(size) {
+			t.Fatalf("fault at %#x, outside the mapping", p)
+		}
 	}
-	lo := uintptr(unsafe.Pointer(&mem[0]))
-	if p := a.Addr(); p < lo || p >= lo+uintptr(size) {
-		t.Fatalf("fault at %#x, outside the mapping", p)
+	// The store still serves reads (whole blocks: runs read inline).
+	buf := make([]byte, blocks*per*gb)
+	r := make([]store.ReadReq, 0, blocks*per)
+	for blk := uint64(1); blk <= uint64(blocks); blk++ {
+		for i := range per {
+			o := ((int(blk)-1)*per + i) * gb
+			r = append(r, store.ReadReq{Key: geo.KeyAt(blk, i), Buf: buf[o : o+gb]})
+		}
 	}
-	// The store still serves reads.
-	buf := make([]byte, gb)
-	r := []store.ReadReq{{Key: geo.KeyAt(1, 0), Buf: buf}}
-	if err := s.Read(r); err != nil || r[0].Err != nil {
-		t.Fatalf("read after the fault: %v %v", err, r[0].Err)
+	done := make(chan error, 1)
+	go func() { done <- s.Read(r) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("read after the faults: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("read after the faults never returned (inline slots lost?)")
+	}
+	for i := range r {
+		if r[i].Err != nil {
+			t.Fatalf("read after the faults: %v: %v", r[i].Key, r[i].Err)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -91,6 +92,13 @@ type Store struct {
 	// inline is the engine when its reads are CPU copies (InlineReader):
 	// each run is read and verified by one goroutine.
 	inline InlineReader
+	// inlineSlots bounds the runs read inline at once, over all calls
+	// (GOMAXPROCS tokens; a goroutine holds one for a run, MaxIO bytes at
+	// most): each call spreads its runs over up to GOMAXPROCS goroutines,
+	// and with many callers their chunks, read into a core's cache to be
+	// verified there, evicted each other's as the goroutines took turns on
+	// the cores.
+	inlineSlots chan struct{}
 	// inlineChunk is the bytes an inline read moves before its groups
 	// are verified (Options.InlineChunk).
 	inlineChunk int
@@ -205,6 +213,7 @@ func Open(e Engine, o Options) (*Store, error) {
 	}
 	if r, ok := e.(InlineReader); ok && r.InlineReads() {
 		s.inline = r
+		s.inlineSlots = make(chan struct{}, runtime.GOMAXPROCS(0))
 	}
 	if s.opts.ScatterMin <= 0 {
 		s.opts.ScatterMin = 4096
