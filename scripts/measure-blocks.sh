@@ -35,7 +35,9 @@ for dir in $STORE_DIRS; do
 	store=$dir/kvfs-measure.kvfs
 	rm -f "$store"
 	echo "== store in $dir"
-	"$KVFS" format "$store" --size "$SIZE" --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 >/dev/null
+	zero=()
+	[ "$dir" = /dev/shm ] || zero=(--zero) # fio must not read never-written space (no disk I/O)
+	"$KVFS" format "$store" --size "$SIZE" --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 "${zero[@]}" >/dev/null
 	out=$("$KVFS" mount "$store" "$MNT" --daemon)
 	echo "$out"
 	pid=$(echo "$out" | sed -n 's/.*(pid \([0-9]*\),.*/\1/p')
