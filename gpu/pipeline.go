@@ -159,6 +159,12 @@ type chunk struct {
 	batch            copyBatch // copyRuns' gathered copies
 	dev              Device    // the device, or its lane, its copies were queued on
 	verified         []*Item   // finish's items handed to Verify
+	// Store's writes of the chunk: the requests, their items, and the
+	// staged groups and checksums handed to Sum.
+	wreqs  []store.WriteReq
+	widx   []int
+	staged [][]byte
+	crcs   []uint32
 }
 
 // chunk returns the buffer's chunk for n items queued on dev, empty: the
@@ -174,7 +180,7 @@ func (st *Staging) chunk(dev Device, n int) *chunk {
 	clear(c.items) // no item of an earlier batch stays reachable
 	*c = chunk{st: st, dev: dev, items: c.items[:0], copied: grow(c.copied, n), set: c.set[:0], runs: c.runs[:0],
 		posBuf: c.posBuf, orderBuf: c.orderBuf, sortBuf: c.sortBuf, batch: copyBatch{dsts: c.batch.dsts[:0], srcs: c.batch.srcs[:0]},
-		verified: c.verified[:0]}
+		verified: c.verified[:0], wreqs: c.wreqs[:0], widx: c.widx[:0], staged: c.staged[:0], crcs: c.crcs[:0]}
 	clear(c.copied)
 	return c
 }
@@ -926,15 +932,18 @@ func copier2D(q Device) Copier2D {
 }
 
 // sumStaged has Sum checksum the staged groups of reqs.
-func (p *Pipeline) sumStaged(reqs []store.WriteReq) {
+func (p *Pipeline) sumStaged(c *chunk, reqs []store.WriteReq) {
 	if p.Sum == nil {
 		return
 	}
-	staged := make([][]byte, len(reqs))
+	staged, crcs := c.staged[:0], grow(c.crcs, len(reqs))
 	for k := range reqs {
-		staged[k] = reqs[k].Data
+		staged = append(staged, reqs[k].Data)
 	}
-	crcs := make([]uint32, len(reqs))
+	defer func() {
+		clear(staged) // no staging slice outlives the chunk's write
+		c.staged, c.crcs = staged[:0], crcs
+	}()
 	if err := p.Sum(staged, crcs); err != nil {
 		p.sumFailed.Add(uint64(len(reqs)))
 		return
@@ -966,15 +975,19 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 	h := &held{p: p}
 	dev := p.lane()
 	var batchErr error
-	reqs := make([]store.WriteReq, 0, per)
-	// finish waits for the chunk's copies, then writes what arrived.
+	// finish waits for the chunk's copies, then writes what arrived. Its
+	// requests are the chunk's, kept with the staging buffer: a store
+	// allocates nothing per group once each buffer has carried one.
 	finish := func(c *chunk) {
 		err := p.wait(c)
 		if err == nil && c.failed != nil {
 			err = c.failed
 		}
-		reqs = reqs[:0]
-		var idx []int
+		reqs, idx := c.wreqs[:0], c.widx[:0]
+		defer func() {
+			clear(reqs) // no reference to staging or a store error stays
+			c.wreqs, c.widx = reqs[:0], idx[:0]
+		}()
 		for i, it := range c.items {
 			if !c.copied[i] {
 				continue
@@ -992,7 +1005,7 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 			}
 			return
 		}
-		p.sumStaged(reqs)
+		p.sumStaged(c, reqs)
 		werr := w.Write(reqs)
 		for k, i := range idx {
 			c.items[i].Err = reqs[k].Err
@@ -1004,7 +1017,6 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 		if errors.Is(werr, store.ErrClosed) {
 			batchErr = werr
 		}
-		clear(reqs)
 	}
 	reached := 0
 	for lo := 0; lo < len(items) && batchErr == nil; lo += per {
