@@ -8,12 +8,8 @@
 # BIN (default out/h200) holds kvfs and fio, built with CGO_ENABLED=0. Run
 # as root from the repo root; about two minutes.
 set -u
-D=$(cd "${BIN:-out/h200}" && pwd)
-K=$D/kvfs
-M=/mnt/kvfs-disk
-S=/var/tmp/kvfs-disk.kvfs
-mkdir -p "$M"
 . "$(dirname "$0")/h200-lib.sh"
+setup disk /var/tmp
 BL_TIMEOUT=40
 fresh
 for io in 1MiB 2MiB 4MiB 8MiB; do

@@ -9,12 +9,8 @@
 # BIN (default out/h200) holds kvfs and kvfs-prev built with
 # CGO_ENABLED=0. Run as root from the repo root; about three minutes.
 set -u
-D=$(cd "${BIN:-out/h200}" && pwd)
-K=$D/kvfs
-M=/mnt/kvfs-gc
-S=/var/tmp/kvfs-gc.kvfs
-mkdir -p "$M"
 . "$(dirname "$0")/h200-lib.sh"
+setup gc /var/tmp
 BL_TIMEOUT=90
 fresh --zero
 for round in 1 2; do

@@ -1,6 +1,19 @@
-# Helpers the stop-23 H200 measurement scripts source (wait-h200.sh,
-# gpu-cpu-h200.sh, ab-h200.sh). The caller sets K (kvfs), M (the mount
-# point) and S (the store file) before calling them.
+# Helpers the stop-23 and stop-24 H200 measurement scripts source
+# (wait-h200.sh, gpu-cpu-h200.sh, ab-h200.sh, disk-h200.sh, zero-, gc-,
+# mapped-, mapped-load-, slots-, profile-disk-h200.sh). The caller sets K
+# (kvfs), M (the mount point) and S (the store file) before calling them,
+# itself or with setup.
+
+# setup NAME DIR: D is BIN (default out/h200) as an absolute path, K its
+# kvfs, M the mount point /mnt/kvfs-NAME (created), S the store file
+# DIR/kvfs-NAME.kvfs.
+setup() {
+	D=$(cd "${BIN:-out/h200}" && pwd)
+	K=$D/kvfs
+	M=/mnt/kvfs-$1
+	S=$2/kvfs-$1.kvfs
+	mkdir -p "$M"
+}
 
 # mnt KVFS [FLAGS...]: mount S on M as a daemon with the binary KVFS; pid is
 # the daemon's process (bench-load's --daemon-pid).

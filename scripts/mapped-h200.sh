@@ -8,12 +8,8 @@
 # BIN (default out/h200) holds kvfs and kvfs-prev built with
 # CGO_ENABLED=0. Run as root from the repo root; about three minutes.
 set -u
-D=$(cd "${BIN:-out/h200}" && pwd)
-K=$D/kvfs
-M=/mnt/kvfs-mapped
-S=/dev/shm/kvfs-mapped.kvfs
-mkdir -p "$M"
 . "$(dirname "$0")/h200-lib.sh"
+setup mapped /dev/shm
 BL_TIMEOUT=90
 "$K" format "$S" --size 20GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
 for round in 1 2; do

@@ -7,12 +7,8 @@
 # BIN (default out/h200) holds kvfs and kvfs-prev built with
 # CGO_ENABLED=0. Run as root from the repo root; about two minutes.
 set -u
-D=$(cd "${BIN:-out/h200}" && pwd)
-K=$D/kvfs
-M=/mnt/kvfs-mload
-S=/dev/shm/kvfs-mload.kvfs
-mkdir -p "$M"
 . "$(dirname "$0")/h200-lib.sh"
+setup mload /dev/shm
 fresh
 for round in 1 2 3; do
 	for b in kvfs-prev kvfs; do

@@ -11,13 +11,10 @@
 # from the repo root; about a minute. Read the profiles with
 # go tool pprof -top FILE (Go profiles carry their symbols).
 set -u
-D=$(cd "${BIN:-out/h200}" && pwd)
-K=$D/kvfs
-O=${OUT:-/tmp}
-M=/mnt/kvfs-profdisk
-S=/var/tmp/kvfs-profdisk.kvfs
-mkdir -p "$M" "$O"
 . "$(dirname "$0")/h200-lib.sh"
+setup profdisk /var/tmp
+O=${OUT:-/tmp}
+mkdir -p "$O"
 BL_TIMEOUT=90
 fresh --zero
 for into in host cuda; do

@@ -6,12 +6,8 @@
 # BIN (default out/h200) holds kvfs and kvfs-prev built with
 # CGO_ENABLED=0. Run as root from the repo root; about three minutes.
 set -u
-D=$(cd "${BIN:-out/h200}" && pwd)
-K=$D/kvfs
-M=/mnt/kvfs-slots
-S=/dev/shm/kvfs-slots.kvfs
-mkdir -p "$M"
 . "$(dirname "$0")/h200-lib.sh"
+setup slots /dev/shm
 fresh
 for b in kvfs-prev kvfs kvfs-prev kvfs; do
 	mnt "$D/$b"

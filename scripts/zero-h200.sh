@@ -18,12 +18,8 @@
 # built with CGO_ENABLED=0. Run as root from the repo root; about four
 # minutes.
 set -u
-D=$(cd "${BIN:-out/h200}" && pwd)
-K=$D/kvfs
-M=/mnt/kvfs-disk
-S=/var/tmp/kvfs-disk.kvfs
-mkdir -p "$M"
 . "$(dirname "$0")/h200-lib.sh"
+setup disk /var/tmp
 BL_TIMEOUT=60
 fioqd() {
 	"$D/fio" --name=r --filename="$S" --rw=randread --bs=2M --ioengine=io_uring --iodepth="$1" --direct=1 \
