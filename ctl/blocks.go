@@ -58,8 +58,23 @@ type blockScratch struct {
 // items at every collection, and a GPU load of 1,000 blocks then made its
 // 32 MiB of items again, which brought the next collection sooner (the
 // H200 disk profile spent 12 % of the daemon's CPU in the collector).
-// Up to 16 idle: one per caller of a busy daemon.
+// Up to 16 idle: one per caller of a busy daemon; items beyond
+// maxKeptItems (one call's GPU items, 64 B each) are not kept.
 var blockScratches = freelist.List[blockScratch]{Max: 16}
+
+// maxKeptItems bounds the GPU items an idle scratch keeps: 1 Mi items (64
+// MiB, a 2,048-block call of a Llama-3-8B shape). A larger call's go to
+// the collector, so 16 idle scratches hold at most 1 GiB of items.
+const maxKeptItems = 1 << 20
+
+// putBlockScratch keeps sc for the next call, without items past
+// maxKeptItems.
+func putBlockScratch(sc *blockScratch) {
+	if cap(sc.items) > maxKeptItems {
+		sc.items, sc.owner = nil, nil
+	}
+	blockScratches.Put(sc)
+}
 
 // blocksIoctl serves the minor-2 commands.
 func (ss *Session) blocksIoctl(req *abi.Request, in, out []byte) (int32, error) {
@@ -131,7 +146,7 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	}
 
 	sc := blockScratches.Get()
-	defer blockScratches.Put(sc)
+	defer putBlockScratch(sc)
 	if cap(sc.ents) < n {
 		sc.ents = make([]blockEnt, n)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
@@ -422,5 +423,21 @@ func BenchmarkLoadBlocks(b *testing.B) {
 			b.ReportMetric(ctlNs, "ctl-ns/block")
 			b.ReportMetric(float64(m1.StoreNanos-m0.StoreNanos)/entries, "store-ns/block")
 		})
+	}
+}
+
+// TestPutBlockScratchBoundsItems: an idle block scratch keeps its GPU items
+// up to maxKeptItems and drops larger ones, so idle scratches cannot pin
+// the memory of the largest calls ever made.
+func TestPutBlockScratchBoundsItems(t *testing.T) {
+	big := &blockScratch{items: make([]gpu.Item, 0, maxKeptItems+1), owner: make([]int32, 0, maxKeptItems+1)}
+	putBlockScratch(big)
+	if big.items != nil || big.owner != nil {
+		t.Fatalf("kept %d items", cap(big.items))
+	}
+	small := &blockScratch{items: make([]gpu.Item, 0, 64), owner: make([]int32, 0, 64)}
+	putBlockScratch(small)
+	if cap(small.items) != 64 || cap(small.owner) != 64 {
+		t.Fatalf("dropped a small scratch's items (%d, %d)", cap(small.items), cap(small.owner))
 	}
 }
