@@ -20,7 +20,10 @@ import (
 // core-seconds per GB. Copies into the mapping take no lock, so the store's
 // write phases, split over the cores, run on all of them. Page cache and
 // mapping are the same memory: reads (inline or through a ring) see the
-// writes, and Sync orders them as before (a no-op on tmpfs).
+// writes, and Sync orders them as before (a no-op on tmpfs). What the
+// mapping costs: page tables for the part written through it (2 MiB per
+// GiB), and the daemon's RSS counts those pages (as RssShmem; the memory
+// is the file's, charged once).
 
 // mapForWrites maps the file for writes when it is in memory and writable;
 // on failure the engine writes through its rings (logged).
