@@ -7,18 +7,21 @@
 #
 # BIN (default out/h200) holds kvfs and kvfs-prev built with
 # CGO_ENABLED=0. Run as root from the repo root; about three minutes.
+# Smaller machines: SIZE (store, 20GiB), BPC (blocks per call, 512), CALLS
+# (2), JOBS ("1 4 8 16"), LOADS=0 (no loads); the 2-core VM's figures are
+# SIZE=8GiB BPC=256 CALLS=3 JOBS="1 2 4" LOADS=0.
 set -u
 . "$(dirname "$0")/h200-lib.sh"
 setup mapped /dev/shm
 BL_TIMEOUT=90
-"$K" format "$S" --size 20GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
+"$K" format "$S" --size "${SIZE:-20GiB}" --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
 for round in 1 2; do
 	for b in kvfs-prev kvfs; do
 		mnt "$D/$b"
-		for j in 1 4 8 16; do
-			echo "tmpfs $b STORE_BLOCKS $j callers: $(bl --blocks-per-call 512 --layout hnd --calls 2 --jobs $j --store)"
+		for j in ${JOBS:-1 4 8 16}; do
+			echo "tmpfs $b STORE_BLOCKS $j callers: $(bl --blocks-per-call "${BPC:-512}" --layout hnd --calls "${CALLS:-2}" --jobs $j --store)"
 		done
-		[ $round = 2 ] && for j in 1 8; do
+		[ $round = 2 ] && [ "${LOADS:-1}" != 0 ] && for j in 1 8; do
 			echo "tmpfs $b host load $j callers: $(bl --blocks-per-call 512 --layout hnd --calls 3 --jobs $j --fill 4096)"
 		done
 		"$D/$b" umount "$M"
