@@ -31,6 +31,9 @@ type FormatOptions struct {
 	// device, and a first write into it needs no extent conversion. Files
 	// only; a block device is refused.
 	Zero bool
+	// ZeroProgress, when not nil, follows Zero (bytes zeroed, bytes to
+	// zero).
+	ZeroProgress func(done, total int64)
 	// Engine chooses the engine that writes the store (Kind, Logger).
 	Engine Options
 }
@@ -106,7 +109,7 @@ func Format(path string, o FormatOptions) (_ *store.Superblock, err error) {
 		defer lock.Close()
 	}
 	if o.Zero {
-		if err := store.ZeroFile(path); err != nil {
+		if err := store.ZeroFile(path, o.ZeroProgress); err != nil {
 			return nil, err
 		}
 	}

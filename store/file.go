@@ -126,8 +126,9 @@ const zeroChunk = 8 << 20
 // converts it (a metadata change its fdatasync would have to commit). It
 // writes with O_DIRECT where the file system allows it (no page cache
 // filled with zeros) and leaves written data as it is. A block device is
-// refused.
-func ZeroFile(path string) error {
+// refused. progress, when not nil, is called with the bytes zeroed so far
+// and the bytes to zero (found first).
+func ZeroFile(path string, progress func(done, total int64)) error {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("store: zero %s: %w", path, err)
@@ -154,6 +155,13 @@ func ZeroFile(path string) error {
 		return fmt.Errorf("store: zero %s: %w", path, err)
 	}
 	defer unix.Munmap(buf)
+	var total, done int64
+	if progress != nil {
+		if err := holes(int(f.Fd()), st.Size(), func(lo, hi int64) error { total += hi - lo; return nil }); err != nil {
+			return err
+		}
+		progress(0, total)
+	}
 	err = holes(int(f.Fd()), st.Size(), func(lo, hi int64) error {
 		for off := lo; off < hi; {
 			n := int(min(hi-off, zeroChunk))
@@ -168,6 +176,10 @@ func ZeroFile(path string) error {
 				return fmt.Errorf("store: zero %s at %d: %w", path, off, io.ErrShortWrite)
 			}
 			off += int64(w)
+			if progress != nil {
+				done += int64(w)
+				progress(done, max(total, done))
+			}
 		}
 		return nil
 	})

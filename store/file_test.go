@@ -46,8 +46,19 @@ func TestZeroFile(t *testing.T) {
 	if written == size {
 		t.Logf("this file system reports no holes or unwritten extents (lseek SEEK_HOLE); only the refusals are checked")
 	}
-	if err := store.ZeroFile(path); err != nil {
+	var last, lastTotal int64
+	calls := 0
+	if err := store.ZeroFile(path, func(done, total int64) {
+		if done < last || done > total {
+			t.Errorf("progress %d of %d after %d", done, total, last)
+		}
+		last, lastTotal = done, total
+		calls++
+	}); err != nil {
 		t.Fatal(err)
+	}
+	if calls == 0 || last != lastTotal || last != size-written {
+		t.Errorf("progress ended at %d of %d after %d calls; %d bytes were to zero", last, lastTotal, calls, size-written)
 	}
 	if written, _, err = store.WrittenBytes(path); err != nil || written != size {
 		t.Fatalf("after ZeroFile: written %d of %d, %v", written, size, err)
@@ -67,7 +78,7 @@ func TestZeroFile(t *testing.T) {
 		t.Fatal("ZeroFile left a non-zero byte outside the written data")
 	}
 	// Again: nothing left to write, nothing changes.
-	if err := store.ZeroFile(path); err != nil {
+	if err := store.ZeroFile(path, nil); err != nil {
 		t.Fatal(err)
 	}
 	if again, err := os.ReadFile(path); err != nil || !bytes.Equal(again[at:at+len(data)], data) {
@@ -75,7 +86,7 @@ func TestZeroFile(t *testing.T) {
 	}
 
 	for _, bad := range []string{t.TempDir(), filepath.Join(t.TempDir(), "missing")} {
-		if err := store.ZeroFile(bad); err == nil {
+		if err := store.ZeroFile(bad, nil); err == nil {
 			t.Errorf("ZeroFile(%s): no error", bad)
 		}
 		if _, _, err := store.WrittenBytes(bad); err == nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/internal/bytesize"
 	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/progress"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -99,7 +100,18 @@ func (o *formatOptions) run(cmd *cobra.Command, path string) error {
 			return usageErrorf("--size %q: want a positive size like 256MiB or 4GiB", o.size)
 		}
 	}
-	sb, err := engine.Format(path, engine.FormatOptions{Geometry: g, Size: size, Force: o.force, Zero: o.zero, Engine: engine.Options{Kind: kind, Logger: log}})
+	fo := engine.FormatOptions{Geometry: g, Size: size, Force: o.force, Zero: o.zero, Engine: engine.Options{Kind: kind, Logger: log}}
+	var m *progress.Meter // nil: draws nothing
+	if o.zero {
+		m = progress.New(cmd.ErrOrStderr(), "format: zero", "", progress.Bytes, 0)
+		fo.ZeroProgress = m.Update
+	}
+	sb, err := engine.Format(path, fo)
+	if err != nil {
+		m.Clear()
+	} else {
+		m.Done()
+	}
 	switch {
 	case errors.Is(err, engine.ErrZeroDevice):
 		return usageErrorf("--zero: %v", err)
