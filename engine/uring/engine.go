@@ -460,8 +460,10 @@ func (e *Engine) RegisterMemory(b []byte) (func(), error) { return e.ring.Regist
 func (e *Engine) Close() error {
 	err := e.ring.Close()
 	e.inl.Lock() // inline reads and mapped writes in progress finish first
-	e.inl.closed = true
-	e.unmap()
+	if !e.inl.closed {
+		e.inl.closed = true
+		e.unmap() // once: the range may be another mapping's afterwards
+	}
 	e.inl.Unlock()
 	e.closeOnce.Do(func() {
 		_ = unix.Close(e.fd)

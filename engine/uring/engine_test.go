@@ -1100,6 +1100,20 @@ func TestEngineMappedWrites(t *testing.T) {
 	if err := e.Do([]store.IO{{Op: store.OpWrite, Buf: a}}); !errors.Is(err, store.ErrEngineClosed) {
 		t.Fatalf("write after Close: %v", err)
 	}
+	// A second Close unmaps nothing: the range may belong to another
+	// mapping by now.
+	other, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(other)
+	other[0], other[size-1] = 1, 2
+	if err := e.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if other[0] != 1 || other[size-1] != 2 {
+		t.Fatal("the second Close touched another mapping")
+	}
 
 	path2 := newFile(t, dir, size)
 	for name, o := range map[string]EngineOptions{"read-only": {ReadOnly: true}, "inline reads off": {InlineReads: "off"}} {

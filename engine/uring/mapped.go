@@ -40,11 +40,12 @@ func (e *Engine) mapForWrites(fd int, size int64, log *zap.Logger) {
 }
 
 // unmap releases the mapping; Close calls it with inl held for writing,
-// so no copy is in progress.
+// so no copy is in progress, and after inl.closed is set, so none starts.
+// e.mapped itself stays as it was (Do reads it without the lock): after
+// Close, writeMapped answers ErrEngineClosed before touching it.
 func (e *Engine) unmap() {
 	if e.mapped != nil {
 		_ = unix.Munmap(e.mapped)
-		e.mapped = nil
 	}
 }
 
