@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvfs/kvfs/store"
 )
 
 func TestInfo(t *testing.T) {
@@ -40,6 +42,22 @@ func TestInfo(t *testing.T) {
 		info.GroupBytes != 512 || info.GroupStride != 4096 || info.UsedSlots != 1 || info.FreeSlots != info.Slots-1 ||
 		info.FormatVersion != 1 || info.Blocks != 1 || info.Engine == "" || len(info.UUID) != 36 {
 		t.Errorf("info %+v", info)
+	}
+	// How much of the file was ever written, as the file system says.
+	written, size, err := store.WrittenBytes(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.WrittenBytes == nil || *info.WrittenBytes != written {
+		t.Errorf("written_bytes %v, want %d of %d", info.WrittenBytes, written, size)
+	}
+	if written < size && !strings.Contains(text, "format --zero writes it") {
+		t.Errorf("info does not say the file is partly unwritten (%d of %d):\n%s", written, size, r.stdout)
+	}
+	kvfs(t, nil, append([]string{"format", path, "--force", "--zero"}, geoFlags...)...).want(t, 0)
+	decodeJSON(t, kvfs(t, nil, "info", path, "--json").stdout, &info)
+	if info.WrittenBytes == nil || *info.WrittenBytes != size {
+		t.Errorf("after format --zero: written_bytes %v of %d", info.WrittenBytes, size)
 	}
 }
 

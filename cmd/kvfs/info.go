@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -46,8 +47,12 @@ type infoReport struct {
 	FreeSlots      int64        `json:"free_slots"`
 	Blocks         int          `json:"blocks"`
 	Size           int64        `json:"size"`
-	Created        time.Time    `json:"created"`
-	FDP            *infoFDP     `json:"fdp,omitempty"` // only on the nvme engine
+	// WrittenBytes is how much of a store file holds written data
+	// (store.WrittenBytes); absent for a device. The rest reads as zeros
+	// without disk I/O and converts on its first write (format --zero).
+	WrittenBytes *int64    `json:"written_bytes,omitempty"`
+	Created      time.Time `json:"created"`
+	FDP          *infoFDP  `json:"fdp,omitempty"` // only on the nvme engine
 	// Attachment is how the NVMe namespace is attached: its controller
 	// paths with transport (pcie, tcp, rdma, fc, loop) and address. Only
 	// on the nvme engine, and only when sysfs says.
@@ -183,6 +188,13 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 	} {
 		fmt.Fprintf(tw, "%s:\t%s\n", l[0], l[1])
 	}
+	if wb := r.WrittenBytes; wb != nil {
+		line := fmt.Sprintf("%d (%s)", *wb, bytesize.Format(*wb))
+		if fs := fileSize(r.Path); fs > 0 && *wb < fs {
+			line += fmt.Sprintf(", %.1f %% of the file: the rest reads as zeros without disk I/O (format --zero writes it)", 100*float64(*wb)/float64(fs))
+		}
+		fmt.Fprintf(tw, "written:\t%s\n", line)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -212,8 +224,27 @@ func newInfoReport(path string, s *store.Store) infoReport {
 		GroupsPerBlock: g.GroupsPerBlock(), GroupBytes: in.GroupBytes, GroupStride: in.GroupStride,
 		HeaderBytes: in.HeaderBytes, SlotBytes: in.SlotBytes, Slots: in.Slots,
 		UsedSlots: in.UsedSlots, FreeSlots: in.FreeSlots, Blocks: len(s.Blocks()),
-		Size: in.Size, Created: in.Created.UTC(),
+		Size: in.Size, Created: in.Created.UTC(), WrittenBytes: writtenBytes(path),
 	}
+}
+
+// writtenBytes is store.WrittenBytes of a store file, nil for anything
+// else (a device).
+func writtenBytes(path string) *int64 {
+	w, _, err := store.WrittenBytes(path)
+	if err != nil {
+		return nil
+	}
+	return &w
+}
+
+// fileSize is path's size, 0 when it cannot be read.
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
 }
 
 // attachmentText is info's attachment lines: "attachment: fabric, tcp …"
