@@ -169,6 +169,9 @@ func ZeroFile(path string, progress func(done, total int64)) error {
 			if err == unix.EINVAL && wfd != int(f.Fd()) {
 				w, err = unix.Pwrite(int(f.Fd()), buf[:n], off)
 			}
+			if err == unix.EINTR {
+				continue
+			}
 			if err != nil {
 				return fmt.Errorf("store: zero %s at %d: %w", path, off, err)
 			}
