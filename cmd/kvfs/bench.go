@@ -370,6 +370,18 @@ func fromResult(path string, r bench.Result) benchReport {
 // figure on it is reported as inflated.
 const fioWrittenMin = 0.99
 
+// inflated says which figures a file only frac of which was ever written
+// inflates: fio's, which reads the whole file at random; and in engine
+// mode the engine's too, which reads it the same way (blocks mode reads
+// stored blocks only).
+func inflated(frac float64, blocks bool) string {
+	who := "fio's figure is inflated"
+	if !blocks {
+		who = "both figures are inflated (the engine's reads and fio's)"
+	}
+	return fmt.Sprintf("%s: only %.0f%% of the file was ever written, and the file system answers reads of the rest without disk I/O; format the store with --zero", who, frac*100)
+}
+
 // compareFio runs fio on the job rep describes (in blocks mode: random
 // reads of --io-size) and records its figure.
 func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchReport, ioSize int, dur time.Duration, log *zap.Logger) error {
@@ -399,8 +411,7 @@ func (o *benchOptions) compareFio(ctx context.Context, path string, rep *benchRe
 		frac := float64(written) / float64(size)
 		rep.FioFileWritten = &frac
 		if frac < fioWrittenMin {
-			log.Warn("bench: fio's reference reads a file part of which was never written: the file system answers those reads without disk I/O, so fio's figure is inflated; format the store with --zero",
-				zap.String("path", fc.Path), zap.Float64("written_fraction", frac))
+			log.Warn("bench: "+inflated(frac, o.blocks > 0), zap.String("path", fc.Path), zap.Float64("written_fraction", frac))
 		}
 	}
 	fr, err := bench.RunFio(ctx, fc)
@@ -465,7 +476,7 @@ func (r benchReport) String() string {
 	if r.FioGBps != nil {
 		s += fmt.Sprintf("; fio %.3f GB/s, cpu %.3f s/GB, ratio %.3f", *r.FioGBps, *r.FioCPUsPerGB, *r.RatioVsFio)
 		if w := r.FioFileWritten; w != nil && *w < fioWrittenMin {
-			s += fmt.Sprintf(" (fio inflated: only %.0f%% of the file was ever written, the rest reads without disk I/O; format with --zero)", *w*100)
+			s += " (" + inflated(*w, r.BlocksPerCall > 0) + ")"
 		}
 	}
 	return s
