@@ -327,7 +327,7 @@ func (s *Store) readWants(sc *readScratch, wants []want) error {
 		hi, bytes := lo, 0
 		for hi < len(runs) {
 			need := 0
-			if runs[hi].mode == landBounce {
+			if runs[hi].mode == landBounce && !s.chunkBounced(&runs[hi]) {
 				need = runs[hi].n * stride
 			}
 			if hi > lo && bytes+need > window {
@@ -543,6 +543,10 @@ func (s *Store) readRuns(sc *readScratch, w *readWindow, runs []run, wants []wan
 		case landVec:
 			io.Vec = sc.vecs[r.v0:r.v1:r.v1]
 		default:
+			if s.chunkBounced(r) {
+				r.buf = nil // read chunk by chunk into an inline slot's buffer
+				break
+			}
 			need := r.n * stride
 			if len(cur) < need {
 				b, err := s.getBounce()
@@ -623,36 +627,67 @@ func (s *Store) readInline(runs []run, ios []IO, wants []want) {
 			if i >= len(runs) {
 				return
 			}
-			s.inlineSlots <- struct{}{}
-			s.readInlineRun(runs, ios, wants, i, first, per, &vec, &io)
-			<-s.inlineSlots
+			cb := <-s.inlineSlots
+			cb = s.readInlineRun(runs, ios, wants, i, first, per, &vec, &io, cb)
+			s.inlineSlots <- cb
 		}
 	})
 }
 
+// chunkBounced reports whether bounced run r is read inline chunk by chunk
+// into the chunk buffer of the inline slot its goroutine holds, verified
+// and landed from there while the chunk is in that core's cache, instead
+// of into bounce memory of its own: every run on an inline engine but one
+// naming a group twice (its wants do not map one to one onto its groups,
+// so it is read whole). A call then needs no bounce memory for its window
+// (it was 64 MiB per NHD call, drawn from the pool by every caller), and
+// the kernel's copy lands in cache lines already there.
+func (s *Store) chunkBounced(r *run) bool {
+	return s.inline != nil && r.mode == landBounce && r.hi-r.lo == r.n
+}
+
+// chunkBuf returns cb if it holds n bytes, else a new buffer of n bytes
+// aligned for the engine (Go memory: an inline read is a system call on
+// this goroutine, no DMA into it outlives the call).
+func (s *Store) chunkBuf(cb []byte, n int) []byte {
+	if len(cb) >= n {
+		return cb
+	}
+	a := max(1, s.e.Align())
+	raw := make([]byte, n+a)
+	off := (a - int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))))%a) % a
+	return raw[off : off+n : off+n]
+}
+
 // readInlineRun reads run i in chunks of per groups, verifying each
 // chunk's groups right after its read; vec and io are the goroutine's
-// scratch. The caller holds an inline slot (Store.inlineSlots) for it; when
-// a fault on a caller's memory panics through here (and out of Read), the
-// slot is given back on the way.
-func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per int, vec *[][]byte, io *IO) {
+// scratch. The caller holds an inline slot (Store.inlineSlots), whose chunk
+// buffer cb a bounced run is read into (grown here when short; the buffer
+// to give back with the slot is returned). When a fault on a caller's
+// memory panics through here (and out of Read), the slot is given back on
+// the way.
+func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per int, vec *[][]byte, io *IO, cb []byte) []byte {
 	done := false
 	defer func() {
 		if !done {
-			<-s.inlineSlots
+			s.inlineSlots <- cb
 		}
 	}()
 	stride := int(s.geo.GroupStride())
 	r := &runs[i]
-	if r.hi-r.lo != r.n || r.n <= per {
-		// One chunk (or a group asked for twice: its wants do not map one
-		// to one onto the run's groups).
+	if r.hi-r.lo != r.n {
+		// A group asked for twice: its wants do not map one to one onto
+		// the run's groups, so the run is read whole (into its own bounce
+		// memory when bounced).
 		ios[i].Err = s.inline.ReadInline(&ios[i])
 		if !s.failRun(r, ios[i].Err, wants) {
 			s.verifyRange(runs, first, wants[r.lo:r.hi])
 		}
 		done = true
-		return
+		return cb
+	}
+	if r.mode == landBounce {
+		cb = s.chunkBuf(cb, min(per, r.n)*stride)
 	}
 	for g0 := 0; g0 < r.n; g0 += per {
 		g1 := min(g0+per, r.n)
@@ -662,7 +697,9 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 		case landVec:
 			*vec = s.appendVec((*vec)[:0], 0, ws)
 			io.Vec = *vec
-		default: // landDirect, landBounce: one range
+		case landBounce:
+			io.Buf = cb[:(g1-g0)*stride]
+		default: // landDirect: one range
 			io.Buf = ios[i].Buf[g0*stride : g1*stride]
 		}
 		err := s.inline.ReadInline(io)
@@ -672,9 +709,14 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 			s.failWants(ws, err)
 			continue
 		}
-		s.verifyRange(runs, first, ws)
+		if r.mode == landBounce {
+			s.verifyFrom(runs, first, ws, io.Buf, r.first+g0)
+		} else {
+			s.verifyRange(runs, first, ws)
+		}
 	}
 	done = true
+	return cb
 }
 
 // appendVec appends to vec the destination segments of ws (consecutive
@@ -742,7 +784,12 @@ func (s *Store) verify(runs []run, first int, ws []want) {
 
 // verifyRange verifies ws, a part of a window of runs whose first is the
 // call's run number first.
-func (s *Store) verifyRange(runs []run, first int, ws []want) {
+func (s *Store) verifyRange(runs []run, first int, ws []want) { s.verifyFrom(runs, first, ws, nil, 0) }
+
+// verifyFrom is verifyRange, with the bounced groups of ws read from src
+// (group g of their slot at (g-srcFirst)*GroupStride) when src is not nil,
+// else from their run's bounce memory.
+func (s *Store) verifyFrom(runs []run, first int, ws []want, src []byte, srcFirst int) {
 	gb := s.geo.GroupBytes()
 	stride := int(s.geo.GroupStride())
 	var hits, bounced uint64
@@ -753,11 +800,20 @@ func (s *Store) verifyRange(runs []run, first int, ws []want) {
 			continue // its I/O failed
 		}
 		r := &runs[w.run-first]
+		var b []byte // a bounced group's bytes
+		if r.mode == landBounce {
+			if src != nil {
+				g := w.idx - srcFirst
+				b = src[g*stride : g*stride+gb]
+			} else {
+				g := w.idx - r.first
+				b = r.buf[g*stride : g*stride+gb]
+			}
+		}
 		if q.Unverified {
 			q.CRC = w.crc
 			if r.mode == landBounce {
-				g := w.idx - r.first
-				s.land(w, r.buf[g*stride:g*stride+gb])
+				s.land(w, b)
 				bounced += uint64(gb)
 			}
 			hits++
@@ -766,13 +822,11 @@ func (s *Store) verifyRange(runs []run, first int, ws []want) {
 		if r.mode == landBounce {
 			// Verify in the bounce buffer, which only the store writes,
 			// then copy.
-			g := w.idx - r.first
-			src := r.buf[g*stride : g*stride+gb]
-			if got := CRC32C(src); got != w.crc {
+			if got := CRC32C(b); got != w.crc {
 				s.fail(q, s.corruptReq(w, got))
 				continue
 			}
-			s.land(w, src)
+			s.land(w, b)
 			bounced += uint64(gb)
 		} else if got := s.destCRC(w); got != w.crc {
 			// The group landed in the caller's memory, which another

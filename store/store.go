@@ -98,7 +98,10 @@ type Store struct {
 	// and with many callers their chunks, read into a core's cache to be
 	// verified there, evicted each other's as the goroutines took turns on
 	// the cores.
-	inlineSlots chan struct{}
+	// Each slot carries its chunk buffer (nil until a bounced run needs
+	// it; readInlineRun), so the chunks an inline engine's bounced reads
+	// land in are GOMAXPROCS buffers of InlineChunk bytes, kept warm.
+	inlineSlots chan []byte
 	// inlineChunk is the bytes an inline read moves before its groups
 	// are verified (Options.InlineChunk).
 	inlineChunk int
@@ -213,7 +216,10 @@ func Open(e Engine, o Options) (*Store, error) {
 	}
 	if r, ok := e.(InlineReader); ok && r.InlineReads() {
 		s.inline = r
-		s.inlineSlots = make(chan struct{}, runtime.GOMAXPROCS(0))
+		s.inlineSlots = make(chan []byte, runtime.GOMAXPROCS(0))
+		for range cap(s.inlineSlots) {
+			s.inlineSlots <- nil
+		}
 	}
 	if s.opts.ScatterMin <= 0 {
 		s.opts.ScatterMin = 4096
