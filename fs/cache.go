@@ -120,7 +120,7 @@ func (f *FS) snapshotOf(k layout.Key, gi store.GroupInfo) (*snapshot, error) {
 	// running to the buffer's end: the store lands each run of adjacent
 	// groups with one I/O straight into it (store's package doc, "Where
 	// reads land").
-	buf := f.alignedBuf(len(wants) * gb)
+	buf := store.MakeAligned(len(wants)*gb, f.align) // store.Read lands in it without a bounce buffer
 	reqs := make([]store.ReadReq, len(wants))
 	for i := range wants {
 		reqs[i] = store.ReadReq{Key: wants[i].key, Buf: buf[i*gb : (i+1)*gb]}

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -239,14 +238,6 @@ func (f *FS) newHandle(k layout.Key, flags uint32) *groupHandle {
 		h.loaded, h.dirty = true, true
 	}
 	return h
-}
-
-// alignedBuf returns n zero bytes at an address aligned for the engine, so
-// store.Read lands in it without a bounce buffer.
-func (f *FS) alignedBuf(n int) []byte {
-	b := make([]byte, n+f.align)
-	off := (f.align - int(uintptr(unsafe.Pointer(&b[0])))%f.align) % f.align
-	return b[off : off+n : off+n]
 }
 
 // writerOf is a handle open for writing group k, or nil.

@@ -158,6 +158,17 @@ func FreeAligned(b []byte) {
 	}
 }
 
+// MakeAligned returns n zero bytes of Go memory at an address that is a
+// multiple of a: for I/O that needs alignment but no memory outside the
+// heap (a read by a system call on the calling goroutine, not DMA that
+// could outlive it).
+func MakeAligned(n, a int) []byte {
+	a = max(a, 1)
+	raw := make([]byte, n+a)
+	off := (a - int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))))%a) % a
+	return raw[off : off+n : off+n]
+}
+
 // Aligned reports whether b's address and length are multiples of a.
 func Aligned(b []byte, a int) bool {
 	if a <= 1 {

@@ -653,10 +653,7 @@ func (s *Store) chunkBuf(cb []byte, n int) []byte {
 	if len(cb) >= n {
 		return cb
 	}
-	a := max(1, s.e.Align())
-	raw := make([]byte, n+a)
-	off := (a - int(uintptr(unsafe.Pointer(unsafe.SliceData(raw))))%a) % a
-	return raw[off : off+n : off+n]
+	return MakeAligned(n, s.e.Align())
 }
 
 // readInlineRun reads run i in chunks of per groups, verifying each
