@@ -1,8 +1,8 @@
 # Helpers the stop-23 and stop-24 H200 measurement scripts source
 # (wait-h200.sh, gpu-cpu-h200.sh, ab-h200.sh, disk-h200.sh, zero-, gc-,
-# mapped-, mapped-load-, slots-, profile-disk-h200.sh). The caller sets K
-# (kvfs), M (the mount point) and S (the store file) before calling them,
-# itself or with setup.
+# mapped-, mapped-load-, slots-, profile-disk-h200.sh, ratio8.sh,
+# nhd-ab.sh). The caller sets K (kvfs), M (the mount point) and S (the
+# store file) before calling them, itself or with setup.
 
 # setup NAME DIR: D is BIN (default out/h200) as an absolute path, K its
 # kvfs, M the mount point /mnt/kvfs-NAME (created), S the store file
@@ -43,4 +43,18 @@ fresh() {
 	mnt "$K"
 	"$K" bench-load "$M" --groups-per-call 511 --calls 1 --warmup 0 --fill 2048 >/dev/null
 	"$K" umount "$M"
+}
+
+# alternate ROUNDS FN: ROUNDS rounds, each mounting S with kvfs-prev then
+# kvfs (both in D), running FN ROUND BUILD against the mount, and
+# unmounting: the build before and this one in turn on the same store.
+alternate() {
+	local rounds=$1 fn=$2 round b
+	for round in $(seq "$rounds"); do
+		for b in kvfs-prev kvfs; do
+			mnt "$D/$b"
+			"$fn" "$round" "$b"
+			"$D/$b" umount "$M"
+		done
+	done
 }

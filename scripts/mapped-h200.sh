@@ -15,16 +15,14 @@ set -u
 setup mapped /dev/shm
 BL_TIMEOUT=90
 "$K" format "$S" --size "${SIZE:-20GiB}" --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 --force >/dev/null
-for round in 1 2; do
-	for b in kvfs-prev kvfs; do
-		mnt "$D/$b"
-		for j in ${JOBS:-1 4 8 16}; do
-			echo "tmpfs $b STORE_BLOCKS $j callers: $(bl --blocks-per-call "${BPC:-512}" --layout hnd --calls "${CALLS:-2}" --jobs $j --store)"
-		done
-		[ $round = 2 ] && [ "${LOADS:-1}" != 0 ] && for j in 1 8; do
-			echo "tmpfs $b host load $j callers: $(bl --blocks-per-call 512 --layout hnd --calls 3 --jobs $j --fill 4096)"
-		done
-		"$D/$b" umount "$M"
+stores() {
+	for j in ${JOBS:-1 4 8 16}; do
+		echo "tmpfs $2 STORE_BLOCKS $j callers: $(bl --blocks-per-call "${BPC:-512}" --layout hnd --calls "${CALLS:-2}" --jobs $j --store)"
 	done
-done
+	[ "$1" = 2 ] && [ "${LOADS:-1}" != 0 ] && for j in 1 8; do
+		echo "tmpfs $2 host load $j callers: $(bl --blocks-per-call 512 --layout hnd --calls 3 --jobs $j --fill 4096)"
+	done
+	return 0
+}
+alternate 2 stores
 rm -f "$S"

@@ -10,13 +10,10 @@ set -u
 . "$(dirname "$0")/h200-lib.sh"
 setup mload /dev/shm
 fresh
-for round in 1 2 3; do
-	for b in kvfs-prev kvfs; do
-		mnt "$D/$b"
-		for j in 1 8; do
-			echo "round $round $b host load $j callers: $(bl --blocks-per-call 1024 --layout hnd --calls 3 --jobs $j)"
-		done
-		"$D/$b" umount "$M"
+loads() {
+	for j in 1 8; do
+		echo "round $1 $2 host load $j callers: $(bl --blocks-per-call 1024 --layout hnd --calls 3 --jobs $j)"
 	done
-done
+}
+alternate 3 loads
 rm -f "$S"

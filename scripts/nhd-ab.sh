@@ -11,14 +11,11 @@ set -u
 . "$(dirname "$0")/h200-lib.sh"
 setup nhdab /dev/shm
 fresh
-for r in 1 2 3; do
-	for b in kvfs-prev kvfs; do
-		mnt "$D/$b"
-		for l in nhd hnd; do
-			echo "round $r $b $l 8 callers: $(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 8)"
-		done
-		echo "round $r $b nhd 1 caller: $(bl --blocks-per-call 128 --layout nhd --calls 20 --jobs 1)"
-		"$D/$b" umount "$M"
+loads() {
+	for l in nhd hnd; do
+		echo "round $1 $2 $l 8 callers: $(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 8)"
 	done
-done
+	echo "round $1 $2 nhd 1 caller: $(bl --blocks-per-call 128 --layout nhd --calls 20 --jobs 1)"
+}
+alternate 3 loads
 rm -f "$S"
