@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -52,6 +51,7 @@ type infoReport struct {
 	// without disk I/O and converts on its first write (format --zero).
 	WrittenBytes *int64    `json:"written_bytes,omitempty"`
 	Created      time.Time `json:"created"`
+	fileBytes    int64     // the store file's size, with WrittenBytes
 	FDP          *infoFDP  `json:"fdp,omitempty"` // only on the nvme engine
 	// Attachment is how the NVMe namespace is attached: its controller
 	// paths with transport (pcie, tcp, rdma, fc, loop) and address. Only
@@ -190,7 +190,7 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 	}
 	if wb := r.WrittenBytes; wb != nil {
 		line := fmt.Sprintf("%d (%s)", *wb, bytesize.Format(*wb))
-		if fs := fileSize(r.Path); fs > 0 && *wb < fs {
+		if fs := r.fileBytes; fs > 0 && *wb < fs {
 			line += fmt.Sprintf(", %.1f %% of the file: the rest reads as zeros without disk I/O (format --zero writes it)", 100*float64(*wb)/float64(fs))
 		}
 		fmt.Fprintf(tw, "written:\t%s\n", line)
@@ -217,34 +217,20 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 func newInfoReport(path string, s *store.Store) infoReport {
 	in := s.Info()
 	g := in.Geometry
-	return infoReport{
+	r := infoReport{
 		Path: path, UUID: in.UUID, FormatVersion: in.Version, Engine: in.Engine,
 		Geometry: infoGeometry{Layers: g.Layers, KVHeads: g.KVHeads, HeadDim: g.HeadDim,
 			BlockTokens: g.BlockTokens, DType: g.DType.String(), Align: g.Align},
 		GroupsPerBlock: g.GroupsPerBlock(), GroupBytes: in.GroupBytes, GroupStride: in.GroupStride,
 		HeaderBytes: in.HeaderBytes, SlotBytes: in.SlotBytes, Slots: in.Slots,
 		UsedSlots: in.UsedSlots, FreeSlots: in.FreeSlots, Blocks: len(s.Blocks()),
-		Size: in.Size, Created: in.Created.UTC(), WrittenBytes: writtenBytes(path),
+		Size: in.Size, Created: in.Created.UTC(),
 	}
-}
-
-// writtenBytes is store.WrittenBytes of a store file, nil for anything
-// else (a device).
-func writtenBytes(path string) *int64 {
-	w, _, err := store.WrittenBytes(path)
-	if err != nil {
-		return nil
+	// A store file's written bytes; nothing for a device.
+	if w, size, err := store.WrittenBytes(path); err == nil {
+		r.WrittenBytes, r.fileBytes = &w, size
 	}
-	return &w
-}
-
-// fileSize is path's size, 0 when it cannot be read.
-func fileSize(path string) int64 {
-	st, err := os.Stat(path)
-	if err != nil {
-		return 0
-	}
-	return st.Size()
+	return r
 }
 
 // attachmentText is info's attachment lines: "attachment: fabric, tcp …"
