@@ -96,9 +96,6 @@ func (e *Engine) copyIn(rq *store.IO) (err error) {
 	if rq.Off < 0 || rq.Off > int64(len(e.mapped)) || n > int64(len(e.mapped))-rq.Off {
 		return fmt.Errorf("uring: write of %d bytes at %d: past the end of the %d-byte file: %w", n, rq.Off, len(e.mapped), unix.EINVAL)
 	}
-	if e.readOnly {
-		return fmt.Errorf("uring: write at %d: %w", rq.Off, unix.EBADF)
-	}
 	old := debug.SetPanicOnFault(true)
 	defer func() {
 		debug.SetPanicOnFault(old)
