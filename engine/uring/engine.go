@@ -142,6 +142,11 @@ type Engine struct {
 	// (mapped.go); nil otherwise. inl guards it too.
 	mapped                 []byte
 	mappedIOs, mappedBytes atomic.Uint64
+	// inMemory: the file is in tmpfs or ramfs, of size bytes; view is its
+	// read-only mapping once HostView made it (inl guards it).
+	inMemory bool
+	size     int64
+	view     []byte
 
 	closeOnce sync.Once
 }
@@ -258,6 +263,7 @@ func OpenEngine(path string, o EngineOptions) (*Engine, error) {
 	// goroutines' 64 KiB preads are a poor queue for a disk.
 	e.inline = o.InlineReads == "on" || (o.InlineReads != "off" && inMemory)
 	e.pageCache = pageCache
+	e.inMemory, e.size = inMemory, st.Size
 	if inMemory && e.inline && !o.ReadOnly {
 		e.mapForWrites(fd, st.Size, log)
 	}

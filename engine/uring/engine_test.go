@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1130,4 +1131,59 @@ func TestEngineMappedWrites(t *testing.T) {
 func inMemoryDir(dir string) bool {
 	var sf unix.Statfs_t
 	return unix.Statfs(dir, &sf) == nil && (sf.Type == unix.TMPFS_MAGIC || sf.Type == unix.RAMFS_MAGIC)
+}
+
+// TestEngineHostView: a file in memory offers its bytes as a read-only
+// shared mapping (the same one on every call) that sees writes at once and
+// that no store through it can change (a write faults); a file on a disk
+// offers none, and after Close nothing is offered.
+func TestEngineHostView(t *testing.T) {
+	dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
+	if err != nil {
+		t.Skipf("skipping: no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	const size = 1 << 20
+	path := newFile(t, dir, size)
+	for name, o := range map[string]EngineOptions{"read-write": {Direct: true}, "read-only": {ReadOnly: true}, "inline reads off": {InlineReads: "off"}} {
+		t.Run(name, func(t *testing.T) {
+			e := openEngineT(t, path, o)
+			v := e.HostView()
+			if len(v) != size {
+				t.Fatalf("host view of %d bytes, file %d", len(v), size)
+			}
+			if w := e.HostView(); &w[0] != &v[0] {
+				t.Fatal("a second HostView made another mapping")
+			}
+			if !o.ReadOnly {
+				a := pattern(8192, 4)
+				ios := []store.IO{{Op: store.OpWrite, Off: 65536, Buf: a}}
+				if err := e.Do(ios); err != nil || ios[0].Err != nil {
+					t.Fatalf("write: %v, %v", err, ios[0].Err)
+				}
+				if !bytes.Equal(v[65536:65536+8192], a) {
+					t.Fatal("the view does not see the write")
+				}
+			}
+			old := debug.SetPanicOnFault(true)
+			defer debug.SetPanicOnFault(old)
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Error("a store into the view did not fault")
+					}
+				}()
+				v[0] = 1
+			}()
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if e.HostView() != nil {
+				t.Fatal("a host view after Close")
+			}
+		})
+	}
+	if !inMemoryDir(t.TempDir()) && openEngineT(t, newFile(t, t.TempDir(), size), EngineOptions{}).HostView() != nil {
+		t.Error("a file on a disk: a host view")
+	}
 }

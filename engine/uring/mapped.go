@@ -47,6 +47,37 @@ func (e *Engine) unmap() {
 	if e.mapped != nil {
 		_ = unix.Munmap(e.mapped)
 	}
+	if e.view != nil {
+		_ = unix.Munmap(e.view)
+	}
+}
+
+// HostView implements store.HostViewer: a file in memory (tmpfs, ramfs)
+// mapped shared and read-only, made on the first call and unmapped by
+// Close; nil for any other file, after Close, or when the mapping fails
+// (logged). A GPU load copies groups from it by DMA (the mapping
+// registered with CUDA), with no read into staging first. The mapping is
+// a second one, apart from the writable one of mapped writes, so that
+// what reads through the view can never write the file.
+func (e *Engine) HostView() []byte {
+	if !e.inMemory || e.size <= 0 || int64(int(e.size)) != e.size {
+		return nil
+	}
+	e.inl.Lock()
+	defer e.inl.Unlock()
+	if e.inl.closed {
+		return nil
+	}
+	if e.view != nil {
+		return e.view
+	}
+	m, err := unix.Mmap(e.fd, 0, int(e.size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		e.log.Warn("uring: cannot map the store file read-only for a host view", zap.Error(err))
+		return nil
+	}
+	e.view = m
+	return m
 }
 
 // MappedWrites reports whether writes are copies into a mapping of the

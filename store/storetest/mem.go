@@ -30,6 +30,8 @@ type Mem struct {
 	crashed bool
 	syncs   int
 	vec     bool
+	// hostView: HostView offers view.
+	hostView bool
 }
 
 type write struct {
@@ -84,6 +86,25 @@ func (m *Mem) VectorReads() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.vec
+}
+
+// HostView implements store.HostViewer when SetHostView turned it on: the
+// device's bytes themselves (not a copy), which writes change in place;
+// read them only between writes.
+func (m *Mem) HostView() []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.hostView {
+		return nil
+	}
+	return m.view
+}
+
+// SetHostView makes HostView offer the device's bytes (off by default).
+func (m *Mem) SetHostView(on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.hostView = on
 }
 
 func (m *Mem) Name() string { return "mem" }

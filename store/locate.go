@@ -1,0 +1,100 @@
+package store
+
+import (
+	"github.com/kvfs/kvfs/layout"
+)
+
+// HostViewer is implemented by engines whose file lies in memory the
+// process can map (a file in tmpfs or ramfs): HostView is the whole file,
+// mapped shared and read-only (byte i of it is byte i of the file), or nil
+// when the engine has none. The mapping lives until the engine closes.
+type HostViewer interface {
+	HostView() []byte
+}
+
+// HostView is the store's file in memory, read-only, when its engine offers
+// one (HostViewer), else nil: a caller that moves groups itself (a GPU's
+// DMA from host memory) copies them from there at the offsets Locate gives,
+// with no read into a buffer first. The view is valid until Close.
+func (s *Store) HostView() []byte {
+	if v, ok := s.e.(HostViewer); ok {
+		return v.HostView()
+	}
+	return nil
+}
+
+// LocateReq asks where one group lies.
+type LocateReq struct {
+	Key layout.Key
+	// Off, set by Locate for a group present, is the byte offset of its
+	// payload (GroupBytes long) in the store's file.
+	Off int64
+	// CRC, set with Off, is the CRC32C the group's header records: the
+	// caller verifies the bytes it moved against it, and must not use
+	// bytes that differ (Locate reads no payload).
+	CRC uint32
+	// Err is nil, ErrNotFound (the sentinel, no allocation) or ErrInvalid.
+	Err error
+}
+
+// Locate finds reqs' groups (Off, CRC and Err of each) and pins the slots
+// holding them, appending those slots to pins: until the caller hands them
+// to Unpin, no write or eviction reuses a pinned slot, so the bytes at Off
+// stay the group's. Like Read it takes one pin and one LRU touch per run
+// of requests for the same block, and allocates nothing per group. The
+// error is for the call as a whole (ErrClosed); then nothing is pinned.
+func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return pins, ErrClosed
+	}
+	first := len(pins)
+	var lastBlock uint64
+	lastSlot, have := int64(-1), false
+	var hdr *Header
+	misses := 0
+	for i := range reqs {
+		r := &reqs[i]
+		r.Off, r.CRC = 0, 0
+		if r.Err = s.checkRequest(r.Key, s.geo.GroupBytes()); r.Err != nil {
+			continue
+		}
+		if b := r.Key.Block; !have || b != lastBlock {
+			lastBlock, have = b, true
+			slot, ok := s.mu.index[b]
+			hdr = nil
+			if ok {
+				hdr = s.mu.slots[slot].hdr
+				if slot != lastSlot {
+					s.mu.slots[slot].pins++
+					pins = append(pins, slot)
+					s.touchLocked(slot)
+					lastSlot = slot
+				}
+			}
+		}
+		idx := s.geo.Index(r.Key)
+		if hdr == nil || !hdr.Has(idx) {
+			r.Err = ErrNotFound
+			misses++
+			continue
+		}
+		r.Off, r.CRC = s.groupOffset(lastSlot, idx), hdr.CRC[idx]
+	}
+	if len(pins) > first {
+		s.mu.readers++
+	}
+	if misses > 0 {
+		s.m.misses.Add(uint64(misses))
+	}
+	return pins, nil
+}
+
+// Unpin drops the pins one Locate call appended (pass exactly those; an
+// empty slice is a no-op).
+func (s *Store) Unpin(pins []int64) {
+	if len(pins) > 0 {
+		s.unpin(pins, true)
+	}
+}
