@@ -2,9 +2,13 @@ package bench
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/gpu/cuda"
@@ -151,4 +155,72 @@ func PinnedH2D(ordinal, chunk int, dur time.Duration) (float64, error) {
 // copyTo copies host (pinned by the caller) to the allocation, synchronously.
 func (a *cudaAlloc) copyTo(host []byte) error {
 	return a.ctx.Do(func() error { return cuda.MemcpyHtoD(a.ptr, host[:min(len(host), a.size)]) })
+}
+
+// MappedH2DResult is MappedH2D's measurement of one file.
+type MappedH2DResult struct {
+	// Pageable is the copy rate before the mapping is registered (the
+	// driver stages pageable memory itself), Registered after.
+	Pageable, Registered float64
+	// Register is how long cuMemHostRegister of the whole mapping took.
+	Register time.Duration
+}
+
+// MappedH2D measures copies of chunk bytes from random chunk-aligned places
+// of the file at path, mapped shared and read-only, to device ordinal: for
+// about dur each, first with the mapping pageable, then registered with
+// CUDA (portable, read-only). It is the ceiling of a GPU load that copies
+// straight from a store file in memory (tmpfs), with no staging.
+func MappedH2D(ordinal int, path string, chunk int, dur time.Duration) (MappedH2DResult, error) {
+	var res MappedH2DResult
+	f, err := os.Open(path)
+	if err != nil {
+		return res, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return res, err
+	}
+	n := int(st.Size()) / chunk * chunk
+	if n < chunk {
+		return res, fmt.Errorf("%w: %s holds no %d-byte chunk", ErrConfig, path, chunk)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return res, fmt.Errorf("mmap %s: %w", path, err)
+	}
+	defer unix.Munmap(m)
+	a, err := newCUDAAlloc(ordinal, chunk)
+	if err != nil {
+		return res, err
+	}
+	defer a.free()
+	rng := rand.New(rand.NewPCG(1, 2))
+	rate := func() (float64, error) {
+		done, start := 0, time.Now()
+		for time.Since(start) < dur || done < 4 {
+			off := rng.IntN(n/chunk) * chunk
+			if err := cuda.MemcpyHtoD(a.ptr, m[off:off+chunk]); err != nil {
+				return 0, err
+			}
+			done++
+		}
+		return float64(done) * float64(chunk) / time.Since(start).Seconds() / 1e9, nil
+	}
+	err = a.ctx.Do(func() error {
+		var err error
+		if res.Pageable, err = rate(); err != nil {
+			return err
+		}
+		t := time.Now()
+		if err := cuda.MemHostRegister(m, cuda.MemHostRegisterPortable|cuda.MemHostRegisterReadOnly); err != nil {
+			return err
+		}
+		res.Register = time.Since(t)
+		defer cuda.MemHostUnregister(m)
+		res.Registered, err = rate()
+		return err
+	})
+	return res, err
 }

@@ -18,6 +18,7 @@ type benchH2DOptions struct {
 	sizes   string
 	seconds float64
 	json    bool
+	from    string
 }
 
 // h2dResult is one line of kvfs bench-h2d.
@@ -49,6 +50,17 @@ reach. kvfs bench-load --into cuda measures the same thing in its own run.`,
 				}
 				sizes = append(sizes, n)
 			}
+			if o.from != "" {
+				for _, n := range sizes {
+					r, err := bench.MappedH2D(o.device, o.from, int(n), time.Duration(o.seconds*float64(time.Second)))
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "mapped H2D cuda:%d %10d bytes per copy from %s: pageable %7.2f GB/s, registered %7.2f GB/s (registering took %v)\n",
+						o.device, n, o.from, r.Pageable, r.Registered, r.Register.Round(time.Millisecond))
+				}
+				return nil
+			}
 			var out []h2dResult
 			for _, n := range sizes {
 				g, err := bench.PinnedH2D(o.device, int(n), time.Duration(o.seconds*float64(time.Second)))
@@ -72,5 +84,6 @@ reach. kvfs bench-load --into cuda measures the same thing in its own run.`,
 	f.StringVar(&o.sizes, "sizes", "256KiB,1MiB,4MiB,16MiB", "bytes per copy, comma separated")
 	f.Float64Var(&o.seconds, "seconds", 1, "seconds per size")
 	f.BoolVar(&o.json, "json", false, "print JSON")
+	f.StringVar(&o.from, "from", "", "copy from random places of this file, mapped (pageable, then registered with CUDA) instead of pinned memory")
 	addCommand(c)
 }

@@ -37,6 +37,7 @@ const (
 
 	MemHostRegisterPortable  = 0x1
 	MemHostRegisterDeviceMap = 0x2
+	MemHostRegisterReadOnly  = 0x8
 
 	StreamNonBlocking = 0x1
 
