@@ -96,6 +96,11 @@ type GPUOptions struct {
 	// from another; kvfs mount never sets it.
 	TrustHandles bool
 	NewVerifier  func(ordinal int, geo gpu.Geometry) (gpu.Checker, error)
+	// NoDirect keeps loads on the staged path where they could copy
+	// straight from the store's file in memory (with VerifyOnGPU, a
+	// store file in tmpfs or ramfs: see gpus.registerHost): for measuring
+	// the difference.
+	NoDirect bool
 }
 
 // OpenCUDA opens a CUDA device for the server.
@@ -156,6 +161,71 @@ type gpus struct {
 	}
 	mu   sync.Mutex
 	devs map[int]*gpuDev
+	// hostView is the store's file in host memory (store.Store.HostView;
+	// nil result: none). host is its registration with the GPUs, made
+	// once, in the background, when the first device that verifies on
+	// the GPU opens; g.mu guards it.
+	hostView func() []byte
+	host     struct {
+		started, closed bool
+		view            []byte // registered; nil until then
+		unreg           func() error
+		wg              sync.WaitGroup
+	}
+}
+
+// registerHost starts registering the store's file in host memory with
+// dev (portably: every device may then DMA from it), once per server, on a
+// goroutine of its own: pinning a file of many gigabytes takes a while
+// (6 GiB: 0.3 to 0.9 s on the H200), and loads go through staging until it
+// is done. Once registered, the pipelines of every device that verifies on
+// the GPU load packed tiles straight from it (gpu.Pipeline.SetHost). g.mu
+// is held.
+func (g *gpus) registerHost(dev GPU) {
+	hr, ok := dev.(gpu.HostRegistrar)
+	if g.host.started || g.opts.NoDirect || g.hostView == nil || !ok {
+		return
+	}
+	g.host.started = true
+	g.host.wg.Add(1)
+	go func() {
+		defer g.host.wg.Done()
+		view := g.hostView()
+		if view == nil {
+			return
+		}
+		t := time.Now()
+		unreg, err := hr.RegisterHost(view)
+		took := time.Since(t)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if err != nil {
+			g.log.Warn("ctl: cannot register the store file in memory with the GPU; loads go through staging", zap.Error(err))
+			return
+		}
+		if g.host.closed {
+			_ = unreg()
+			return
+		}
+		g.host.view, g.host.unreg = view, unreg
+		for _, d := range g.devs {
+			if d.vclose != nil {
+				d.pipe.SetHost(view)
+			}
+		}
+		g.log.Info("ctl: GPU loads copy straight from the store file in memory", zap.Int("bytes", len(view)), zap.Duration("registering_took", took))
+	}()
+}
+
+// direct is how many groups loads copied straight from the store's file
+// in memory, and whether it is registered.
+func (g *gpus) direct() (groups uint64, registered bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, d := range g.devs {
+		groups += d.pipe.Direct()
+	}
+	return groups, g.host.view != nil
 }
 
 func (g *gpus) available() bool {
@@ -227,6 +297,11 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 			return nil, fmt.Errorf("%w: device %d: GPU checksum kernel: %w", ErrNoGPU, ordinal, err)
 		}
 		d.pipe.Verify, d.pipe.Sum, d.vclose = chk.Verify, chk.Sum, chk.Close
+		if g.host.view != nil {
+			d.pipe.SetHost(g.host.view)
+		} else {
+			g.registerHost(dev)
+		}
 	}
 	if g.devs == nil {
 		g.devs = map[int]*gpuDev{}
@@ -253,8 +328,20 @@ func (g *gpus) summed() (ok, failed uint64) {
 
 func (g *gpus) close() error {
 	g.mu.Lock()
+	g.host.closed = true
+	g.mu.Unlock()
+	g.host.wg.Wait() // a registration under way ends (and undoes itself)
+	g.mu.Lock()
 	defer g.mu.Unlock()
 	var err error
+	for _, d := range g.devs {
+		d.pipe.SetHost(nil)
+	}
+	if g.host.unreg != nil {
+		// Before the devices go: the registration is in a device's context.
+		err = g.host.unreg()
+		g.host.view, g.host.unreg = nil, nil
+	}
 	for o, d := range g.devs {
 		if d.vclose != nil {
 			err = errors.Join(err, d.vclose())

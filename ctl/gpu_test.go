@@ -819,3 +819,141 @@ func TestGPULoadBlocksAllocationsPerGroup(t *testing.T) {
 		t.Errorf("a GPU load allocates %.1f bytes per group", perGroup)
 	}
 }
+
+// TestLoadCUDADirect: with the GPU verifying and the store's file in host
+// memory, the server registers the file with the device once, in the
+// background, and loads of packed tiles (v1 entries and LOAD_BLOCKS into
+// an HND target) then copy straight from it: every byte right, a corrupt
+// group zeroed where it landed and reported Corrupt, an absent one left
+// alone; a batch with a pitched tile goes through staging; a refused
+// registration leaves every load on staging; Close unregisters the file.
+func TestLoadCUDADirect(t *testing.T) {
+	for _, mode := range []string{"direct", "refused", "no-direct"} {
+		t.Run(mode, func(t *testing.T) {
+			verified := 0
+			f, fakes := gpuFixture(t, 1, func(o *GPUOptions, fakes []*fakeGPU) {
+				o.VerifyOnGPU = true
+				o.NoDirect = mode == "no-direct"
+				o.NewVerifier = func(ordinal int, geo gpu.Geometry) (gpu.Checker, error) {
+					return &fakeChecker{dev: fakes[ordinal], geo: geo, verified: &verified}, nil
+				}
+				if mode == "refused" {
+					fakes[0].FailRegister = func() error { return errors.New("fake: cannot pin") }
+				}
+			})
+			f.mem.SetHostView(true)
+			dev := fakes[0]
+			ss := f.open(0, 0)
+			geo := testGeo
+			gb := uint64(f.gb)
+			rb, T, H, L := geo.RowBytes(), geo.BlockTokens, geo.KVHeads, geo.Layers
+			const nb = 4
+			tensor := nb * T * H * rb
+			n := uint64(2 * L * tensor)
+			id := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+			deadline := time.Now().Add(10 * time.Second)
+			for mode == "direct" && !f.srv.Metrics().GPUHostRegistered {
+				if time.Now().After(deadline) {
+					t.Fatal("the store file was never registered with the device")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if mode != "direct" {
+				time.Sleep(20 * time.Millisecond) // a registration would be done by now
+				if f.srv.Metrics().GPUHostRegistered || dev.Registered() != 0 {
+					t.Fatal("registered")
+				}
+			}
+			for _, b := range []uint64{1, 2, 3} {
+				f.put(blockKeys(b), int(b))
+			}
+			bad := blockKeys(2)[3]
+			f.corrupt(bad)
+			// v1 entries: block 1's groups, then an absent group.
+			keys := blockKeys(1)
+			var es []abi.Entry
+			for i, k := range keys {
+				es = append(es, entry(k, id, uint64(i)*gb, 0))
+			}
+			absent := layout.Key{Block: 9}
+			old := bytes.Repeat([]byte{0x5A}, int(gb))
+			dev.Fill(gputest.Base+uint64(len(keys))*gb, old)
+			es = append(es, entry(absent, id, uint64(len(keys))*gb, 0))
+			got := mustBatch(t, ss, true, es)
+			for i, k := range keys {
+				if got[i].Status != abi.OK || !bytes.Equal(dev.Mem(gputest.Base+uint64(i)*gb, int(gb)), groupData(k, 1)) {
+					t.Fatalf("entry %d: %v", i, got[i].Status)
+				}
+			}
+			if got[len(keys)].Status != abi.Absent || !bytes.Equal(dev.Mem(gputest.Base+uint64(len(keys))*gb, int(gb)), old) {
+				t.Fatalf("absent entry: %v", got[len(keys)].Status)
+			}
+			wantDirect := uint64(0)
+			if mode == "direct" {
+				wantDirect = uint64(len(es))
+			}
+			if m := f.srv.Metrics(); m.GPUDirect != wantDirect {
+				t.Fatalf("%d groups loaded directly, want %d", m.GPUDirect, wantDirect)
+			}
+			// LOAD_BLOCKS of blocks 3 and 2 (corrupt group) into an HND target.
+			tid, errno := registerTarget(ss, testTarget(id, nb, false))
+			if errno != 0 {
+				t.Fatal(errno)
+			}
+			in := make([]byte, abi.BlocksInlineSize)
+			bes := []abi.BlockEntry{
+				{Block: 3, CacheBlock: 0, LayerCount: uint16(L), HeadCount: uint16(H), Kinds: abi.KindsBoth},
+				{Block: 2, CacheBlock: 3, LayerCount: uint16(L), HeadCount: uint16(H), Kinds: abi.KindsBoth},
+			}
+			(&abi.Blocks{ABI: abi.Version, Target: tid, Count: uint32(len(bes))}).Marshal(in)
+			for i := range bes {
+				bes[i].Marshal(in[abi.BlocksSize+i*abi.BlockEntrySize:])
+			}
+			out := make([]byte, len(in))
+			if _, errno := ss.Ioctl(abi.CmdLoadBlocksInline, in, out); errno != 0 {
+				t.Fatal(errno)
+			}
+			for i := range bes {
+				bes[i].Unmarshal(out[abi.BlocksSize+i*abi.BlockEntrySize:])
+			}
+			if bes[0].Status != abi.OK || int(bes[0].GroupsOK) != geo.GroupsPerBlock() ||
+				bes[1].Status != abi.Corrupt || int(bes[1].GroupsOK) != geo.GroupsPerBlock()-1 {
+				t.Fatalf("blocks: %+v, %+v", bes[0], bes[1])
+			}
+			for cb, b := range map[int]uint64{0: 3, 3: 2} {
+				for _, k := range blockKeys(b) {
+					off := (2*k.Layer+int(k.Kind))*tensor + (cb*H+k.Head)*T*rb
+					tile := dev.Mem(gputest.Base+uint64(off), int(gb))
+					want := groupData(k, int(b))
+					if k == bad {
+						want = make([]byte, gb)
+					}
+					if !bytes.Equal(tile, want) {
+						t.Fatalf("%v in cache block %d differs", k, cb)
+					}
+				}
+			}
+			if mode == "direct" {
+				wantDirect += uint64(2 * geo.GroupsPerBlock())
+			}
+			// A pitched tile in the batch: staged, the same bytes.
+			es = []abi.Entry{entry(keys[0], id, n/2, 0), entry(keys[1], id, n/2+gb, uint32(2*rb))}
+			if got := mustBatch(t, ss, true, es); got[0].Status != abi.OK || got[1].Status != abi.OK {
+				t.Fatalf("batch with a pitched tile: %v, %v", got[0].Status, got[1].Status)
+			}
+			if m := f.srv.Metrics(); m.GPUDirect != wantDirect {
+				t.Fatalf("%d groups loaded directly, want %d", m.GPUDirect, wantDirect)
+			}
+			if v := dev.Violations(); len(v) != 0 {
+				t.Fatal(v)
+			}
+			ss.Release()
+			if err := f.srv.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if r := dev.Registered(); r != 0 {
+				t.Fatalf("%d host ranges still registered after Close", r)
+			}
+		})
+	}
+}

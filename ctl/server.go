@@ -99,6 +99,11 @@ type Metrics struct {
 	// device computed over staging (VerifyOnGPU); GPUSumFailed those whose
 	// device checksum failed, so the store computed them.
 	GPUSummed, GPUSumFailed uint64
+	// GPUDirect counts groups loaded into GPU memory straight from the
+	// store's file in memory (no staging); GPUHostRegistered reports
+	// whether that file is registered with the GPUs for it.
+	GPUDirect         uint64
+	GPUHostRegistered bool
 }
 
 // Server answers control ioctls for one store.
@@ -141,6 +146,7 @@ func NewServer(s *store.Store, o Options) *Server {
 	srv.stage.max = 8
 	srv.gpus.opts, srv.gpus.log = o.GPU, o.Logger
 	srv.gpus.geo = gpu.Geometry{GroupBytes: srv.gb, Rows: g.BlockTokens, RowBytes: g.RowBytes()}
+	srv.gpus.hostView = s.HostView
 	if srv.reg != nil {
 		srv.gpus.reg = srv.reg
 	}
@@ -169,8 +175,9 @@ func (s *Server) Sessions() int { return int(s.m.sessions.Load()) }
 // Metrics returns the server's counters.
 func (s *Server) Metrics() Metrics {
 	summed, sumFailed := s.gpus.summed()
+	direct, registered := s.gpus.direct()
 	return Metrics{
-		GPUSummed: summed, GPUSumFailed: sumFailed,
+		GPUSummed: summed, GPUSumFailed: sumFailed, GPUDirect: direct, GPUHostRegistered: registered,
 		Sessions: s.m.sessions.Load(), Buffers: s.m.buffers.Load(), RegisteredBytes: s.m.bytes.Load(),
 		PinnedBytes: s.pins.pinned(),
 		Loads:       s.m.loads.Load(), Stores: s.m.stores.Load(),

@@ -265,6 +265,19 @@ func (g *CUDA) AllocHost(n int) ([]byte, func() error, error) {
 	return mem, func() error { return g.ctx.Do(func() error { return cuda.MemFreeHost(mem) }) }, nil
 }
 
+// RegisterHost implements HostRegistrar: b (memory mapped from a file, not
+// Go's heap) is page-locked for DMA by every device (portable) and only
+// read by them (read-only: b may be a read-only mapping). Unregister
+// before b is unmapped.
+func (g *CUDA) RegisterHost(b []byte) (func() error, error) {
+	if err := g.ctx.Do(func() error {
+		return cuda.MemHostRegister(b, cuda.MemHostRegisterPortable|cuda.MemHostRegisterReadOnly)
+	}); err != nil {
+		return nil, err
+	}
+	return func() error { return g.ctx.Do(func() error { return cuda.MemHostUnregister(b) }) }, nil
+}
+
 // NewEvent implements Device (timing disabled: cheapest to record; a
 // blocking wait unless SetSpinWait).
 func (g *CUDA) NewEvent() (Event, error) {
@@ -356,8 +369,9 @@ func (m *IPCMemory) Close() error {
 }
 
 var (
-	_ Device   = (*CUDA)(nil)
-	_ Copier2D = (*CUDA)(nil)
-	_ Binder   = (*CUDA)(nil)
-	_ Copier2D = boundCUDA{}
+	_ Device        = (*CUDA)(nil)
+	_ Copier2D      = (*CUDA)(nil)
+	_ Binder        = (*CUDA)(nil)
+	_ HostRegistrar = (*CUDA)(nil)
+	_ Copier2D      = boundCUDA{}
 )

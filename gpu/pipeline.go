@@ -79,6 +79,9 @@ type Pipeline struct {
 	Sum func(staged [][]byte, crcs []uint32) error
 	// NoBatch queues copies one by one even on a Batcher.
 	NoBatch bool
+	// DirectWorkers is how many goroutines queue the copies of one load
+	// from the store's host view (default 4; see SetHost).
+	DirectWorkers int
 
 	summed, sumFailed atomic.Uint64
 	batched           atomic.Uint64 // copies queued in batches
@@ -87,6 +90,11 @@ type Pipeline struct {
 	// idle keeps the read groups of finished loads, whose request slices
 	// the next loads reuse.
 	idle freelist.List[[3]readGroup]
+	// host is the store's file in host memory, registered with the
+	// device (SetHost); direct counts the groups loaded from it.
+	host       atomic.Pointer[[]byte]
+	direct     atomic.Uint64
+	idleDirect freelist.List[directChunk]
 }
 
 // putReadGroups keeps a finished load's read groups, emptied, for the next
@@ -323,6 +331,9 @@ func (h *held) release(finish func(*chunk)) {
 // outcomes are in Item.Err; the error is for the batch as a whole (the
 // pool closed, the store closed). Items must have disjoint destinations.
 func (p *Pipeline) Load(r Reader, items []Item) error {
+	if l, host := p.directFor(r, items); l != nil {
+		return p.loadDirect(l, host, items)
+	}
 	gb := p.Geo.GroupBytes
 	per := p.chunkGroups(len(items))
 	if per == 0 {
@@ -615,7 +626,7 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		j++
 	}
 	if c.failed == nil {
-		if err := p.copyRuns(q, c, runs, c2); err != nil {
+		if err := p.copyRuns(q, c.st.Mem, &c.batch, runs, c2, false); err != nil {
 			fail(err)
 		}
 	}
@@ -798,38 +809,47 @@ const maxPitch = 1 << 30
 // the device, move in one copy. With a Batcher, the copies left (tiles of
 // cache blocks scattered over the device: one per (block, layer, kind) of
 // an HND target) are queued with one call.
-func (p *Pipeline) copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
+//
+// Run sources are offsets in mem: the chunk's staging buffer, or for a
+// direct load the store's file in host memory (loadDirect). bt gathers the
+// batched copies. inOrder keeps the runs in the order given (already
+// merged where adjacent) instead of sorting them by destination: a direct
+// load's runs in item order are a block's (layer, kind) tiles one after
+// another, a constant stride apart in the file and, where the target's
+// tensors are evenly spaced, on the device too: one 2D copy per block.
+func (p *Pipeline) copyRuns(q Device, mem []byte, bt *copyBatch, runs []run, c2 Copier2D, inOrder bool) error {
 	b := p.batcher(q)
 	if len(runs) < 2 {
 		for _, r := range runs {
-			if err := q.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n]); err != nil {
+			if err := q.CopyH2D(r.dst, mem[r.src:r.src+r.n]); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.dst, b.dst) })
-	// Runs next to each other on both sides (staged in destination order
-	// by sortStaging, queued in item order) are one copy.
-	k := 0
-	for _, r := range runs[1:] {
-		if last := &runs[k]; last.m == r.m && last.src+last.n == r.src && last.dst+uint64(last.n) == r.dst {
-			last.n += r.n
-			continue
+	if !inOrder {
+		slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.dst, b.dst) })
+		// Runs next to each other on both sides (staged in destination
+		// order by sortStaging, queued in item order) are one copy.
+		k := 0
+		for _, r := range runs[1:] {
+			if last := &runs[k]; last.m == r.m && last.src+last.n == r.src && last.dst+uint64(last.n) == r.dst {
+				last.n += r.n
+				continue
+			}
+			k++
+			runs[k] = r
 		}
-		k++
-		runs[k] = r
+		runs = runs[:k+1]
 	}
-	runs = runs[:k+1]
-	bt := &c.batch
 	bt.dsts, bt.srcs = bt.dsts[:0], bt.srcs[:0]
 	one := func(r run) error {
 		if b != nil {
 			bt.dsts = append(bt.dsts, r.dst)
-			bt.srcs = append(bt.srcs, c.st.Mem[r.src:r.src+r.n])
+			bt.srcs = append(bt.srcs, mem[r.src:r.src+r.n])
 			return nil
 		}
-		return q.CopyH2D(r.dst, c.st.Mem[r.src:r.src+r.n])
+		return q.CopyH2D(r.dst, mem[r.src:r.src+r.n])
 	}
 	for lo := 0; lo < len(runs); {
 		r0 := runs[lo]
@@ -852,7 +872,7 @@ func (p *Pipeline) copyRuns(q Device, c *chunk, runs []run, c2 Copier2D) error {
 			}
 		} else {
 			ss, ds := runs[lo+1].src-r0.src, int(runs[lo+1].dst-r0.dst)
-			err = c2.CopyH2D2D(r0.dst, ds, c.st.Mem[r0.src:r0.src+(h-1)*ss+r0.n], ss, r0.n, h)
+			err = c2.CopyH2D2D(r0.dst, ds, mem[r0.src:r0.src+(h-1)*ss+r0.n], ss, r0.n, h)
 		}
 		if err != nil {
 			return err

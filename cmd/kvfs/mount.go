@@ -57,6 +57,7 @@ type mountOptions struct {
 	gpuBufSize               string
 	gpuDepth                 int
 	gpuVerify                string
+	gpuDirect                bool
 	gpuAhead                 int
 	gpuBatch                 bool
 	gpuStreams               int
@@ -134,6 +135,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.StringVar(&o.gpuWait, "gpu-wait", "block", "how a GPU load waits for a staging buffer's copies: block (sleep until the GPU's interrupt) or spin (hold a core until they complete)")
 	f.BoolVar(&o.gpuBatch, "gpu-batch-copies", true, "queue the copies of a GPU load that no 2D copy takes (tiles of scattered cache blocks) with one cuMemcpyBatchAsync per staging buffer, where the driver has it (CUDA ≥ 12.8)")
 	f.StringVar(&o.gpuVerify, "gpu-verify", "cpu", "where loads into GPU memory are checksummed: cpu (the store, in staging) or gpu (the CRC32C kernel, where the groups land)")
+	f.BoolVar(&o.gpuDirect, "gpu-direct", true, "with --gpu-verify gpu and a store file in memory (tmpfs, ramfs): register the file with the GPUs (page-locking it) and copy packed tiles straight from it, with no staging")
 	addCommand(c)
 }
 
@@ -156,7 +158,8 @@ func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-verify %q: want cpu or gpu", o.gpuVerify)
 	}
 	return ctl.GPUOptions{Disable: !o.gpu, StagingCount: o.gpuStaging, StagingSize: int(n), Depth: min(o.gpuDepth, o.gpuStaging),
-		ReadAhead: o.gpuAhead, NoBatch: !o.gpuBatch, Streams: o.gpuStreams, SpinWait: o.gpuWait == "spin", VerifyOnGPU: o.gpuVerify == "gpu"}, nil
+		ReadAhead: o.gpuAhead, NoBatch: !o.gpuBatch, Streams: o.gpuStreams, SpinWait: o.gpuWait == "spin", VerifyOnGPU: o.gpuVerify == "gpu",
+		NoDirect: !o.gpuDirect}, nil
 }
 
 // parseCtl checks --ctl-mode and --ctl-group.
@@ -678,6 +681,13 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
 	counter("kvfs_ctl_bad_entries_total", "Batch entries refused as bad requests.", func() uint64 { return cm().BadEntries })
 	counter("kvfs_gpu_store_summed_total", "Groups stored from GPU memory whose CRC32C the GPU computed over staging (--gpu-verify gpu).", func() uint64 { return cm().GPUSummed })
 	counter("kvfs_gpu_store_sum_failed_total", "Groups stored from GPU memory whose GPU checksum failed, so the CPU computed it.", func() uint64 { return cm().GPUSumFailed })
+	counter("kvfs_gpu_direct_groups_total", "Groups loaded into GPU memory straight from the store file in memory, with no staging (--gpu-direct).", func() uint64 { return cm().GPUDirect })
+	gauge("kvfs_gpu_host_registered", "1 when the store file in memory is registered with the GPUs for direct loads.", func() float64 {
+		if cm().GPUHostRegistered {
+			return 1
+		}
+		return 0
+	})
 	counter("kvfs_ctl_rejected_total", "Ioctls refused as a whole.", func() uint64 { return cm().Rejected })
 	counter("kvfs_ctl_faults_total", "Faulting accesses to registered memory.", func() uint64 { return cm().Faults })
 	gauge("kvfs_ctl_buffers", "Client buffers registered now.", func() float64 { return float64(cm().Buffers) })

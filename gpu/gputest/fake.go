@@ -54,8 +54,12 @@ type Device struct {
 	// that queue on the same ordered queue (stricter than separate
 	// streams) and count the events recorded on each (LaneRecords).
 	LaneCount int
+	// FailRegister, when set, is asked at each RegisterHost; an error
+	// refuses the registration.
+	FailRegister func() error
 
 	mu       sync.Mutex
+	hosts    int // host ranges registered now (RegisterHost)
 	cond     sync.Cond
 	mem      []byte
 	ops      []op
@@ -407,6 +411,38 @@ func (e *event) Wait() error {
 func (e *event) Destroy() error { return nil }
 
 var _ gpu.Device = (*Device)(nil)
+
+// RegisterHost implements gpu.HostRegistrar: the fake reads any host
+// memory, so it only counts the registrations (Registered); the
+// unregister func fails when called twice.
+func (d *Device) RegisterHost(b []byte) (func() error, error) {
+	if d.FailRegister != nil {
+		if err := d.FailRegister(); err != nil {
+			return nil, err
+		}
+	}
+	d.mu.Lock()
+	d.hosts++
+	d.mu.Unlock()
+	var once sync.Once
+	return func() error {
+		err := fmt.Errorf("gputest: host range of %d bytes unregistered twice", len(b))
+		once.Do(func() {
+			d.mu.Lock()
+			d.hosts--
+			d.mu.Unlock()
+			err = nil
+		})
+		return err
+	}, nil
+}
+
+// Registered is how many host ranges are registered now.
+func (d *Device) Registered() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.hosts
+}
 
 // Pending reports whether a queued copy that has not run uses host memory b.
 func (d *Device) Pending(b []byte) bool {

@@ -23,6 +23,7 @@ import (
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/gpu/cuda"
 	"github.com/kvfs/kvfs/layout"
@@ -39,7 +40,10 @@ type env struct {
 	dir string
 	st  *store.Store
 	mem *storetest.Mem
-	srv *ctl.Server
+	// path is the store file in /dev/shm when the store is on a real
+	// engine (mountDirect); mem is nil then.
+	path string
+	srv  *ctl.Server
 }
 
 // requireGPU skips without root, /dev/fuse or a CUDA device.
@@ -60,6 +64,11 @@ func requireGPU(t *testing.T) {
 // (0: the default, one).
 var mountStreams int
 
+// mountDirect puts mount's store in a file in /dev/shm on the uring
+// engine instead of memory of the test's: with the GPU verifying, packed
+// loads then copy straight from the file (gpu.Pipeline.SetHost).
+var mountDirect bool
+
 // mount mounts an in-memory store holding blocks 0..nblocks-1 in this
 // process (the daemon).
 // mount serves a store of nblocks blocks through a real FUSE mount, the
@@ -68,13 +77,39 @@ var mountStreams int
 // daemon cannot open its own process's handles) need it.
 func mount(t *testing.T, nblocks int, verifyOnGPU, trustHandles bool) *env {
 	requireGPU(t)
-	e := &env{t: t, mem: storetest.NewMem(store.SizeFor(geo, int64(nblocks)+64), 4096)}
-	if _, err := store.Format(e.mem, geo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(e.mem, store.Options{})
-	if err != nil {
-		t.Fatal(err)
+	e := &env{t: t}
+	size := store.SizeFor(geo, int64(nblocks)+64)
+	var st *store.Store
+	closeStore := func() error { return st.Close() }
+	if mountDirect {
+		// A store file in tmpfs on the uring engine: its host view is a
+		// real mapping of the file, which the server registers with the
+		// GPU.
+		dir, err := os.MkdirTemp("/dev/shm", "kvfs-gpu-test-")
+		if err != nil {
+			t.Skipf("skipping: no /dev/shm: %v", err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		e.path = filepath.Join(dir, "store.kvfs")
+		eo := engine.Options{Kind: engine.KindUring}
+		if _, err := engine.Format(e.path, engine.FormatOptions{Geometry: geo, Size: size, Engine: eo}); err != nil {
+			t.Fatal(err)
+		}
+		if st, closeStore, err = engine.OpenStore(e.path, eo, store.Options{}); err != nil {
+			t.Fatal(err)
+		}
+		if st.HostView() == nil {
+			t.Fatal("a store file in /dev/shm offers no host view")
+		}
+	} else {
+		e.mem = storetest.NewMem(size, 4096)
+		if _, err := store.Format(e.mem, geo, store.FormatOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if st, err = store.Open(e.mem, store.Options{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	e.st = st
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
@@ -102,7 +137,9 @@ func mount(t *testing.T, nblocks int, verifyOnGPU, trustHandles bool) *env {
 		if err := st.CheckInvariants(); err != nil {
 			t.Error(err)
 		}
-		st.Close()
+		if err := closeStore(); err != nil {
+			t.Error(err)
+		}
 	})
 	for b := range nblocks {
 		e.put(uint64(b))
@@ -147,6 +184,22 @@ func (e *env) corrupt(k layout.Key) {
 	}
 	sb := e.st.Superblock()
 	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + geo.Offset(geo.Index(k))
+	if e.mem == nil {
+		f, err := os.OpenFile(e.path, os.O_RDWR, 0)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		defer f.Close()
+		b := make([]byte, 1)
+		if _, err := f.ReadAt(b, off+7); err != nil {
+			e.t.Fatal(err)
+		}
+		b[0] ^= 0xff
+		if _, err := f.WriteAt(b, off+7); err != nil {
+			e.t.Fatal(err)
+		}
+		return
+	}
 	img := e.mem.Image()
 	e.mem.Poke(off+7, []byte{img[off+7] ^ 0xff})
 }
@@ -250,6 +303,13 @@ func TestRoundTrip(t *testing.T) {
 	mountStreams = 3
 	defer func() { mountStreams = 0 }()
 	t.Run("streams=3", func(t *testing.T) { roundTrip(t, false) })
+	mountStreams = 0
+	// The store file in tmpfs, registered with the GPU: packed loads copy
+	// straight from it (LOAD), pitched ones (LOAD_BLOCKS into NHD) go
+	// through staging.
+	mountDirect = true
+	defer func() { mountDirect = false }()
+	t.Run("direct", func(t *testing.T) { roundTrip(t, true) })
 }
 
 func roundTrip(t *testing.T, verifyOnGPU bool) {
@@ -283,6 +343,15 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 	}
 	bad := geo.KeyAt(3, 5)
 	e.corrupt(bad)
+	if mountDirect {
+		deadline := time.Now().Add(30 * time.Second)
+		for !e.srv.Metrics().GPUHostRegistered {
+			if time.Now().After(deadline) {
+				t.Fatal("the store file was never registered with the GPU")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 
 	// LOAD_BLOCKS: block b into cache block nb-1-b.
 	es := make([]client.BlockEntry, nb)
@@ -305,6 +374,9 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 	st, err := c.Load(ents)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if m := e.srv.Metrics(); mountDirect && m.GPUDirect != uint64(len(ents)) {
+		t.Fatalf("%d groups loaded straight from the store file, want the LOAD's %d", m.GPUDirect, len(ents))
 	}
 	mem := exp.dump()
 	zero := make([]byte, gb)

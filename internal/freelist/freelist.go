@@ -31,9 +31,11 @@ func (l *List[T]) Get() *T {
 	return new(T)
 }
 
-// Put keeps x for a later Get, unless Max items are idle already. The
-// caller has emptied it of anything that must not outlive its call.
-func (l *List[T]) Put(x *T) {
+// Put keeps x for a later Get, unless Max items are idle already; it
+// reports whether it kept x (an item holding more than memory, a device
+// event, is then released by the caller). The caller has emptied it of
+// anything that must not outlive its call.
+func (l *List[T]) Put(x *T) bool {
 	m := l.Max
 	if m <= 0 {
 		m = DefaultMax
@@ -42,5 +44,7 @@ func (l *List[T]) Put(x *T) {
 	defer l.mu.Unlock()
 	if len(l.free) < m {
 		l.free = append(l.free, x)
+		return true
 	}
+	return false
 }
