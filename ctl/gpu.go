@@ -101,6 +101,9 @@ type GPUOptions struct {
 	// store file in tmpfs or ramfs: see gpus.registerHost): for measuring
 	// the difference.
 	NoDirect bool
+	// DirectWorkers is how many goroutines queue one direct load's copies
+	// (default 4; gpu.Pipeline.DirectWorkers).
+	DirectWorkers int
 }
 
 // OpenCUDA opens a CUDA device for the server.
@@ -281,7 +284,7 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 		return nil, fmt.Errorf("%w: device %d staging: %w", ErrNoGPU, ordinal, err)
 	}
 	d := &gpuDev{ordinal: ordinal, g: dev, pool: pool,
-		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth, ReadAhead: g.opts.ReadAhead, NoBatch: g.opts.NoBatch}}
+		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth, ReadAhead: g.opts.ReadAhead, NoBatch: g.opts.NoBatch, DirectWorkers: g.opts.DirectWorkers}}
 	if d.pipe.Depth <= 0 {
 		d.pipe.Depth = 8
 	}

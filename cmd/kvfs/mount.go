@@ -58,6 +58,7 @@ type mountOptions struct {
 	gpuDepth                 int
 	gpuVerify                string
 	gpuDirect                bool
+	gpuDirectWorkers         int
 	gpuAhead                 int
 	gpuBatch                 bool
 	gpuStreams               int
@@ -136,6 +137,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.BoolVar(&o.gpuBatch, "gpu-batch-copies", true, "queue the copies of a GPU load that no 2D copy takes (tiles of scattered cache blocks) with one cuMemcpyBatchAsync per staging buffer, where the driver has it (CUDA ≥ 12.8)")
 	f.StringVar(&o.gpuVerify, "gpu-verify", "cpu", "where loads into GPU memory are checksummed: cpu (the store, in staging) or gpu (the CRC32C kernel, where the groups land)")
 	f.BoolVar(&o.gpuDirect, "gpu-direct", true, "with --gpu-verify gpu and a store file in memory (tmpfs, ramfs): register the file with the GPUs (page-locking it) and copy packed tiles straight from it, with no staging")
+	f.IntVar(&o.gpuDirectWorkers, "gpu-direct-workers", 4, "goroutines that queue the copies of one direct GPU load (1..64)")
 	addCommand(c)
 }
 
@@ -154,12 +156,15 @@ func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
 	if o.gpuWait != "block" && o.gpuWait != "spin" {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-wait %q: want block or spin", o.gpuWait)
 	}
+	if o.gpuDirectWorkers < 1 || o.gpuDirectWorkers > 64 {
+		return ctl.GPUOptions{}, usageErrorf("--gpu-direct-workers %d: want 1..64", o.gpuDirectWorkers)
+	}
 	if o.gpuVerify != "cpu" && o.gpuVerify != "gpu" {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-verify %q: want cpu or gpu", o.gpuVerify)
 	}
 	return ctl.GPUOptions{Disable: !o.gpu, StagingCount: o.gpuStaging, StagingSize: int(n), Depth: min(o.gpuDepth, o.gpuStaging),
 		ReadAhead: o.gpuAhead, NoBatch: !o.gpuBatch, Streams: o.gpuStreams, SpinWait: o.gpuWait == "spin", VerifyOnGPU: o.gpuVerify == "gpu",
-		NoDirect: !o.gpuDirect}, nil
+		NoDirect: !o.gpuDirect, DirectWorkers: o.gpuDirectWorkers}, nil
 }
 
 // parseCtl checks --ctl-mode and --ctl-group.
