@@ -89,6 +89,10 @@ type GPUOptions struct {
 	// CPU then reads no payload either way). NewVerifier, when set,
 	// replaces the kernel (tests).
 	VerifyOnGPU bool
+	// VerifyFallback, with VerifyOnGPU, has a device whose kernel cannot
+	// load checksum on the CPU instead of refusing GPU requests (kvfs
+	// mount --gpu-verify auto, the default).
+	VerifyFallback bool
 	// TrustHandles skips the exporter check: by default a caller may
 	// register only a handle its own process exported (GPU.Exporter
 	// against the caller's process id). Only for a daemon that serves one
@@ -294,16 +298,21 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 			nv = func(o int, geo gpu.Geometry) (gpu.Checker, error) { return gpu.NewGPUVerifier(o, geo) }
 		}
 		chk, err := nv(ordinal, g.geo)
-		if err != nil {
+		switch {
+		case err != nil && !g.opts.VerifyFallback:
 			_ = pool.Close()
 			_ = dev.Close()
 			return nil, fmt.Errorf("%w: device %d: GPU checksum kernel: %w", ErrNoGPU, ordinal, err)
-		}
-		d.pipe.Verify, d.pipe.Sum, d.vclose = chk.Verify, chk.Sum, chk.Close
-		if g.host.view != nil {
-			d.pipe.SetHost(g.host.view)
-		} else {
-			g.registerHost(dev)
+		case err != nil:
+			g.log.Warn("ctl: the GPU checksum kernel cannot load; loads into this GPU are checksummed on the CPU, in staging",
+				zap.Int("device", ordinal), zap.Error(err))
+		default:
+			d.pipe.Verify, d.pipe.Sum, d.vclose = chk.Verify, chk.Sum, chk.Close
+			if g.host.view != nil {
+				d.pipe.SetHost(g.host.view)
+			} else {
+				g.registerHost(dev)
+			}
 		}
 	}
 	if g.devs == nil {

@@ -957,3 +957,51 @@ func TestLoadCUDADirect(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyOnGPUFallback: a device whose checksum kernel cannot load is
+// refused with VerifyOnGPU alone (ENODEV), and with VerifyFallback (kvfs
+// mount --gpu-verify auto) serves loads checksummed on the CPU: a corrupt
+// group zeroed and reported, the others right.
+func TestVerifyOnGPUFallback(t *testing.T) {
+	for _, fallback := range []bool{false, true} {
+		t.Run(fmt.Sprint("fallback=", fallback), func(t *testing.T) {
+			f, fakes := gpuFixture(t, 1, func(o *GPUOptions, fakes []*fakeGPU) {
+				o.VerifyOnGPU, o.VerifyFallback = true, fallback
+				o.NewVerifier = func(int, gpu.Geometry) (gpu.Checker, error) { return nil, errors.New("fake: no kernel for this GPU") }
+			})
+			f.mem.SetHostView(true)
+			ss := f.open(0, 0)
+			gb := uint64(f.gb)
+			keys := blockKeys(1)
+			n := uint64(len(keys)) * gb
+			if !fallback {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				_, errno := registerCUDA(ss, uint32(unix.Gettid()), abi.RegisterCUDA{Handle: fakeHandle(gputest.Base, n), Length: n})
+				if errno != syscall.ENODEV {
+					t.Fatalf("register with no kernel: %v, want ENODEV", errno)
+				}
+				return
+			}
+			id := mustRegisterCUDA(t, ss, 0, gputest.Base, n, 0, n)
+			f.put(keys, 3)
+			f.corrupt(keys[1])
+			var es []abi.Entry
+			for i, k := range keys {
+				es = append(es, entry(k, id, uint64(i)*gb, 0))
+			}
+			for i, r := range mustBatch(t, ss, true, es) {
+				want, st := groupData(keys[i], 3), abi.OK
+				if i == 1 {
+					want, st = make([]byte, gb), abi.Corrupt
+				}
+				if r.Status != st || !bytes.Equal(fakes[0].Mem(gputest.Base+uint64(i)*gb, int(gb)), want) {
+					t.Fatalf("entry %d: %v", i, r.Status)
+				}
+			}
+			if m := f.srv.Metrics(); m.GPUDirect != 0 || m.GPUHostRegistered {
+				t.Fatalf("direct loads without the GPU checksum: %+v", m)
+			}
+		})
+	}
+}

@@ -135,8 +135,8 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.IntVar(&o.gpuStreams, "gpu-streams", 1, "copy streams per GPU; concurrent loads and stores take them round robin (1..64)")
 	f.StringVar(&o.gpuWait, "gpu-wait", "block", "how a GPU load waits for a staging buffer's copies: block (sleep until the GPU's interrupt) or spin (hold a core until they complete)")
 	f.BoolVar(&o.gpuBatch, "gpu-batch-copies", true, "queue the copies of a GPU load that no 2D copy takes (tiles of scattered cache blocks) with one cuMemcpyBatchAsync per staging buffer, where the driver has it (CUDA ≥ 12.8)")
-	f.StringVar(&o.gpuVerify, "gpu-verify", "cpu", "where loads into GPU memory are checksummed: cpu (the store, in staging) or gpu (the CRC32C kernel, where the groups land)")
-	f.BoolVar(&o.gpuDirect, "gpu-direct", true, "with --gpu-verify gpu and a store file in memory (tmpfs, ramfs): register the file with the GPUs (page-locking it) and copy packed tiles straight from it, with no staging")
+	f.StringVar(&o.gpuVerify, "gpu-verify", "auto", "where loads into GPU memory are checksummed: gpu (the CRC32C kernel, where the groups land; STOREs summed over staging by it too), cpu (the store, in staging), or auto: gpu where the kernel loads, else cpu")
+	f.BoolVar(&o.gpuDirect, "gpu-direct", true, "with the checksums on the GPU and a store file in memory (tmpfs, ramfs): register the file with the GPUs (page-locking it) and copy packed tiles straight from it, with no staging")
 	f.IntVar(&o.gpuDirectWorkers, "gpu-direct-workers", 4, "goroutines that queue the copies of one direct GPU load (1..64)")
 	addCommand(c)
 }
@@ -159,12 +159,13 @@ func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
 	if o.gpuDirectWorkers < 1 || o.gpuDirectWorkers > 64 {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-direct-workers %d: want 1..64", o.gpuDirectWorkers)
 	}
-	if o.gpuVerify != "cpu" && o.gpuVerify != "gpu" {
-		return ctl.GPUOptions{}, usageErrorf("--gpu-verify %q: want cpu or gpu", o.gpuVerify)
+	if o.gpuVerify != "cpu" && o.gpuVerify != "gpu" && o.gpuVerify != "auto" {
+		return ctl.GPUOptions{}, usageErrorf("--gpu-verify %q: want auto, gpu or cpu", o.gpuVerify)
 	}
 	return ctl.GPUOptions{Disable: !o.gpu, StagingCount: o.gpuStaging, StagingSize: int(n), Depth: min(o.gpuDepth, o.gpuStaging),
-		ReadAhead: o.gpuAhead, NoBatch: !o.gpuBatch, Streams: o.gpuStreams, SpinWait: o.gpuWait == "spin", VerifyOnGPU: o.gpuVerify == "gpu",
-		NoDirect: !o.gpuDirect, DirectWorkers: o.gpuDirectWorkers}, nil
+		ReadAhead: o.gpuAhead, NoBatch: !o.gpuBatch, Streams: o.gpuStreams, SpinWait: o.gpuWait == "spin", VerifyOnGPU: o.gpuVerify != "cpu",
+		VerifyFallback: o.gpuVerify == "auto",
+		NoDirect:       !o.gpuDirect, DirectWorkers: o.gpuDirectWorkers}, nil
 }
 
 // parseCtl checks --ctl-mode and --ctl-group.
@@ -684,7 +685,7 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
 	counter("kvfs_ctl_groups_loaded_total", "Groups loaded into client memory.", func() uint64 { return cm().GroupsLoaded })
 	counter("kvfs_ctl_groups_stored_total", "Groups stored from client memory.", func() uint64 { return cm().GroupsStored })
 	counter("kvfs_ctl_bad_entries_total", "Batch entries refused as bad requests.", func() uint64 { return cm().BadEntries })
-	counter("kvfs_gpu_store_summed_total", "Groups stored from GPU memory whose CRC32C the GPU computed over staging (--gpu-verify gpu).", func() uint64 { return cm().GPUSummed })
+	counter("kvfs_gpu_store_summed_total", "Groups stored from GPU memory whose CRC32C the GPU computed over staging (--gpu-verify gpu or auto).", func() uint64 { return cm().GPUSummed })
 	counter("kvfs_gpu_store_sum_failed_total", "Groups stored from GPU memory whose GPU checksum failed, so the CPU computed it.", func() uint64 { return cm().GPUSumFailed })
 	counter("kvfs_gpu_direct_groups_total", "Groups loaded into GPU memory straight from the store file in memory, with no staging (--gpu-direct).", func() uint64 { return cm().GPUDirect })
 	gauge("kvfs_gpu_host_registered", "1 when the store file in memory is registered with the GPUs for direct loads.", func() float64 {
