@@ -50,9 +50,7 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 		return pins, ErrClosed
 	}
 	first := len(pins)
-	var lastBlock uint64
-	lastSlot, have := int64(-1), false
-	var hdr *Header
+	bp := blockPinner{slot: -1}
 	misses := 0
 	for i := range reqs {
 		r := &reqs[i]
@@ -60,27 +58,14 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 		if r.Err = s.checkRequest(r.Key, s.geo.GroupBytes()); r.Err != nil {
 			continue
 		}
-		if b := r.Key.Block; !have || b != lastBlock {
-			lastBlock, have = b, true
-			slot, ok := s.mu.index[b]
-			hdr = nil
-			if ok {
-				hdr = s.mu.slots[slot].hdr
-				if slot != lastSlot {
-					s.mu.slots[slot].pins++
-					pins = append(pins, slot)
-					s.touchLocked(slot)
-					lastSlot = slot
-				}
-			}
-		}
+		pins = s.pinBlockLocked(&bp, r.Key.Block, pins)
 		idx := s.geo.Index(r.Key)
-		if hdr == nil || !hdr.Has(idx) {
+		if bp.hdr == nil || !bp.hdr.Has(idx) {
 			r.Err = ErrNotFound
 			misses++
 			continue
 		}
-		r.Off, r.CRC = s.groupOffset(lastSlot, idx), hdr.CRC[idx]
+		r.Off, r.CRC = s.groupOffset(bp.slot, idx), bp.hdr.CRC[idx]
 	}
 	if len(pins) > first {
 		s.mu.readers++

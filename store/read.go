@@ -172,26 +172,11 @@ func (s *Store) Read(reqs []ReadReq) error {
 	// One pin and one LRU touch per slot (per run of requests for the same
 	// block), not per group.
 	pins := sc.pins[:0]
-	var lastBlock uint64
-	lastSlot, have := int64(-1), false
-	var hdr *Header
+	bp := blockPinner{slot: -1}
 	kept := wants[:0]
 	for _, w := range wants {
-		if b := w.r.Key.Block; !have || b != lastBlock {
-			lastBlock, have = b, true
-			slot, ok := s.mu.index[b]
-			hdr = nil
-			if ok {
-				hdr = s.mu.slots[slot].hdr
-				if slot != lastSlot {
-					s.mu.slots[slot].pins++
-					pins = append(pins, slot)
-					s.touchLocked(slot)
-					lastSlot = slot
-				}
-			}
-		}
-		if hdr == nil || !hdr.Has(w.idx) {
+		pins = s.pinBlockLocked(&bp, w.r.Key.Block, pins)
+		if hdr := bp.hdr; hdr == nil || !hdr.Has(w.idx) {
 			// Before any goroutine: no lock (see fail).
 			if q := w.r; q.Err == nil {
 				q.Err = ErrNotFound
@@ -200,7 +185,7 @@ func (s *Store) Read(reqs []ReadReq) error {
 			misses++
 			continue
 		}
-		w.slot, w.crc = lastSlot, hdr.CRC[w.idx]
+		w.slot, w.crc = bp.slot, bp.hdr.CRC[w.idx]
 		kept = append(kept, w)
 	}
 	reader := len(pins) > 0
@@ -221,6 +206,38 @@ func (s *Store) Read(reqs []ReadReq) error {
 		s.opts.Observe(OpRead, len(kept), time.Since(start))
 	}
 	return err
+}
+
+// blockPinner follows the block a run of requests is for (pinBlockLocked).
+type blockPinner struct {
+	block uint64
+	have  bool
+	slot  int64   // the slot last pinned (-1: none)
+	hdr   *Header // the current block's header, nil when it is absent
+}
+
+// pinBlockLocked moves p to block b: when b differs from the block before,
+// it looks b up and, present in a slot other than the one last pinned,
+// pins that slot, appending it to pins, and touches it in the LRU. One pin
+// and one touch per run of requests for the same block, not per group.
+// s.mu is held.
+func (s *Store) pinBlockLocked(p *blockPinner, b uint64, pins []int64) []int64 {
+	if p.have && b == p.block {
+		return pins
+	}
+	p.block, p.have, p.hdr = b, true, nil
+	slot, ok := s.mu.index[b]
+	if !ok {
+		return pins
+	}
+	p.hdr = s.mu.slots[slot].hdr
+	if slot != p.slot {
+		s.mu.slots[slot].pins++
+		pins = append(pins, slot)
+		s.touchLocked(slot)
+		p.slot = slot
+	}
+	return pins
 }
 
 // checkRead validates one request: a key within the geometry (every head
