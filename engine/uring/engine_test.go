@@ -1038,12 +1038,8 @@ func TestEngineReadVec(t *testing.T) {
 // crashing the daemon. A read-only engine, InlineReads off and a file on
 // a disk write through the rings.
 func TestEngineMappedWrites(t *testing.T) {
-	dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
-	if err != nil {
-		t.Skipf("skipping: no /dev/shm: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	const size = 1 << 20
+	dir := shmDir(t)
 	path := newFile(t, dir, size)
 	e := openEngineT(t, path, EngineOptions{Direct: true, QueueDepth: 8})
 	if !e.MappedWrites() {
@@ -1127,6 +1123,18 @@ func TestEngineMappedWrites(t *testing.T) {
 	}
 }
 
+// shmDir is a directory in /dev/shm (tmpfs) removed after the test; the
+// test skips where there is none.
+func shmDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
+	if err != nil {
+		t.Skipf("skipping: no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 // inMemoryDir reports whether dir is on tmpfs or ramfs.
 func inMemoryDir(dir string) bool {
 	var sf unix.Statfs_t
@@ -1138,12 +1146,8 @@ func inMemoryDir(dir string) bool {
 // that no store through it can change (a write faults); a file on a disk
 // offers none, and after Close nothing is offered.
 func TestEngineHostView(t *testing.T) {
-	dir, err := os.MkdirTemp("/dev/shm", "kvfs-uring-test-")
-	if err != nil {
-		t.Skipf("skipping: no /dev/shm: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	const size = 1 << 20
+	dir := shmDir(t)
 	path := newFile(t, dir, size)
 	for name, o := range map[string]EngineOptions{"read-write": {Direct: true}, "read-only": {ReadOnly: true}, "inline reads off": {InlineReads: "off"}} {
 		t.Run(name, func(t *testing.T) {
