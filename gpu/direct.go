@@ -92,10 +92,9 @@ func (p *Pipeline) directGroups() int {
 	return max(1, 2*p.Pool.BufferSize()/p.Geo.GroupBytes)
 }
 
-// loadDirect is Load from the host view: chunks of items are located,
-// their copies queued and their events recorded, up to depth chunks in
-// flight; the oldest is finished (its event waited for, its groups
-// verified where they landed, its slots unpinned) before another starts.
+// loadDirect is Load from the host view: the chunks of items are split
+// among DirectWorkers goroutines (directRange each), so queueing the
+// copies is not one core's work.
 func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item) error {
 	per := p.directGroups()
 	chunks := (len(items) + per - 1) / per
@@ -147,7 +146,10 @@ func (p *Pipeline) directWorkers() int {
 	return 4
 }
 
-// directRange loads items directly with up to depth chunks in flight.
+// directRange loads items directly: chunks of items are located, their
+// copies queued and their events recorded, up to depth chunks in flight;
+// the oldest is finished (its event waited for, its groups verified where
+// they landed, its slots unpinned) before another starts.
 func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) error {
 	gb := p.Geo.GroupBytes
 	per := p.directGroups()

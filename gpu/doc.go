@@ -14,6 +14,10 @@
 // one copy), wait for that buffer's event, then the store's batched
 // durable write from it.
 //
+// A store file in memory (tmpfs) needs no staging: registered with the
+// GPU (SetHost), it is read by the copy engines straight into the tiles,
+// and the groups are checked where they landed (direct.go).
+//
 // The GPU is reached through the Device interface (copies on one ordered
 // queue, events, pinned allocations); CUDA implements it over package
 // gpu/cuda, and package gpu/gputest has a fake for tests without a GPU. A
@@ -36,6 +40,11 @@
 //     failed read into host memory).
 //   - No stream-wide synchronize per read: a batch waits on its own
 //     buffers' events only.
+//   - A direct load unpins a chunk's slots only after the event covering
+//     its copies was observed complete, so no slot takes another block
+//     while a copy may read it; only when the device cannot tell (record
+//     and synchronize both failed) are they unpinned at once, and then
+//     every group of the chunk fails (its tile undefined).
 //
 // # Lock order
 //

@@ -330,6 +330,9 @@ func (h *held) release(finish func(*chunk)) {
 // Load reads items' groups from r and copies them to the device. Per-item
 // outcomes are in Item.Err; the error is for the batch as a whole (the
 // pool closed, the store closed). Items must have disjoint destinations.
+// With a host view (SetHost), Verify set, r a Locator and every tile
+// packed, the groups are copied straight from the store's file
+// (loadDirect); otherwise they go through staging.
 func (p *Pipeline) Load(r Reader, items []Item) error {
 	if l, host := p.directFor(r, items); l != nil {
 		return p.loadDirect(l, host, items)
