@@ -308,6 +308,9 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 				zap.Int("device", ordinal), zap.Error(err))
 		default:
 			d.pipe.Verify, d.pipe.Sum, d.vclose = chk.Verify, chk.Sum, chk.Close
+			if l, ok := chk.(gpu.Lander); ok {
+				d.pipe.Land = l.Land
+			}
 			if g.host.view != nil {
 				d.pipe.SetHost(g.host.view)
 			} else {
@@ -355,6 +358,7 @@ func (g *gpus) close() error {
 		g.host.view, g.host.unreg = nil, nil
 	}
 	for o, d := range g.devs {
+		d.pipe.Close()
 		if d.vclose != nil {
 			err = errors.Join(err, d.vclose())
 		}

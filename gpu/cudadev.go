@@ -265,6 +265,19 @@ func (g *CUDA) AllocHost(n int) ([]byte, func() error, error) {
 	return mem, func() error { return g.ctx.Do(func() error { return cuda.MemFreeHost(mem) }) }, nil
 }
 
+// AllocDevice implements DeviceAllocator.
+func (g *CUDA) AllocDevice(n int) (uint64, func() error, error) {
+	var p cuda.DevicePtr
+	if err := g.ctx.Do(func() error {
+		var err error
+		p, err = cuda.MemAlloc(n)
+		return err
+	}); err != nil {
+		return 0, nil, err
+	}
+	return uint64(p), func() error { return g.ctx.Do(func() error { return cuda.MemFree(p) }) }, nil
+}
+
 // RegisterHost implements HostRegistrar: b (memory mapped from a file, not
 // Go's heap) is page-locked for DMA by every device (portable) and only
 // read by them (read-only: b may be a read-only mapping). Unregister
@@ -369,9 +382,10 @@ func (m *IPCMemory) Close() error {
 }
 
 var (
-	_ Device        = (*CUDA)(nil)
-	_ Copier2D      = (*CUDA)(nil)
-	_ Binder        = (*CUDA)(nil)
-	_ HostRegistrar = (*CUDA)(nil)
-	_ Copier2D      = boundCUDA{}
+	_ Device          = (*CUDA)(nil)
+	_ Copier2D        = (*CUDA)(nil)
+	_ Binder          = (*CUDA)(nil)
+	_ HostRegistrar   = (*CUDA)(nil)
+	_ DeviceAllocator = (*CUDA)(nil)
+	_ Copier2D        = boundCUDA{}
 )

@@ -31,6 +31,13 @@ type Device interface {
 	AllocHost(n int) (mem []byte, free func() error, err error)
 }
 
+// DeviceAllocator is implemented by devices that allocate device memory
+// of their own (CUDA: cuMemAlloc): the scratch a direct load of pitched
+// tiles copies groups into before Land scatters them.
+type DeviceAllocator interface {
+	AllocDevice(n int) (addr uint64, free func() error, err error)
+}
+
 // Copier2D is implemented by devices that copy a pitched tile (rows of
 // width bytes, rows apart by a pitch on each side) with one operation
 // (CUDA: cuMemcpy2DAsync). The pipeline uses it when Can2D reports true,

@@ -64,6 +64,16 @@ type directChunk struct {
 	dev      Device
 	busy     bool  // ev recorded and not yet seen complete
 	failed   error // queueing or recording failed
+	// scratch is device memory of directGroups groups (allocated the first
+	// time the chunk carries pitched tiles, kept with it): a pitched tile's
+	// group is copied packed to scratch + k*GroupBytes (k its place in the
+	// chunk) and Land scatters it into its rows. landed and srcs are the
+	// chunk's pitched items and their scratch addresses.
+	scratch     uint64
+	freeScratch func() error
+	landed      []*Item
+	srcs        []uint64
+	pitched     []bool // per item of the chunk
 }
 
 // directFor returns the host view when items can be loaded directly from
@@ -77,12 +87,40 @@ func (p *Pipeline) directFor(r Reader, items []Item) (Locator, []byte) {
 	if h == nil {
 		return nil, nil
 	}
-	for i := range items {
-		if pt := items[i].Pitch; pt != 0 && pt != p.Geo.RowBytes {
-			return nil, nil
+	if p.Land == nil || !p.canAllocDevice() {
+		for i := range items {
+			if p.pitched(&items[i]) {
+				return nil, nil
+			}
 		}
 	}
 	return l, *h
+}
+
+// pitched reports whether the item's tile has its rows apart (NHD): a
+// direct load copies it to device scratch and lands it with Land.
+func (p *Pipeline) pitched(it *Item) bool { return it.Pitch != 0 && it.Pitch != p.Geo.RowBytes }
+
+func (p *Pipeline) canAllocDevice() bool {
+	_, ok := p.Dev.(DeviceAllocator)
+	return ok
+}
+
+// ensureScratch gives the chunk its device scratch.
+func (p *Pipeline) ensureScratch(c *directChunk) error {
+	if c.freeScratch != nil {
+		return nil
+	}
+	a, ok := p.Dev.(DeviceAllocator)
+	if !ok {
+		return fmt.Errorf("%w: the device allocates no memory", ErrConfig)
+	}
+	addr, free, err := a.AllocDevice(p.directGroups() * p.Geo.GroupBytes)
+	if err != nil {
+		return fmt.Errorf("%w: device scratch: %w", ErrCopy, err)
+	}
+	c.scratch, c.freeScratch = addr, free
+	return nil
 }
 
 // directGroups is how many groups one direct chunk carries: as many as
@@ -170,28 +208,43 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 		if err == nil {
 			err = c.failed
 		}
-		ok := c.verified[:0]
+		ok, landed, srcs := c.verified[:0], c.landed[:0], c.srcs[:0]
 		for i := c.lo; i < c.hi; i++ {
-			if !c.copied[i-c.lo] {
+			k := i - c.lo
+			if !c.copied[k] {
 				continue
 			}
 			if err != nil {
 				items[i].Err = copyErr(err)
 				continue
 			}
+			if c.pitched[k] {
+				landed = append(landed, &items[i])
+				srcs = append(srcs, c.scratch+uint64(k*gb))
+				continue
+			}
 			ok = append(ok, &items[i])
 		}
-		if len(ok) > 0 {
-			if verr := p.Verify(ok); verr != nil {
-				for _, it := range ok {
-					if it.Err == nil {
-						it.Err = verr
-					}
+		fail := func(its []*Item, verr error) {
+			for _, it := range its {
+				if it.Err == nil {
+					it.Err = verr
 				}
 			}
 		}
+		if len(ok) > 0 {
+			if verr := p.Verify(ok); verr != nil {
+				fail(ok, verr)
+			}
+		}
+		if len(landed) > 0 {
+			if lerr := p.Land(landed, srcs); lerr != nil {
+				fail(landed, lerr)
+			}
+		}
 		clear(ok)
-		c.verified = ok[:0]
+		clear(landed)
+		c.verified, c.landed, c.srcs = ok[:0], landed[:0], srcs[:0]
 		// Only now, the copies over, may the slots take other blocks.
 		l.Unpin(c.pins)
 		c.pins = c.pins[:0]
@@ -220,8 +273,9 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 			batchErr = err
 			break
 		}
-		c.copied = grow(c.copied, hi-lo)
+		c.copied, c.pitched = grow(c.copied, hi-lo), grow(c.pitched, hi-lo)
 		clear(c.copied)
+		clear(c.pitched)
 		runs := c.runs[:0]
 		for k := range c.reqs {
 			it, q := &items[lo+k], &c.reqs[k]
@@ -233,13 +287,24 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 				it.Err = fmt.Errorf("%w: %v at %d, outside the store's host view of %d bytes", ErrCopy, it.Key, q.Off, len(host))
 				continue
 			}
+			// A pitched tile's group goes packed to the chunk's scratch,
+			// which Land scatters into its rows.
+			dst, m := it.Dst, it.Mapping
+			if p.pitched(it) {
+				if err := p.ensureScratch(c); err != nil {
+					it.Err = err
+					continue
+				}
+				dst, m = c.scratch+uint64(k*gb), c.scratch
+				c.pitched[k] = true
+			}
 			it.CRC = q.CRC
 			c.copied[k] = true
-			if n := len(runs); n > 0 && runs[n-1].m == it.Mapping && runs[n-1].src+runs[n-1].n == int(q.Off) && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
+			if n := len(runs); n > 0 && runs[n-1].m == m && runs[n-1].src+runs[n-1].n == int(q.Off) && runs[n-1].dst+uint64(runs[n-1].n) == dst {
 				runs[n-1].n += gb
 				continue
 			}
-			runs = append(runs, run{src: int(q.Off), dst: it.Dst, n: gb, m: it.Mapping})
+			runs = append(runs, run{src: int(q.Off), dst: dst, n: gb, m: m})
 		}
 		c.runs = runs
 		p.bind(dev, func(q Device) {
@@ -297,12 +362,30 @@ func (p *Pipeline) getDirectChunk() (*directChunk, error) {
 	return c, nil
 }
 
-// putDirectChunk keeps an idle chunk (its slices and event) for the next
-// load; one the free list has no room for has its event destroyed.
+// putDirectChunk keeps an idle chunk (its slices, event and scratch) for
+// the next load; one the free list has no room for is released.
 func (p *Pipeline) putDirectChunk(c *directChunk) {
 	clear(c.batch.srcs)
 	c.busy, c.failed, c.dev = false, nil, nil
 	if !p.idleDirect.Put(c) {
-		_ = c.ev.Destroy()
+		c.release()
+	}
+}
+
+// release destroys the chunk's event and frees its scratch.
+func (c *directChunk) release() {
+	_ = c.ev.Destroy()
+	if c.freeScratch != nil {
+		_ = c.freeScratch()
+		c.freeScratch = nil
+	}
+}
+
+// Close releases what idle direct loads keep (events, device scratch).
+// Loads in progress keep theirs until they end; the device's own Close
+// frees the rest.
+func (p *Pipeline) Close() {
+	for _, c := range p.idleDirect.Drain() {
+		c.release()
 	}
 }

@@ -351,3 +351,88 @@ func TestDirect2DPerBlock(t *testing.T) {
 		})
 	}
 }
+
+// TestDirectPitched: with Land, pitched (token-major) tiles load directly
+// too: each block's groups are copied packed into device scratch with one
+// copy and Land puts every group's rows in place (a corrupt one as zeros,
+// reported); the bytes between a tile's rows, other heads' rows, stay as
+// they were. A batch mixing packed and pitched tiles takes both ways.
+func TestDirectPitched(t *testing.T) {
+	const n = 8 * 24
+	r, s, _ := directRig(t, n, 16)
+	lands := 0
+	r.p.Land = func(items []*gpu.Item, srcs []uint64) error {
+		lands++
+		for i, it := range items {
+			g := r.dev.Mem(srcs[i], gb)
+			ok := store.CRC32C(g) == it.CRC
+			for row := range rows {
+				b := make([]byte, rowBytes)
+				if ok {
+					copy(b, g[row*rowBytes:])
+				}
+				r.dev.Fill(it.Dst+uint64(row*it.Pitch), b)
+			}
+			if !ok {
+				it.Err = fmt.Errorf("land: %w", store.ErrCorrupt)
+			}
+		}
+		return nil
+	}
+	s.corrupt(9)
+	// key(i) is layer i%8 of block i/8: a block's 8 groups, like 8 heads,
+	// interleave row by row in the cache (pitch 8 rows), blocks apart.
+	const pitch = 8 * rowBytes
+	guard := bytes.Repeat([]byte{0xA7}, 1<<20)
+	r.dev.Fill(gputest.Base, guard)
+	its := make([]gpu.Item, n)
+	for i := range its {
+		b, h := i/8, i%8
+		its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(b*rows*pitch+h*rowBytes), Pitch: pitch}
+		if b%3 == 2 { // some blocks packed, after the cache
+			its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + 1<<19 + uint64(i*gb)}
+		}
+	}
+	copies := r.dev.Copies()
+	if err := r.p.Load(s, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		want := content(i)
+		if i == 9 {
+			want = make([]byte, gb)
+			if !errors.Is(it.Err, store.ErrCorrupt) {
+				t.Fatalf("corrupt item: %v", it.Err)
+			}
+		} else if it.Err != nil {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+		var got []byte
+		for row := range rows {
+			got = append(got, r.dev.Mem(it.Dst+uint64(row*max(it.Pitch, rowBytes)), rowBytes)...)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("item %d: wrong bytes", i)
+		}
+	}
+	// Nothing else in the cache changed: only the 8 heads' rows of the
+	// pitched blocks were written, and they cover their blocks whole.
+	for b := range n / 8 {
+		if b%3 == 2 {
+			if !bytes.Equal(r.dev.Mem(gputest.Base+uint64(b*rows*pitch), rows*pitch), guard[:rows*pitch]) {
+				t.Fatalf("cache block %d, loaded packed elsewhere, changed", b)
+			}
+		}
+	}
+	if r.p.Direct() != n || lands == 0 || s.reads != 0 {
+		t.Fatalf("%d direct, %d Land calls, %d store reads", r.p.Direct(), lands, s.reads)
+	}
+	if c := r.dev.Copies() - copies; c > n/8 {
+		t.Fatalf("%d copies for %d blocks of 8 groups", c, n/8)
+	}
+	s.check(t, r)
+	r.p.Close()
+	if a := r.dev.Allocated(); a != 0 {
+		t.Fatalf("%d bytes of device scratch left after Close", a)
+	}
+}

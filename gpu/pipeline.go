@@ -70,6 +70,12 @@ type Pipeline struct {
 	// its Err (wrapping store.ErrCorrupt). An error fails every item it
 	// was given that has no outcome yet (their tiles are then undefined).
 	Verify func(items []*Item) error
+	// Land, when set with Verify, has direct loads (SetHost) take pitched
+	// tiles too: their groups are copied packed into device scratch and
+	// Land checks each against Item.CRC and copies it into its rows (or
+	// zeros them, setting Err) in one pass (GPUVerifier.Land). The device
+	// must be a DeviceAllocator.
+	Land func(items []*Item, srcs []uint64) error
 	// Sum, when set, checksums the groups Store staged, where they lie in
 	// the pinned staging buffer (which the device reads directly: the
 	// CRC32C kernel), once their copies completed: crcs[i] for staged[i].

@@ -20,7 +20,17 @@ type Checker interface {
 	Close() error
 }
 
-var _ Checker = (*GPUVerifier)(nil)
+var (
+	_ Checker = (*GPUVerifier)(nil)
+	_ Lander  = (*GPUVerifier)(nil)
+)
+
+// Lander is implemented by checkers that can check groups copied packed
+// into device scratch and land them in their tiles in one pass
+// (Pipeline.Land): GPUVerifier.
+type Lander interface {
+	Land(items []*Item, srcs []uint64) error
+}
 
 // GPUVerifier checks loaded groups where they lie in GPU memory with the
 // CRC32C kernel (package gpu/crc32c) on a stream of its own, so a check
@@ -38,6 +48,7 @@ type GPUVerifier struct {
 	// checker runs one batch at a time anyway).
 	mu     sync.Mutex
 	groups []crc32c.Group
+	dsts   []crc32c.Group
 	want   []uint32
 	got    []uint32
 }
@@ -45,7 +56,7 @@ type GPUVerifier struct {
 // scratch returns the call's slices for n groups; v.mu is held.
 func (v *GPUVerifier) scratch(n int) ([]crc32c.Group, []uint32, []uint32) {
 	if cap(v.groups) < n {
-		v.groups, v.want, v.got = make([]crc32c.Group, n), make([]uint32, n), make([]uint32, n)
+		v.groups, v.dsts, v.want, v.got = make([]crc32c.Group, n), make([]crc32c.Group, n), make([]uint32, n), make([]uint32, n)
 	}
 	return v.groups[:n], v.want[:n], v.got[:n]
 }
@@ -85,6 +96,35 @@ func (v *GPUVerifier) Verify(items []*Item) error {
 		want[i] = it.CRC
 	}
 	bad, err := v.chk.Verify(groups, want, got)
+	if err != nil {
+		return fmt.Errorf("%w: GPU checksum: %w", ErrCopy, err)
+	}
+	for _, i := range bad {
+		items[i].Err = fmt.Errorf("%w: %v: crc32c %08x on the GPU, header says %08x", store.ErrCorrupt, items[i].Key, got[i], want[i])
+	}
+	return nil
+}
+
+// Land implements Pipeline.Land: each item's group, packed at srcs[i] in
+// device memory, is checked against Item.CRC and copied to its tile (rows
+// Item.Pitch apart) by one kernel pass; a group that differs lands as
+// zeros and gets ErrCorrupt.
+func (v *GPUVerifier) Land(items []*Item, srcs []uint64) error {
+	g := v.geo
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	src, want, got := v.scratch(len(items))
+	dst := v.dsts[:len(items)]
+	for i, it := range items {
+		pitch := it.Pitch
+		if pitch == 0 {
+			pitch = g.RowBytes
+		}
+		src[i] = crc32c.Group{Addr: srcs[i], Pitch: uint64(g.RowBytes), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
+		dst[i] = crc32c.Group{Addr: it.Dst, Pitch: uint64(pitch), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
+		want[i] = it.CRC
+	}
+	bad, err := v.chk.Land(src, dst, want, got)
 	if err != nil {
 		return fmt.Errorf("%w: GPU checksum: %w", ErrCopy, err)
 	}

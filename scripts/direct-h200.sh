@@ -31,7 +31,7 @@ done
 setup direct /dev/shm
 fresh
 BL_TIMEOUT=60
-for round in 1 2; do
+for round in $(seq ${ROUNDS:-2}); do
 	for mode in ${MODES:-direct:4 direct:8 staged}; do
 		flag="--gpu-direct=true --gpu-direct-workers ${mode#direct:}"
 		[ $mode = staged ] && flag=--gpu-direct=false
@@ -48,7 +48,13 @@ for round in 1 2; do
 		"$K" umount "$M"
 	done
 done
-mnt "$K" --gpu-verify gpu
-echo "cuda nhd (staged) 1 caller: $(bl --blocks-per-call 1024 --layout nhd --calls 5 --jobs 1 --into cuda)"
-"$K" umount "$M"
+for mode in direct staged; do
+	mnt "$K" --gpu-verify gpu --gpu-direct=$([ $mode = direct ] && echo true || echo false)
+	"$K" bench-load "$M" --blocks-per-call 64 --layout nhd --calls 1 --into cuda >/dev/null 2>&1
+	sleep 3
+	for j in 1 8; do
+		echo "cuda nhd $mode $j callers: $(bl --blocks-per-call 1024 --layout nhd --calls 5 --jobs $j --into cuda)"
+	done
+	"$K" umount "$M"
+done
 rm -f "$S"

@@ -28,7 +28,7 @@ type Checker struct {
 
 	mu     sync.Mutex
 	cap    int    // groups the buffer holds
-	host   []byte // pinned: cap × (GroupSize + 4 + 4): descriptors, want, got
+	host   []byte // pinned: cap × perGroup: descriptors (two for Land), want, got
 	closed bool
 }
 
@@ -36,7 +36,7 @@ type Checker struct {
 // default stream).
 func (m *Module) NewChecker(s cuda.Stream) *Checker { return &Checker{m: m, s: s} }
 
-const perGroup = GroupSize + 8
+const perGroup = 2*GroupSize + 8
 
 // grow makes room for n groups; the caller holds c.mu and the context.
 func (c *Checker) grow(n int) error {
@@ -66,11 +66,19 @@ func (c *Checker) free() error {
 
 // run queues the batch and waits for it: the kernel reads the
 // descriptors (and want) where they lie in pinned memory and writes got
-// there.
-func (c *Checker) run(groups []Group, want, got []uint32) error {
+// there. With dst (Land), groups are the sources.
+func (c *Checker) run(groups, dst []Group, want, got []uint32) error {
 	for i, g := range groups {
 		if err := g.Check(); err != nil {
 			return fmt.Errorf("crc32c: group %d: %w", i, err)
+		}
+	}
+	for i, g := range dst {
+		if err := g.Check(); err != nil {
+			return fmt.Errorf("crc32c: destination %d: %w", i, err)
+		}
+		if s := groups[i]; s.Rows != g.Rows || s.RowBytes != g.RowBytes {
+			return fmt.Errorf("crc32c: group %d: %d rows of %d bytes to land in %d rows of %d", i, s.Rows, s.RowBytes, g.Rows, g.RowBytes)
 		}
 	}
 	n := len(groups)
@@ -86,20 +94,27 @@ func (c *Checker) run(groups []Group, want, got []uint32) error {
 		if err := c.grow(n); err != nil {
 			return err
 		}
-		// Layout for this batch: n descriptors, n want, n got.
+		// Layout for this batch: n descriptors, n destinations (Land), n
+		// want, n got.
 		le := binary.LittleEndian
 		up := AppendGroups(c.host[:0], groups)
+		up = AppendGroups(up, dst)
 		for _, w := range want {
 			up = le.AppendUint32(up, w)
 		}
 		descDev := cuda.DevicePtr(uintptr(unsafe.Pointer(&c.host[0])))
-		wantDev := descDev + cuda.DevicePtr(n*GroupSize)
+		dstDev := descDev + cuda.DevicePtr(n*GroupSize)
+		wantDev := dstDev + cuda.DevicePtr(len(dst)*GroupSize)
 		gotDev := wantDev + cuda.DevicePtr(4*n)
-		down := c.host[n*(GroupSize+4) : n*(GroupSize+8)]
+		gotAt := int(gotDev - descDev)
+		down := c.host[gotAt : gotAt+4*n]
 		var err error
-		if want != nil {
+		switch {
+		case dst != nil:
+			err = c.m.LandAsync(c.s, descDev, dstDev, n, wantDev, gotDev)
+		case want != nil:
 			err = c.m.VerifyAsync(c.s, descDev, n, wantDev, gotDev)
-		} else {
+		default:
 			err = c.m.SumAsync(c.s, descDev, n, gotDev)
 		}
 		if err != nil {
@@ -115,13 +130,38 @@ func (c *Checker) run(groups []Group, want, got []uint32) error {
 	})
 }
 
+// Land checks each group src[i] (in device memory: a tile as it lies in
+// the store, copied to device scratch) against want[i] and copies it to
+// dst[i] (the tile in the client's cache, pitched rows or packed), after
+// the work already queued on the stream; a group that differs lands as
+// zeros. It returns the failed groups' indexes in ascending order; got, if
+// not nil, receives the CRCs the GPU computed. The checksum and the
+// scatter of a token-major (NHD) tile are one pass of the kernel.
+func (c *Checker) Land(src, dst []Group, want, got []uint32) (bad []int, err error) {
+	if len(dst) != len(src) || len(want) != len(src) || (got != nil && len(got) != len(src)) {
+		return nil, fmt.Errorf("crc32c: %d groups, %d destinations, %d checksums", len(src), len(dst), len(want))
+	}
+	if got == nil {
+		got = make([]uint32, len(src))
+	}
+	if err := c.run(src, dst, want, got); err != nil {
+		return nil, err
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			bad = append(bad, i)
+		}
+	}
+	return bad, nil
+}
+
 // Sum sets got[i] to the CRC32C of groups[i] (device addresses), computed
 // after the work already queued on the stream.
 func (c *Checker) Sum(groups []Group, got []uint32) error {
 	if len(got) != len(groups) {
 		return fmt.Errorf("crc32c: %d groups, room for %d checksums", len(groups), len(got))
 	}
-	return c.run(groups, nil, got)
+	return c.run(groups, nil, nil, got)
 }
 
 // Verify checks groups[i] against want[i] after the work already queued on
@@ -135,7 +175,7 @@ func (c *Checker) Verify(groups []Group, want, got []uint32) (bad []int, err err
 	if got == nil {
 		got = make([]uint32, len(groups))
 	}
-	if err := c.run(groups, want, got); err != nil {
+	if err := c.run(groups, nil, want, got); err != nil {
 		return nil, err
 	}
 	for i := range got {

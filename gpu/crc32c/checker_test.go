@@ -125,3 +125,82 @@ func BenchmarkGPUCheckerVerify(b *testing.B) {
 		}
 	}
 }
+
+// TestGPUCheckerLand: packed tiles in device scratch land in a token-major
+// (NHD) cache, rows a pitch apart: every good tile's rows where they
+// belong, a tile whose bytes differ from its checksum as zeros, reported,
+// and every byte no tile names (the heads not landed, a guard after the
+// cache) as it was. A 2 KiB geometry and an unaligned packed one too.
+func TestGPUCheckerLand(t *testing.T) {
+	m := loadGPU(t)
+	c, _ := newChecker(t, m)
+	for _, tc := range []struct{ rows, rb, heads int }{{16, 256, 8}, {16, 128, 8}, {4, 24, 3}} {
+		r := rand.New(rand.NewPCG(uint64(tc.rb), 5))
+		const blocks = 40
+		gb := tc.rows * tc.rb
+		n := blocks * tc.heads
+		scratch := randMem(r, n*gb)
+		want := make([]uint32, n)
+		for i := range want {
+			want[i] = crc32.Checksum(scratch[i*gb:(i+1)*gb], castagnoli)
+		}
+		fail := []int{0, 7, 100, n - 1}
+		for _, i := range fail {
+			scratch[i*gb+r.IntN(gb)] ^= 0x5a
+		}
+		pitch := tc.heads * tc.rb
+		cacheSize := blocks*tc.rows*pitch + 64
+		cache := bytes.Repeat([]byte{0xC3}, cacheSize)
+		sp, dp := devMem(t, m, scratch), devMem(t, m, cache)
+		// Every head but the last of each block, into cache block
+		// blocks-1-b.
+		var src, dst []Group
+		var idx []int
+		for i := range n {
+			b, h := i/tc.heads, i%tc.heads
+			if h == tc.heads-1 {
+				continue
+			}
+			cb := blocks - 1 - b
+			src = append(src, Group{Addr: uint64(sp) + uint64(i*gb), Rows: uint32(tc.rows), RowBytes: uint32(tc.rb), Pitch: uint64(tc.rb)})
+			dst = append(dst, Group{Addr: uint64(dp) + uint64(cb*tc.rows*pitch+h*tc.rb), Rows: uint32(tc.rows), RowBytes: uint32(tc.rb), Pitch: uint64(pitch)})
+			idx = append(idx, i)
+		}
+		w := make([]uint32, len(idx))
+		for k, i := range idx {
+			w[k] = want[i]
+		}
+		bad, err := c.Land(src, dst, w, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wantBad []int
+		for k, i := range idx {
+			if slices.Contains(fail, i) {
+				wantBad = append(wantBad, k)
+			}
+		}
+		if !slices.Equal(bad, wantBad) {
+			t.Fatalf("%v: Land reported %v, want %v", tc, bad, wantBad)
+		}
+		expect := slices.Clone(cache)
+		for k, i := range idx {
+			b, h := i/tc.heads, i%tc.heads
+			cb := blocks - 1 - b
+			for row := range tc.rows {
+				o := cb*tc.rows*pitch + row*pitch + h*tc.rb
+				if slices.Contains(bad, k) {
+					clear(expect[o : o+tc.rb])
+				} else {
+					copy(expect[o:o+tc.rb], scratch[i*gb+row*tc.rb:i*gb+(row+1)*tc.rb])
+				}
+			}
+		}
+		if out := download(t, m, dp, cacheSize); !bytes.Equal(out, expect) {
+			t.Fatalf("%v: the cache differs from the expected one at %d bytes", tc, diffCount(out, expect))
+		}
+	}
+	if _, err := c.Land([]Group{{Addr: 4096, Rows: 2, RowBytes: 16, Pitch: 16}}, []Group{{Addr: 8192, Rows: 1, RowBytes: 32}}, []uint32{0}, nil); err == nil {
+		t.Fatal("Land of a group into a tile of another shape: no error")
+	}
+}

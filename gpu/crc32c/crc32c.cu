@@ -263,3 +263,45 @@ extern "C" __global__ void kvfs_zero_groups(const kvfs_group *desc, u32 n, const
 		if (mask[i]) zero_group(desc[i], lane);
 	}
 }
+
+// copy_group copies group s to group d (the same rows and row bytes; any
+// pitches) with the calling warp, or writes zeros over d when !ok.
+__device__ void copy_group(const kvfs_group &s, const kvfs_group &d, bool ok, u32 lane) {
+	if (fast(s) && fast(d)) {
+		u32 per = d.row_bytes / UNIT;
+		u64 units = (u64)d.rows * per;
+		for (u64 u = lane; u < units; u += LANES) {
+			u64 row = u / per, col = (u % per) * UNIT;
+			uint4 v = make_uint4(0, 0, 0, 0);
+			if (ok) v = *(const uint4 *)(s.addr + row * s.pitch + col);
+			*(uint4 *)(d.addr + row * d.pitch + col) = v;
+		}
+	} else {
+		u64 n = (u64)d.rows * d.row_bytes;
+		for (u64 o = lane; o < n; o += LANES) {
+			u64 row = o / d.row_bytes, col = o % d.row_bytes;
+			unsigned char v = 0;
+			if (ok) v = *(const unsigned char *)(s.addr + row * s.pitch + col);
+			*(unsigned char *)(d.addr + row * d.pitch + col) = v;
+		}
+	}
+}
+
+// kvfs_crc32c_land checks each group src[i] (as it was copied into device
+// scratch) against want[i] and lands it at dst[i] (its tile, pitched rows
+// or packed), or writes zeros there when it differs; got[i] is its CRC32C.
+// src[i] and dst[i] have the same rows and row bytes and do not overlap.
+extern "C" __global__ void kvfs_crc32c_land(const u32 *tab, const kvfs_group *src, const kvfs_group *dst, u32 n, const u32 *want, u32 *got) {
+	__shared__ __align__(16) u32 sh[TAB_SHARED];
+	load_tables(sh, tab);
+	u32 lane = threadIdx.x & (LANES - 1);
+	u32 lanePow = tab[TAB_P + lane];
+	u32 warps = gridDim.x * (blockDim.x / LANES);
+	for (u32 i = blockIdx.x * (blockDim.x / LANES) + threadIdx.x / LANES; i < n; i += warps) {
+		kvfs_group s = src[i];
+		u32 c = group_crc(s, sh, tab, lane, lanePow);
+		if (lane == 0) got[i] = c;
+		__syncwarp();
+		copy_group(s, dst[i], c == want[i], lane);
+	}
+}

@@ -29,6 +29,7 @@ type Module struct {
 	sum    cuda.Function
 	verify cuda.Function
 	zero   cuda.Function
+	land   cuda.Function
 	tab    cuda.DevicePtr
 	sms    int
 
@@ -54,7 +55,7 @@ func Load(ordinal int) (*Module, error) {
 		if m.mod, err = cuda.ModuleLoadData(PTX); err != nil {
 			return fmt.Errorf("crc32c: load module: %w", err)
 		}
-		fns := map[string]*cuda.Function{kernelSum: &m.sum, kernelVerify: &m.verify, kernelZero: &m.zero}
+		fns := map[string]*cuda.Function{kernelSum: &m.sum, kernelVerify: &m.verify, kernelZero: &m.zero, kernelLand: &m.land}
 		for name, f := range fns {
 			if *f, err = m.mod.Function(name); err != nil {
 				return fmt.Errorf("crc32c: %s: %w", name, err)
@@ -158,6 +159,17 @@ func (m *Module) SumAsync(s cuda.Stream, desc cuda.DevicePtr, n int, got cuda.De
 func (m *Module) VerifyAsync(s cuda.Stream, desc cuda.DevicePtr, n int, want, got cuda.DevicePtr) error {
 	tab, nn := m.tab, uint32(n)
 	return m.launch(kernelVerify, m.verify, n, s, unsafe.Pointer(&tab), unsafe.Pointer(&desc), unsafe.Pointer(&nn), unsafe.Pointer(&want), unsafe.Pointer(&got))
+}
+
+// LandAsync queues kvfs_crc32c_land on s: each group src[i] (descriptors
+// in memory the device reads) is checked against want[i] and copied to
+// dst[i], or zeros are written there when it differs; got[i] becomes its
+// CRC32C. The caller has the module's context current and has checked the
+// groups (src[i] and dst[i] of the same shape, disjoint).
+func (m *Module) LandAsync(s cuda.Stream, src, dst cuda.DevicePtr, n int, want, got cuda.DevicePtr) error {
+	tab, nn := m.tab, uint32(n)
+	return m.launch(kernelLand, m.land, n, s, unsafe.Pointer(&tab), unsafe.Pointer(&src), unsafe.Pointer(&dst), unsafe.Pointer(&nn),
+		unsafe.Pointer(&want), unsafe.Pointer(&got))
 }
 
 // ZeroAsync queues kvfs_zero_groups on s: each group i with mask[i] != 0

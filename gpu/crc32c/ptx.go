@@ -14,4 +14,5 @@ const (
 	kernelSum    = "kvfs_crc32c"
 	kernelVerify = "kvfs_crc32c_verify"
 	kernelZero   = "kvfs_zero_groups"
+	kernelLand   = "kvfs_crc32c_land"
 )

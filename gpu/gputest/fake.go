@@ -60,6 +60,8 @@ type Device struct {
 
 	mu       sync.Mutex
 	hosts    int // host ranges registered now (RegisterHost)
+	devTop   int // AllocDevice hands out memory below it (0: the arena's end)
+	devAlloc int // bytes allocated now
 	cond     sync.Cond
 	mem      []byte
 	ops      []op
@@ -435,6 +437,39 @@ func (d *Device) RegisterHost(b []byte) (func() error, error) {
 		})
 		return err
 	}, nil
+}
+
+// AllocDevice implements gpu.DeviceAllocator: memory from the top of the
+// arena down (tests keep their tiles below it); freeing releases the
+// bytes' count (Allocated), not the range.
+func (d *Device) AllocDevice(n int) (uint64, func() error, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.devTop == 0 {
+		d.devTop = len(d.mem)
+	}
+	if n <= 0 || n > d.devTop {
+		return 0, nil, fmt.Errorf("gputest: no %d bytes of device memory left", n)
+	}
+	d.devTop -= n
+	d.devAlloc += n
+	addr := Base + uint64(d.devTop)
+	var once sync.Once
+	return addr, func() error {
+		once.Do(func() {
+			d.mu.Lock()
+			d.devAlloc -= n
+			d.mu.Unlock()
+		})
+		return nil
+	}, nil
+}
+
+// Allocated is how many bytes AllocDevice handed out and were not freed.
+func (d *Device) Allocated() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.devAlloc
 }
 
 // Registered is how many host ranges are registered now.

@@ -48,3 +48,13 @@ func (l *List[T]) Put(x *T) bool {
 	}
 	return false
 }
+
+// Drain empties the list and returns what it kept (items that hold more
+// than memory, to release).
+func (l *List[T]) Drain() []*T {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.free
+	l.free = nil
+	return out
+}
