@@ -388,4 +388,9 @@ func (p *Pipeline) Close() {
 	for _, c := range p.idleDirect.Drain() {
 		c.release()
 	}
+	for _, sc := range p.idleLand.Drain() {
+		if sc.free != nil {
+			_ = sc.free()
+		}
+	}
 }

@@ -436,3 +436,98 @@ func TestDirectPitched(t *testing.T) {
 		t.Fatalf("%d bytes of device scratch left after Close", a)
 	}
 }
+
+// TestLandedStaged: from a store not in memory (read through staging), with
+// Land, pitched tiles are read packed and copied packed into device
+// scratch, and Land writes their rows: no 2D copy, a corrupt group zeroed
+// in its tile and reported, an absent one leaving its tile alone, packed
+// tiles of the same load in place; more pitched tiles than one scratch
+// holds go in batches.
+func TestLandedStaged(t *testing.T) {
+	r := newRig(t, 3, 8, 3)
+	r.dev.Enable2D = true
+	r.p.LandBatch = 100 * gb // three batches of pitched tiles
+	verify := func(items []*gpu.Item) error {
+		for _, it := range items {
+			if store.CRC32C(r.dev.Mem(it.Dst, gb)) != it.CRC {
+				r.dev.Fill(it.Dst, make([]byte, gb))
+				it.Err = fmt.Errorf("verify: %w", store.ErrCorrupt)
+			}
+		}
+		return nil
+	}
+	lands := 0
+	r.p.Verify = verify
+	r.p.Land = func(items []*gpu.Item, srcs []uint64) error {
+		lands++
+		for i, it := range items {
+			g := r.dev.Mem(srcs[i], gb)
+			ok := store.CRC32C(g) == it.CRC
+			for row := range rows {
+				b := make([]byte, rowBytes)
+				if ok {
+					copy(b, g[row*rowBytes:])
+				}
+				r.dev.Fill(it.Dst+uint64(row*it.Pitch), b)
+			}
+			if !ok {
+				it.Err = fmt.Errorf("land: %w", store.ErrCorrupt)
+			}
+		}
+		return nil
+	}
+	const n = 8 * 30
+	const pitch = 8 * rowBytes
+	its := make([]gpu.Item, n)
+	for i := range its {
+		r.st.groups[key(i)] = content(i)
+		b, h := i/8, i%8
+		its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(b*rows*pitch+h*rowBytes), Pitch: pitch}
+		if b%4 == 3 {
+			its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + 1<<19 + uint64(i*gb)}
+		}
+	}
+	r.st.corrupt[key(10)] = true
+	delete(r.st.groups, key(17))
+	old := bytes.Repeat([]byte{0x5A}, rowBytes)
+	for row := range rows {
+		r.dev.Fill(its[17].Dst+uint64(row*pitch), old)
+	}
+	if err := r.p.Load(r.st, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		want := content(i)
+		switch i {
+		case 10:
+			want = make([]byte, gb)
+			if !errors.Is(it.Err, store.ErrCorrupt) {
+				t.Fatalf("corrupt item: %v", it.Err)
+			}
+		case 17:
+			want = bytes.Repeat(old, rows)
+			if it.Err != store.ErrNotFound {
+				t.Fatalf("absent item: %v", it.Err)
+			}
+		default:
+			if it.Err != nil {
+				t.Fatalf("item %d: %v", i, it.Err)
+			}
+		}
+		var got []byte
+		for row := range rows {
+			got = append(got, r.dev.Mem(it.Dst+uint64(row*max(it.Pitch, rowBytes)), rowBytes)...)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("item %d: wrong bytes", i)
+		}
+	}
+	if r.dev.Copies2D() != 0 || lands < 2 || r.st.unverified != n-1 {
+		t.Fatalf("%d 2D copies, %d Land calls, %d unverified reads of %d", r.dev.Copies2D(), lands, r.st.unverified, n)
+	}
+	r.checkClean(t)
+	r.p.Close()
+	if a := r.dev.Allocated(); a != 0 {
+		t.Fatalf("%d bytes of device scratch left after Close", a)
+	}
+}

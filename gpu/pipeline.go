@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/kvfs/kvfs/internal/freelist"
@@ -85,6 +86,9 @@ type Pipeline struct {
 	Sum func(staged [][]byte, crcs []uint32) error
 	// NoBatch queues copies one by one even on a Batcher.
 	NoBatch bool
+	// LandBatch is the bytes of device scratch a staged load of pitched
+	// tiles lands them through, in batches (default 128 MiB; see Land).
+	LandBatch int
 	// DirectWorkers is how many goroutines queue the copies of one load
 	// from the store's host view (default 4; see SetHost).
 	DirectWorkers int
@@ -101,6 +105,8 @@ type Pipeline struct {
 	host       atomic.Pointer[[]byte]
 	direct     atomic.Uint64
 	idleDirect freelist.List[directChunk]
+	idleLand   freelist.List[landScratch] // Max 4 (landOnce): 512 MiB of device memory idle at most
+	landOnce   sync.Once
 }
 
 // putReadGroups keeps a finished load's read groups, emptied, for the next
@@ -338,11 +344,20 @@ func (h *held) release(finish func(*chunk)) {
 // pool closed, the store closed). Items must have disjoint destinations.
 // With a host view (SetHost), Verify set, r a Locator and every tile
 // packed, the groups are copied straight from the store's file
-// (loadDirect); otherwise they go through staging.
+// (loadDirect); otherwise they go through staging, pitched tiles packed
+// into device scratch and landed by Land where it is set (loadLanded).
 func (p *Pipeline) Load(r Reader, items []Item) error {
 	if l, host := p.directFor(r, items); l != nil {
 		return p.loadDirect(l, host, items)
 	}
+	if p.landsStaged(items) {
+		return p.loadLanded(r, items)
+	}
+	return p.loadStaged(r, items)
+}
+
+// loadStaged is Load through staging.
+func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 	gb := p.Geo.GroupBytes
 	per := p.chunkGroups(len(items))
 	if per == 0 {

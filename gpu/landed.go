@@ -1,0 +1,134 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvfs/kvfs/store"
+)
+
+// Staged loads of pitched tiles, landed by the GPU. A store that is not in
+// memory (a disk) is read into pinned staging by DMA; a pitched (NHD) tile
+// then had the CPU lay its rows out in staging as they lie on the device,
+// a copy of every byte: a GPU load of NHD blocks from the disk spent 0.36
+// core-seconds per GB on the H200, as much as a load into host memory.
+// With Land, pitched tiles are read packed instead (the storage's DMA, no
+// CPU), copied packed into device scratch, and the kernel checks each group
+// there and writes its rows into the tile, in one pass.
+
+// landBatch is the most bytes of pitched tiles one scratch carries
+// (Pipeline.LandBatch, default 128 MiB): a load's pitched tiles go
+// through it in batches of that size, each one staged pipeline that fills
+// and drains (on the H200's disk, batches of 32 MiB ran 15 % below whole
+// staged loads).
+func (p *Pipeline) landBatch() int {
+	if p.LandBatch > 0 {
+		return max(p.LandBatch, p.Geo.GroupBytes)
+	}
+	return 128 << 20
+}
+
+// landScratch is device memory for one batch.
+type landScratch struct {
+	addr uint64
+	free func() error
+}
+
+// landsStaged reports whether a staged load of items should land pitched
+// tiles with the kernel: Land and Verify set, a device that allocates, and
+// a pitched tile among items.
+func (p *Pipeline) landsStaged(items []Item) bool {
+	if p.Land == nil || p.Verify == nil || !p.canAllocDevice() {
+		return false
+	}
+	for i := range items {
+		if p.pitched(&items[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// loadLanded is Load through staging for items with pitched tiles: in
+// batches of landBatch bytes of them, every pitched tile's group is
+// loaded packed into device scratch (the staged pipeline as for packed
+// tiles, Verify checking it there), then Land checks it again and writes
+// its rows into the tile (zeros for one that failed: Verify zeroed it in
+// scratch). Packed tiles go straight to their places in the same runs.
+func (p *Pipeline) loadLanded(r Reader, items []Item) error {
+	gb := p.Geo.GroupBytes
+	p.landOnce.Do(func() { p.idleLand.Max = 4 })
+	sc := p.idleLand.Get()
+	if sc.free == nil {
+		a := p.Dev.(DeviceAllocator)
+		addr, free, err := a.AllocDevice(p.landBatch())
+		if err != nil {
+			p.idleLand.Put(sc)
+			err = fmt.Errorf("%w: device scratch: %w", ErrCopy, err)
+			for i := range items {
+				items[i].Err = err
+			}
+			return nil
+		}
+		sc.addr, sc.free = addr, free
+	}
+	defer func() {
+		if !p.idleLand.Put(sc) {
+			_ = sc.free()
+		}
+	}()
+	per := p.landBatch() / gb
+	var tmp []Item
+	var landed []*Item
+	var srcs []uint64
+	for lo := 0; lo < len(items); {
+		// A batch: items from lo until per pitched tiles are in it.
+		tmp, landed, srcs = tmp[:0], landed[:0], srcs[:0]
+		hi, k := lo, 0
+		for ; hi < len(items) && k < per; hi++ {
+			it := items[hi]
+			if p.pitched(&it) {
+				it.Dst, it.Pitch, it.Mapping = sc.addr+uint64(k*gb), 0, sc.addr
+				k++
+			}
+			tmp = append(tmp, it)
+		}
+		err := p.loadStaged(r, tmp)
+		for j := range tmp {
+			i := lo + j
+			if !p.pitched(&items[i]) {
+				items[i].Err, items[i].CRC = tmp[j].Err, tmp[j].CRC
+				continue
+			}
+			items[i].CRC = tmp[j].CRC
+			switch e := tmp[j].Err; {
+			case e == nil, errors.Is(e, store.ErrCorrupt):
+				// Corrupt: zeroed in scratch, so Land finds it differs and
+				// writes zeros into the tile.
+				items[i].Err = nil
+				landed = append(landed, &items[i])
+				srcs = append(srcs, tmp[j].Dst)
+			default:
+				items[i].Err = e
+			}
+		}
+		if len(landed) > 0 {
+			if lerr := p.Land(landed, srcs); lerr != nil {
+				for _, it := range landed {
+					if it.Err == nil {
+						it.Err = lerr
+					}
+				}
+			}
+		}
+		if err != nil {
+			for i := hi; i < len(items); i++ {
+				items[i].Err = err
+			}
+			return err
+		}
+		lo = hi
+	}
+	clear(landed)
+	return nil
+}
