@@ -16,7 +16,9 @@
 //
 // A store file in memory (tmpfs) needs no staging: registered with the
 // GPU (SetHost), it is read by the copy engines straight into the tiles,
-// and the groups are checked where they landed (direct.go).
+// and the groups are checked where they landed (direct.go). Pitched
+// (token-major) tiles, read packed, go through device scratch, and one
+// kernel pass checks each group and writes its rows (Land; landed.go).
 //
 // The GPU is reached through the Device interface (copies on one ordered
 // queue, events, pinned allocations); CUDA implements it over package
