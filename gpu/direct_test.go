@@ -112,11 +112,7 @@ func directRig(t *testing.T, n, per int) (*rig, *locStore, *atomic.Int64) {
 		calls.Add(1)
 		for _, it := range items {
 			pitch := max(it.Pitch, rowBytes)
-			var got []byte
-			for row := range rows {
-				got = append(got, r.dev.Mem(it.Dst+uint64(row*pitch), rowBytes)...)
-			}
-			if store.CRC32C(got) != it.CRC {
+			if store.CRC32C(tileBytes(r, *it)) != it.CRC {
 				for row := range rows {
 					r.dev.Fill(it.Dst+uint64(row*pitch), make([]byte, rowBytes))
 				}
@@ -232,15 +228,7 @@ func TestDirectFallsBack(t *testing.T) {
 			}
 			for i, it := range its {
 				want := content(i)
-				var got []byte
-				if it.Pitch > rowBytes {
-					for row := range rows {
-						got = append(got, r.dev.Mem(it.Dst+uint64(row*it.Pitch), rowBytes)...)
-					}
-				} else {
-					got = r.dev.Mem(it.Dst, gb)
-				}
-				if it.Err != nil || !bytes.Equal(got, want) {
+				if it.Err != nil || !bytes.Equal(tileBytes(r, it), want) {
 					t.Fatalf("item %d: %v", i, it.Err)
 				}
 			}
@@ -361,24 +349,7 @@ func TestDirectPitched(t *testing.T) {
 	const n = 8 * 24
 	r, s, _ := directRig(t, n, 16)
 	lands := 0
-	r.p.Land = func(items []*gpu.Item, srcs []uint64) error {
-		lands++
-		for i, it := range items {
-			g := r.dev.Mem(srcs[i], gb)
-			ok := store.CRC32C(g) == it.CRC
-			for row := range rows {
-				b := make([]byte, rowBytes)
-				if ok {
-					copy(b, g[row*rowBytes:])
-				}
-				r.dev.Fill(it.Dst+uint64(row*it.Pitch), b)
-			}
-			if !ok {
-				it.Err = fmt.Errorf("land: %w", store.ErrCorrupt)
-			}
-		}
-		return nil
-	}
+	r.p.Land = fakeLand(r, &lands)
 	s.corrupt(9)
 	// key(i) is layer i%8 of block i/8: a block's 8 groups, like 8 heads,
 	// interleave row by row in the cache (pitch 8 rows), blocks apart.
@@ -407,11 +378,7 @@ func TestDirectPitched(t *testing.T) {
 		} else if it.Err != nil {
 			t.Fatalf("item %d: %v", i, it.Err)
 		}
-		var got []byte
-		for row := range rows {
-			got = append(got, r.dev.Mem(it.Dst+uint64(row*max(it.Pitch, rowBytes)), rowBytes)...)
-		}
-		if !bytes.Equal(got, want) {
+		if !bytes.Equal(tileBytes(r, it), want) {
 			t.Fatalf("item %d: wrong bytes", i)
 		}
 	}
@@ -458,24 +425,7 @@ func TestLandedStaged(t *testing.T) {
 	}
 	lands := 0
 	r.p.Verify = verify
-	r.p.Land = func(items []*gpu.Item, srcs []uint64) error {
-		lands++
-		for i, it := range items {
-			g := r.dev.Mem(srcs[i], gb)
-			ok := store.CRC32C(g) == it.CRC
-			for row := range rows {
-				b := make([]byte, rowBytes)
-				if ok {
-					copy(b, g[row*rowBytes:])
-				}
-				r.dev.Fill(it.Dst+uint64(row*it.Pitch), b)
-			}
-			if !ok {
-				it.Err = fmt.Errorf("land: %w", store.ErrCorrupt)
-			}
-		}
-		return nil
-	}
+	r.p.Land = fakeLand(r, &lands)
 	const n = 8 * 30
 	const pitch = 8 * rowBytes
 	its := make([]gpu.Item, n)
@@ -514,11 +464,7 @@ func TestLandedStaged(t *testing.T) {
 				t.Fatalf("item %d: %v", i, it.Err)
 			}
 		}
-		var got []byte
-		for row := range rows {
-			got = append(got, r.dev.Mem(it.Dst+uint64(row*max(it.Pitch, rowBytes)), rowBytes)...)
-		}
-		if !bytes.Equal(got, want) {
+		if !bytes.Equal(tileBytes(r, it), want) {
 			t.Fatalf("item %d: wrong bytes", i)
 		}
 	}
@@ -530,4 +476,38 @@ func TestLandedStaged(t *testing.T) {
 	if a := r.dev.Allocated(); a != 0 {
 		t.Fatalf("%d bytes of device scratch left after Close", a)
 	}
+}
+
+// fakeLand is Pipeline.Land on the rig's fake device (the CPU over its
+// memory): each group checked in scratch and its rows written into its
+// tile, zeros for one that differs; lands counts the calls.
+func fakeLand(r *rig, lands *int) func(items []*gpu.Item, srcs []uint64) error {
+	return func(items []*gpu.Item, srcs []uint64) error {
+		*lands++
+		for i, it := range items {
+			g := r.dev.Mem(srcs[i], gb)
+			ok := store.CRC32C(g) == it.CRC
+			for row := range rows {
+				b := make([]byte, rowBytes)
+				if ok {
+					copy(b, g[row*rowBytes:])
+				}
+				r.dev.Fill(it.Dst+uint64(row*it.Pitch), b)
+			}
+			if !ok {
+				it.Err = fmt.Errorf("land: %w", store.ErrCorrupt)
+			}
+		}
+		return nil
+	}
+}
+
+// tileBytes is an item's group as it lies in its tile on the fake device
+// (rows Pitch apart, or packed).
+func tileBytes(r *rig, it gpu.Item) []byte {
+	var got []byte
+	for row := range rows {
+		got = append(got, r.dev.Mem(it.Dst+uint64(row*max(it.Pitch, rowBytes)), rowBytes)...)
+	}
+	return got
 }
