@@ -134,6 +134,9 @@ func (p *Pipeline) directGroups() int {
 // among DirectWorkers goroutines (directRange each), so queueing the
 // copies is not one core's work.
 func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item) error {
+	// Idle chunks keep their device scratch (32 MiB each by default):
+	// at most 16 of them.
+	p.directOnce.Do(func() { p.idleDirect.Max = 16 })
 	per := p.directGroups()
 	chunks := (len(items) + per - 1) / per
 	w := min(p.directWorkers(), chunks)

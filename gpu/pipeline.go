@@ -104,7 +104,8 @@ type Pipeline struct {
 	// device (SetHost); direct counts the groups loaded from it.
 	host       atomic.Pointer[[]byte]
 	direct     atomic.Uint64
-	idleDirect freelist.List[directChunk]
+	idleDirect freelist.List[directChunk] // Max 16 (directOnce)
+	directOnce sync.Once
 	idleLand   freelist.List[landScratch] // Max 4 (landOnce): 512 MiB of device memory idle at most
 	landOnce   sync.Once
 }
