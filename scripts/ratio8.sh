@@ -11,7 +11,7 @@ set -u
 setup ratio8 /dev/shm
 FIO=$D/fio
 [ -x "$FIO" ] || FIO=fio
-fresh
+fresh --zero # fio must not read never-written space (the zero page, cache-hot)
 mnt "$K"
 for r in 1 2 3; do
 	for l in hnd nhd; do
