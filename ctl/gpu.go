@@ -108,6 +108,9 @@ type GPUOptions struct {
 	// DirectWorkers is how many goroutines queue one direct load's copies
 	// (default 4; gpu.Pipeline.DirectWorkers).
 	DirectWorkers int
+	// ScratchBudget bounds each device's scratch for direct loads of
+	// pitched tiles (default 512 MiB; gpu.Pipeline.ScratchBudget).
+	ScratchBudget int
 }
 
 // OpenCUDA opens a CUDA device for the server.
@@ -288,7 +291,8 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 		return nil, fmt.Errorf("%w: device %d staging: %w", ErrNoGPU, ordinal, err)
 	}
 	d := &gpuDev{ordinal: ordinal, g: dev, pool: pool,
-		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth, ReadAhead: g.opts.ReadAhead, NoBatch: g.opts.NoBatch, DirectWorkers: g.opts.DirectWorkers}}
+		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth, ReadAhead: g.opts.ReadAhead, NoBatch: g.opts.NoBatch, DirectWorkers: g.opts.DirectWorkers,
+			ScratchBudget: g.opts.ScratchBudget}}
 	if d.pipe.Depth <= 0 {
 		d.pipe.Depth = 8
 	}

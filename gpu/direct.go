@@ -115,12 +115,37 @@ func (p *Pipeline) ensureScratch(c *directChunk) error {
 	if !ok {
 		return fmt.Errorf("%w: the device allocates no memory", ErrConfig)
 	}
-	addr, free, err := a.AllocDevice(p.directGroups() * p.Geo.GroupBytes)
+	n := p.directGroups() * p.Geo.GroupBytes
+	addr, free, err := a.AllocDevice(n)
 	if err != nil {
 		return fmt.Errorf("%w: device scratch: %w", ErrCopy, err)
 	}
-	c.scratch, c.freeScratch = addr, free
+	p.scratchBytes.Add(int64(n))
+	c.scratch, c.freeScratch = addr, func() error {
+		p.scratchBytes.Add(-int64(n))
+		return free()
+	}
 	return nil
+}
+
+// overScratch reports whether the direct chunks' device scratch (in use
+// and idle) has reached ScratchBudget.
+func (p *Pipeline) overScratch() bool {
+	b := p.ScratchBudget
+	if b <= 0 {
+		b = 512 << 20
+	}
+	return p.scratchBytes.Load() >= int64(b)
+}
+
+// anyPitched reports whether items hold a pitched tile.
+func (p *Pipeline) anyPitched(items []Item) bool {
+	for i := range items {
+		if p.pitched(&items[i]) {
+			return true
+		}
+	}
+	return false
 }
 
 // directGroups is how many groups one direct chunk carries: as many as
@@ -256,7 +281,12 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 	var batchErr error
 	lo := 0
 	for lo < len(items) && batchErr == nil {
-		if len(flight) >= depth {
+		// The oldest chunk is finished first when the depth is reached,
+		// or when the next chunk needs device scratch and the device's
+		// scratch is at its budget: then this load reuses its own (a
+		// load never waits on another's, so the scratch in use stays
+		// within the budget plus one chunk's per load).
+		for len(flight) > 0 && (len(flight) >= depth || (p.overScratch() && p.anyPitched(items[lo:min(lo+per, len(items))]))) {
 			finish(flight[0])
 			flight = flight[1:]
 		}

@@ -511,3 +511,51 @@ func tileBytes(r *rig, it gpu.Item) []byte {
 	}
 	return got
 }
+
+// TestDirectScratchBudget: concurrent direct loads of pitched tiles keep
+// the device scratch they hold within ScratchBudget plus one chunk's per
+// load (a load over the budget finishes its own oldest chunk and reuses
+// its scratch), and land every byte.
+func TestDirectScratchBudget(t *testing.T) {
+	const loads, perLoad = 6, 8 * 64
+	r, s, _ := directRig(t, loads*perLoad, 4) // chunks of 8 groups
+	r.dev.Delay, r.dev.Jitter = 20*time.Microsecond, 40*time.Microsecond
+	lands := 0
+	var mu sync.Mutex
+	land := fakeLand(r, &lands)
+	r.p.Land = func(items []*gpu.Item, srcs []uint64) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return land(items, srcs)
+	}
+	chunk := 8 * gb
+	budget := 2 * chunk
+	r.p.ScratchBudget = budget
+	r.p.DirectWorkers = 1
+	const pitch = 8 * rowBytes
+	its := make([]gpu.Item, loads*perLoad)
+	for i := range its {
+		b, h := i/8, i%8
+		its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(b*rows*pitch+h*rowBytes), Pitch: pitch}
+	}
+	var wg sync.WaitGroup
+	for k := range loads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.p.Load(s, its[k*perLoad:(k+1)*perLoad]); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, it := range its {
+		if it.Err != nil || !bytes.Equal(tileBytes(r, it), content(i)) {
+			t.Fatalf("item %d: %v", i, it.Err)
+		}
+	}
+	if peak := r.dev.PeakAllocated(); peak > budget+loads*chunk {
+		t.Fatalf("%d bytes of device scratch at once, budget %d plus %d loads × %d", peak, budget, loads, chunk)
+	}
+	s.check(t, r)
+}

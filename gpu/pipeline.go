@@ -89,6 +89,11 @@ type Pipeline struct {
 	// LandBatch is the bytes of device scratch a staged load of pitched
 	// tiles lands them through, in batches (default 128 MiB; see Land).
 	LandBatch int
+	// ScratchBudget bounds the device scratch direct loads of pitched
+	// tiles keep (default 512 MiB): past it a load reuses the scratch of
+	// its own oldest chunk instead of allocating more, so at most the
+	// budget plus one chunk's (twice the staging buffer size) per load.
+	ScratchBudget int
 	// DirectWorkers is how many goroutines queue the copies of one load
 	// from the store's host view (default 4; see SetHost).
 	DirectWorkers int
@@ -106,8 +111,10 @@ type Pipeline struct {
 	direct     atomic.Uint64
 	idleDirect freelist.List[directChunk] // Max 16 (directOnce)
 	directOnce sync.Once
-	idleLand   freelist.List[landScratch] // Max 4 (landOnce): 512 MiB of device memory idle at most
-	landOnce   sync.Once
+	// scratchBytes is the device scratch the direct chunks hold.
+	scratchBytes atomic.Int64
+	idleLand     freelist.List[landScratch] // Max 4 (landOnce): 512 MiB of device memory idle at most
+	landOnce     sync.Once
 }
 
 // putReadGroups keeps a finished load's read groups, emptied, for the next

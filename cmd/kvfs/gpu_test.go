@@ -26,6 +26,7 @@ func TestMountGPUFlags(t *testing.T) {
 		{[]string{"--gpu-streams", "0"}, "--gpu-streams"},
 		{[]string{"--gpu-wait", "poll"}, "--gpu-wait"},
 		{[]string{"--gpu-direct-workers", "0"}, "--gpu-direct-workers"},
+		{[]string{"--gpu-scratch", "1KiB"}, "--gpu-scratch"},
 	} {
 		kvfs(t, nil, append([]string{"mount", dir + "/none.kvfs", dir}, c.args...)...).want(t, 2, c.msg)
 	}

@@ -59,6 +59,7 @@ type mountOptions struct {
 	gpuVerify                string
 	gpuDirect                bool
 	gpuDirectWorkers         int
+	gpuScratch               string
 	gpuAhead                 int
 	gpuBatch                 bool
 	gpuStreams               int
@@ -138,6 +139,7 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.StringVar(&o.gpuVerify, "gpu-verify", "auto", "where loads into GPU memory are checksummed: gpu (the CRC32C kernel, where the groups land; STOREs summed over staging by it too), cpu (the store, in staging), or auto: gpu where the kernel loads, else cpu")
 	f.BoolVar(&o.gpuDirect, "gpu-direct", true, "with the checksums on the GPU and a store file in memory (tmpfs, ramfs): register the file with the GPUs (page-locking it) and copy packed tiles straight from it, with no staging")
 	f.IntVar(&o.gpuDirectWorkers, "gpu-direct-workers", 4, "goroutines that queue the copies of one direct GPU load (1..64)")
+	f.StringVar(&o.gpuScratch, "gpu-scratch", "512MiB", "GPU memory per device that direct loads of token-major (NHD) tiles keep as scratch (past it each load reuses its own)")
 	addCommand(c)
 }
 
@@ -155,6 +157,10 @@ func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
 	}
 	if o.gpuWait != "block" && o.gpuWait != "spin" {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-wait %q: want block or spin", o.gpuWait)
+	}
+	scratch, err := bytesize.Parse(o.gpuScratch)
+	if err != nil || scratch < 1<<20 || scratch > 1<<40 {
+		return ctl.GPUOptions{}, usageErrorf("--gpu-scratch %q: want a size from 1MiB to 1TiB", o.gpuScratch)
 	}
 	if o.gpuDirectWorkers < 1 || o.gpuDirectWorkers > 64 {
 		return ctl.GPUOptions{}, usageErrorf("--gpu-direct-workers %d: want 1..64", o.gpuDirectWorkers)

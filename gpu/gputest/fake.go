@@ -62,6 +62,7 @@ type Device struct {
 	hosts    int // host ranges registered now (RegisterHost)
 	devTop   int // AllocDevice hands out memory below it (0: the arena's end)
 	devAlloc int // bytes allocated now
+	devPeak  int // the most allocated at once
 	cond     sync.Cond
 	mem      []byte
 	ops      []op
@@ -453,6 +454,7 @@ func (d *Device) AllocDevice(n int) (uint64, func() error, error) {
 	}
 	d.devTop -= n
 	d.devAlloc += n
+	d.devPeak = max(d.devPeak, d.devAlloc)
 	addr := Base + uint64(d.devTop)
 	var once sync.Once
 	return addr, func() error {
@@ -463,6 +465,13 @@ func (d *Device) AllocDevice(n int) (uint64, func() error, error) {
 		})
 		return nil
 	}, nil
+}
+
+// PeakAllocated is the most bytes AllocDevice had handed out at once.
+func (d *Device) PeakAllocated() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.devPeak
 }
 
 // Allocated is how many bytes AllocDevice handed out and were not freed.
