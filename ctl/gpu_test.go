@@ -591,6 +591,7 @@ func TestBlocksCUDA(t *testing.T) {
 // groups (as the kernel reads pinned staging), flipping the sum of the
 // flip-th group it sees (a kernel gone wrong) or failing when sumErr is set.
 type fakeChecker struct {
+	mu       sync.Mutex // Verify and Sum may be called concurrently (a direct load's workers)
 	dev      *fakeGPU
 	geo      gpu.Geometry
 	verified *int
@@ -600,6 +601,8 @@ type fakeChecker struct {
 }
 
 func (c *fakeChecker) Verify(items []*gpu.Item) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	geo, dev := c.geo, c.dev
 	for _, it := range items {
 		*c.verified++
@@ -622,6 +625,8 @@ func (c *fakeChecker) Verify(items []*gpu.Item) error {
 }
 
 func (c *fakeChecker) Sum(staged [][]byte, crcs []uint32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.sumErr != nil {
 		return c.sumErr
 	}

@@ -482,7 +482,10 @@ func TestLandedStaged(t *testing.T) {
 // memory): each group checked in scratch and its rows written into its
 // tile, zeros for one that differs; lands counts the calls.
 func fakeLand(r *rig, lands *int) func(items []*gpu.Item, srcs []uint64) error {
+	var mu sync.Mutex // Land is called concurrently by a direct load's workers
 	return func(items []*gpu.Item, srcs []uint64) error {
+		mu.Lock()
+		defer mu.Unlock()
 		*lands++
 		for i, it := range items {
 			g := r.dev.Mem(srcs[i], gb)
@@ -521,13 +524,7 @@ func TestDirectScratchBudget(t *testing.T) {
 	r, s, _ := directRig(t, loads*perLoad, 4) // chunks of 8 groups
 	r.dev.Delay, r.dev.Jitter = 20*time.Microsecond, 40*time.Microsecond
 	lands := 0
-	var mu sync.Mutex
-	land := fakeLand(r, &lands)
-	r.p.Land = func(items []*gpu.Item, srcs []uint64) error {
-		mu.Lock()
-		defer mu.Unlock()
-		return land(items, srcs)
-	}
+	r.p.Land = fakeLand(r, &lands)
 	chunk := 8 * gb
 	budget := 2 * chunk
 	r.p.ScratchBudget = budget

@@ -70,6 +70,8 @@ type Pipeline struct {
 	// completed; it must zero every group whose checksum differs and set
 	// its Err (wrapping store.ErrCorrupt). An error fails every item it
 	// was given that has no outcome yet (their tiles are then undefined).
+	// It is called concurrently (by concurrent loads, and by the workers
+	// of one direct load).
 	Verify func(items []*Item) error
 	// Land, when set with Verify, has direct loads (SetHost) take pitched
 	// tiles too: their groups are copied packed into device scratch and
