@@ -253,23 +253,8 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 			}
 			ok = append(ok, &items[i])
 		}
-		fail := func(its []*Item, verr error) {
-			for _, it := range its {
-				if it.Err == nil {
-					it.Err = verr
-				}
-			}
-		}
-		if len(ok) > 0 {
-			if verr := p.Verify(ok); verr != nil {
-				fail(ok, verr)
-			}
-		}
-		if len(landed) > 0 {
-			if lerr := p.Land(landed, srcs); lerr != nil {
-				fail(landed, lerr)
-			}
-		}
+		p.verify(ok)
+		p.land(landed, srcs)
 		clear(ok)
 		clear(landed)
 		c.verified, c.landed, c.srcs = ok[:0], landed[:0], srcs[:0]

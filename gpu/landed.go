@@ -112,15 +112,7 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 				items[i].Err = e
 			}
 		}
-		if len(landed) > 0 {
-			if lerr := p.Land(landed, srcs); lerr != nil {
-				for _, it := range landed {
-					if it.Err == nil {
-						it.Err = lerr
-					}
-				}
-			}
-		}
+		p.land(landed, srcs)
 		if err != nil {
 			for i := hi; i < len(items); i++ {
 				items[i].Err = err

@@ -119,6 +119,35 @@ type Pipeline struct {
 	landOnce     sync.Once
 }
 
+// verify runs Verify over items whose copies completed; when it fails as
+// a whole, the items it left without an outcome fail with its error
+// (their tiles are undefined).
+func (p *Pipeline) verify(items []*Item) {
+	if len(items) > 0 {
+		failUnset(items, p.Verify(items))
+	}
+}
+
+// land runs Land over pitched items copied into device scratch at srcs,
+// as verify does Verify.
+func (p *Pipeline) land(items []*Item, srcs []uint64) {
+	if len(items) > 0 {
+		failUnset(items, p.Land(items, srcs))
+	}
+}
+
+// failUnset gives err, when not nil, to the items without an outcome.
+func failUnset(items []*Item, err error) {
+	if err == nil {
+		return
+	}
+	for _, it := range items {
+		if it.Err == nil {
+			it.Err = err
+		}
+	}
+}
+
 // putReadGroups keeps a finished load's read groups, emptied, for the next
 // (up to freelist.DefaultMax of them).
 func (p *Pipeline) putReadGroups(gs *[3]readGroup) {
@@ -395,15 +424,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 					ok = append(ok, it)
 				}
 			}
-			if len(ok) > 0 {
-				if verr := p.Verify(ok); verr != nil {
-					for _, it := range ok {
-						if it.Err == nil {
-							it.Err = verr
-						}
-					}
-				}
-			}
+			p.verify(ok)
 			clear(ok) // no item stays reachable past its batch
 			c.verified = ok[:0]
 		}

@@ -83,26 +83,14 @@ func NewGPUVerifier(ordinal int, geo Geometry) (*GPUVerifier, error) {
 // Verify implements Pipeline.Verify: groups whose CRC32C differs from
 // Item.CRC are zeroed on the device by the kernel and get ErrCorrupt.
 func (v *GPUVerifier) Verify(items []*Item) error {
-	g := v.geo
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	groups, want, got := v.scratch(len(items))
 	for i, it := range items {
-		pitch := it.Pitch
-		if pitch == 0 {
-			pitch = g.RowBytes
-		}
-		groups[i] = crc32c.Group{Addr: it.Dst, Pitch: uint64(pitch), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
-		want[i] = it.CRC
+		groups[i], want[i] = v.tile(it), it.CRC
 	}
 	bad, err := v.chk.Verify(groups, want, got)
-	if err != nil {
-		return fmt.Errorf("%w: GPU checksum: %w", ErrCopy, err)
-	}
-	for _, i := range bad {
-		items[i].Err = fmt.Errorf("%w: %v: crc32c %08x on the GPU, header says %08x", store.ErrCorrupt, items[i].Key, got[i], want[i])
-	}
-	return nil
+	return v.outcome(items, bad, want, got, err)
 }
 
 // Land implements Pipeline.Land: each item's group, packed at srcs[i] in
@@ -116,15 +104,27 @@ func (v *GPUVerifier) Land(items []*Item, srcs []uint64) error {
 	src, want, got := v.scratch(len(items))
 	dst := v.dsts[:len(items)]
 	for i, it := range items {
-		pitch := it.Pitch
-		if pitch == 0 {
-			pitch = g.RowBytes
-		}
 		src[i] = crc32c.Group{Addr: srcs[i], Pitch: uint64(g.RowBytes), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
-		dst[i] = crc32c.Group{Addr: it.Dst, Pitch: uint64(pitch), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
-		want[i] = it.CRC
+		dst[i], want[i] = v.tile(it), it.CRC
 	}
 	bad, err := v.chk.Land(src, dst, want, got)
+	return v.outcome(items, bad, want, got, err)
+}
+
+// tile is the item's group where it lies on the device: its rows
+// Item.Pitch apart (packed for pitch 0).
+func (v *GPUVerifier) tile(it *Item) crc32c.Group {
+	g := v.geo
+	pitch := it.Pitch
+	if pitch == 0 {
+		pitch = g.RowBytes
+	}
+	return crc32c.Group{Addr: it.Dst, Pitch: uint64(pitch), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
+}
+
+// outcome sets ErrCorrupt on the items the kernel found bad (Verify and
+// Land), or returns the kernel's failure as a whole.
+func (v *GPUVerifier) outcome(items []*Item, bad []int, want, got []uint32, err error) error {
 	if err != nil {
 		return fmt.Errorf("%w: GPU checksum: %w", ErrCopy, err)
 	}

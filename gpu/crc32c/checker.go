@@ -141,18 +141,7 @@ func (c *Checker) Land(src, dst []Group, want, got []uint32) (bad []int, err err
 	if len(dst) != len(src) || len(want) != len(src) || (got != nil && len(got) != len(src)) {
 		return nil, fmt.Errorf("crc32c: %d groups, %d destinations, %d checksums", len(src), len(dst), len(want))
 	}
-	if got == nil {
-		got = make([]uint32, len(src))
-	}
-	if err := c.run(src, dst, want, got); err != nil {
-		return nil, err
-	}
-	for i := range got {
-		if got[i] != want[i] {
-			bad = append(bad, i)
-		}
-	}
-	return bad, nil
+	return c.check(src, dst, want, got)
 }
 
 // Sum sets got[i] to the CRC32C of groups[i] (device addresses), computed
@@ -172,10 +161,17 @@ func (c *Checker) Verify(groups []Group, want, got []uint32) (bad []int, err err
 	if len(want) != len(groups) || (got != nil && len(got) != len(groups)) {
 		return nil, fmt.Errorf("crc32c: %d groups, %d checksums", len(groups), len(want))
 	}
+	return c.check(groups, nil, want, got)
+}
+
+// check runs a Verify (dst nil) or Land batch and returns the indexes of
+// the groups whose CRC differs from want, ascending; got (allocated when
+// nil) receives the CRCs.
+func (c *Checker) check(groups, dst []Group, want, got []uint32) (bad []int, err error) {
 	if got == nil {
 		got = make([]uint32, len(groups))
 	}
-	if err := c.run(groups, nil, want, got); err != nil {
+	if err := c.run(groups, dst, want, got); err != nil {
 		return nil, err
 	}
 	for i := range got {
