@@ -551,7 +551,6 @@ func (s *Store) landing(sc *readScratch, r *run, wants []want) {
 	r.mode = landVec
 }
 
-// follows reports whether b starts where a ends.
 // packed reports whether every want of ws has a contiguous destination
 // (no pitched rows).
 func packed(ws []want) bool {
@@ -563,6 +562,7 @@ func packed(ws []want) bool {
 	return true
 }
 
+// follows reports whether b starts where a ends.
 func follows(a, b []byte) bool {
 	return uintptr(unsafe.Pointer(unsafe.SliceData(b))) == uintptr(unsafe.Pointer(unsafe.SliceData(a)))+uintptr(len(a))
 }
