@@ -138,18 +138,23 @@ func PinnedH2D(ordinal, chunk int, dur time.Duration) (float64, error) {
 		if err := cuda.MemcpyHtoD(a.ptr, host); err != nil { // warm up
 			return err
 		}
-		n := 0
-		start := time.Now()
-		for time.Since(start) < dur || n < 4 {
-			if err := cuda.MemcpyHtoD(a.ptr, host); err != nil {
-				return err
-			}
-			n++
-		}
-		gbps = float64(n) * float64(chunk) / time.Since(start).Seconds() / 1e9
-		return nil
+		gbps, err = h2dRate(dur, chunk, func() error { return cuda.MemcpyHtoD(a.ptr, host) })
+		return err
 	})
 	return gbps, err
+}
+
+// h2dRate runs copyOne (one synchronous copy of chunk bytes) for about dur,
+// at least 4 times, and returns the rate in GB/s.
+func h2dRate(dur time.Duration, chunk int, copyOne func() error) (float64, error) {
+	n, start := 0, time.Now()
+	for time.Since(start) < dur || n < 4 {
+		if err := copyOne(); err != nil {
+			return 0, err
+		}
+		n++
+	}
+	return float64(n) * float64(chunk) / time.Since(start).Seconds() / 1e9, nil
 }
 
 // copyTo copies host (pinned by the caller) to the allocation, synchronously.
@@ -198,15 +203,10 @@ func MappedH2D(ordinal int, path string, chunk int, dur time.Duration) (MappedH2
 	defer a.free()
 	rng := rand.New(rand.NewPCG(1, 2))
 	rate := func() (float64, error) {
-		done, start := 0, time.Now()
-		for time.Since(start) < dur || done < 4 {
+		return h2dRate(dur, chunk, func() error {
 			off := rng.IntN(n/chunk) * chunk
-			if err := cuda.MemcpyHtoD(a.ptr, m[off:off+chunk]); err != nil {
-				return 0, err
-			}
-			done++
-		}
-		return float64(done) * float64(chunk) / time.Since(start).Seconds() / 1e9, nil
+			return cuda.MemcpyHtoD(a.ptr, m[off:off+chunk])
+		})
 	}
 	err = a.ctx.Do(func() error {
 		var err error
