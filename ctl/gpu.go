@@ -189,8 +189,8 @@ type gpus struct {
 // goroutine of its own: pinning a file of many gigabytes takes a while
 // (6 GiB: 0.3 to 0.9 s on the H200), and loads go through staging until it
 // is done. Once registered, the pipelines of every device that verifies on
-// the GPU load packed tiles straight from it (gpu.Pipeline.SetHost). g.mu
-// is held.
+// the GPU load straight from it (gpu.Pipeline.SetHost): packed tiles into
+// place, pitched ones through device scratch. g.mu is held.
 func (g *gpus) registerHost(dev GPU) {
 	hr, ok := dev.(gpu.HostRegistrar)
 	if g.host.started || g.opts.NoDirect || g.hostView == nil || !ok {

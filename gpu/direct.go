@@ -14,7 +14,8 @@ import (
 // each lies, the pipeline queues copies from there straight into the
 // destinations, and once a chunk's copies completed the GPU checksums the
 // groups where they landed (Verify; a group that fails is zeroed there)
-// and the slots are unpinned. No CPU touches the payload. On the H200 a
+// and the slots are unpinned. Pitched tiles are copied packed into device
+// scratch instead, and Land checks them there and writes their rows. No CPU touches the payload. On the H200 a
 // registered tmpfs file copied at 0.96× the rate of pinned memory
 // (kvfs bench-h2d --from), where the staged path first has the CPU copy
 // every byte out of the page cache into staging.
@@ -35,8 +36,8 @@ type HostRegistrar interface {
 
 // SetHost gives the pipeline the store's file in host memory, registered
 // with the device (every device, portably), or takes it away (nil). From
-// then on a load of packed tiles from a Reader that is a Locator, with
-// Verify set, copies the groups straight from it (loadDirect); without
+// then on a load from a Reader that is a Locator, with Verify set (and
+// Land for pitched tiles), copies the groups straight from it (loadDirect); without
 // Verify the CPU would have to read the payload to check it, which is what
 // the staged path does anyway.
 func (p *Pipeline) SetHost(b []byte) {
