@@ -12,6 +12,7 @@
 //   kvfs_crc32c(tab, desc, n, got)                  got[i] = CRC32C(group i)
 //   kvfs_crc32c_verify(tab, desc, n, want, got)     the same, and group i is zeroed where got[i] != want[i]
 //   kvfs_zero_groups(desc, n, mask)                 zero group i where mask[i] != 0
+//   kvfs_crc32c_land(tab, src, dst, n, want, got)   got[i] = CRC32C(src i), copied to dst i where it equals want[i], else zeros there
 // tab is a device buffer of TAB_WORDS u32 that kvfs_crc32c_init fills.
 
 typedef unsigned int u32;
@@ -231,39 +232,6 @@ __device__ __forceinline__ void load_tables(u32 *sh, const u32 *tab) {
 	__syncthreads();
 }
 
-__device__ __forceinline__ void crc_groups(const u32 *tab, const kvfs_group *desc, u32 n, const u32 *want, u32 *got) {
-	__shared__ __align__(16) u32 sh[TAB_SHARED];
-	load_tables(sh, tab);
-	u32 lane = threadIdx.x & (LANES - 1);
-	u32 lanePow = tab[TAB_P + lane];
-	u32 warps = gridDim.x * (blockDim.x / LANES);
-	for (u32 i = blockIdx.x * (blockDim.x / LANES) + threadIdx.x / LANES; i < n; i += warps) {
-		kvfs_group g = desc[i];
-		u32 c = group_crc(g, sh, tab, lane, lanePow);
-		if (lane == 0) got[i] = c;
-		if (want && c != want[i]) {
-			__syncwarp();
-			zero_group(g, lane);
-		}
-	}
-}
-
-extern "C" __global__ void kvfs_crc32c(const u32 *tab, const kvfs_group *desc, u32 n, u32 *got) {
-	crc_groups(tab, desc, n, 0, got);
-}
-
-extern "C" __global__ void kvfs_crc32c_verify(const u32 *tab, const kvfs_group *desc, u32 n, const u32 *want, u32 *got) {
-	crc_groups(tab, desc, n, want, got);
-}
-
-extern "C" __global__ void kvfs_zero_groups(const kvfs_group *desc, u32 n, const u32 *mask) {
-	u32 lane = threadIdx.x & (LANES - 1);
-	u32 warps = gridDim.x * (blockDim.x / LANES);
-	for (u32 i = blockIdx.x * (blockDim.x / LANES) + threadIdx.x / LANES; i < n; i += warps) {
-		if (mask[i]) zero_group(desc[i], lane);
-	}
-}
-
 // copy_group copies group s to group d (the same rows and row bytes; any
 // pitches) with the calling warp, or writes zeros over d when !ok.
 __device__ void copy_group(const kvfs_group &s, const kvfs_group &d, bool ok, u32 lane) {
@@ -287,21 +255,50 @@ __device__ void copy_group(const kvfs_group &s, const kvfs_group &d, bool ok, u3
 	}
 }
 
-// kvfs_crc32c_land checks each group src[i] (as it was copied into device
-// scratch) against want[i] and lands it at dst[i] (its tile, pitched rows
-// or packed), or writes zeros there when it differs; got[i] is its CRC32C.
-// src[i] and dst[i] have the same rows and row bytes and do not overlap.
-extern "C" __global__ void kvfs_crc32c_land(const u32 *tab, const kvfs_group *src, const kvfs_group *dst, u32 n, const u32 *want, u32 *got) {
+// crc_groups is every checking kernel's loop: a warp per group of desc,
+// got[i] its CRC32C. With dst, group i is landed at dst[i] (its copy, or
+// zeros where it differs from want[i]); else, with want, it is zeroed in
+// place where it differs.
+__device__ __forceinline__ void crc_groups(const u32 *tab, const kvfs_group *desc, const kvfs_group *dst, u32 n, const u32 *want, u32 *got) {
 	__shared__ __align__(16) u32 sh[TAB_SHARED];
 	load_tables(sh, tab);
 	u32 lane = threadIdx.x & (LANES - 1);
 	u32 lanePow = tab[TAB_P + lane];
 	u32 warps = gridDim.x * (blockDim.x / LANES);
 	for (u32 i = blockIdx.x * (blockDim.x / LANES) + threadIdx.x / LANES; i < n; i += warps) {
-		kvfs_group s = src[i];
-		u32 c = group_crc(s, sh, tab, lane, lanePow);
+		kvfs_group g = desc[i];
+		u32 c = group_crc(g, sh, tab, lane, lanePow);
 		if (lane == 0) got[i] = c;
-		__syncwarp();
-		copy_group(s, dst[i], c == want[i], lane);
+		if (dst) {
+			__syncwarp();
+			copy_group(g, dst[i], c == want[i], lane);
+		} else if (want && c != want[i]) {
+			__syncwarp();
+			zero_group(g, lane);
+		}
 	}
+}
+
+extern "C" __global__ void kvfs_crc32c(const u32 *tab, const kvfs_group *desc, u32 n, u32 *got) {
+	crc_groups(tab, desc, 0, n, 0, got);
+}
+
+extern "C" __global__ void kvfs_crc32c_verify(const u32 *tab, const kvfs_group *desc, u32 n, const u32 *want, u32 *got) {
+	crc_groups(tab, desc, 0, n, want, got);
+}
+
+extern "C" __global__ void kvfs_zero_groups(const kvfs_group *desc, u32 n, const u32 *mask) {
+	u32 lane = threadIdx.x & (LANES - 1);
+	u32 warps = gridDim.x * (blockDim.x / LANES);
+	for (u32 i = blockIdx.x * (blockDim.x / LANES) + threadIdx.x / LANES; i < n; i += warps) {
+		if (mask[i]) zero_group(desc[i], lane);
+	}
+}
+
+// kvfs_crc32c_land checks each group src[i] (as it was copied into device
+// scratch) against want[i] and lands it at dst[i] (its tile, pitched rows
+// or packed), or writes zeros there when it differs; got[i] is its CRC32C.
+// src[i] and dst[i] have the same rows and row bytes and do not overlap.
+extern "C" __global__ void kvfs_crc32c_land(const u32 *tab, const kvfs_group *src, const kvfs_group *dst, u32 n, const u32 *want, u32 *got) {
+	crc_groups(tab, src, dst, n, want, got);
 }
