@@ -1010,3 +1010,127 @@ func TestVerifyOnGPUFallback(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUBlocksInParts: a call's items are built and tallied by up to
+// maxParts goroutines, split between entries. The same LOAD_BLOCKS and
+// STORE_BLOCKS calls (entries that load, are absent, are refused and are
+// stored) give the same statuses and the same GPU memory built in one
+// part as in four, and every entry lies in exactly one part.
+func TestGPUBlocksInParts(t *testing.T) {
+	geo := testGeo
+	gpb := geo.GroupsPerBlock()
+	ents := make([]blockEnt, 9)
+	n := 0
+	for i := range ents {
+		if i != 4 {
+			ents[i] = blockEnt{valid: true, groups: int32(gpb)}
+			n += gpb
+		}
+	}
+	defer func(v int) { partGroups = v }(partGroups)
+	partGroups = 1
+	parts := splitGroups(ents, n, nil)
+	if len(parts) != maxParts {
+		t.Fatalf("%d parts of %d entries, want %d", len(parts), len(ents), maxParts)
+	}
+	next, first := 0, 0
+	for _, p := range parts {
+		if p.lo != next || p.first != first {
+			t.Fatalf("parts %+v are not contiguous", parts)
+		}
+		g := 0
+		for i := p.lo; i < p.hi; i++ {
+			g += int(ents[i].groups)
+		}
+		if g != p.groups {
+			t.Fatalf("part %+v counts %d groups, its entries have %d", p, p.groups, g)
+		}
+		next, first = p.hi, first+p.groups
+	}
+	if next != len(ents) || first != n {
+		t.Fatalf("parts %+v cover %d entries and %d groups, want %d and %d", parts, next, first, len(ents), n)
+	}
+
+	run := func(pg int) ([]abi.BlockEntry, []abi.BlockEntry, []byte) {
+		partGroups = pg
+		f, fakes := gpuFixture(t, 1)
+		dev := fakes[0]
+		ss := f.open(0, 0)
+		rb, T, H, L := geo.RowBytes(), geo.BlockTokens, geo.KVHeads, geo.Layers
+		const nb = 8
+		size := uint64(2 * L * nb * T * H * rb)
+		id := mustRegisterCUDA(t, ss, 0, gputest.Base, size, 0, size)
+		for _, b := range []uint64{1, 2, 3, 5} {
+			f.put(blockKeys(b), int(b))
+		}
+		tid, errno := registerTarget(ss, testTarget(id, nb, false))
+		if errno != 0 {
+			t.Fatalf("register target: %v", errno)
+		}
+		whole := func(b uint64, cb uint32) abi.BlockEntry {
+			return abi.BlockEntry{Block: b, CacheBlock: cb, LayerCount: uint16(L), HeadCount: uint16(H), Kinds: abi.KindsBoth}
+		}
+		call := func(cmd uint32, es []abi.BlockEntry) []abi.BlockEntry {
+			in := make([]byte, abi.BlocksInlineSize)
+			(&abi.Blocks{ABI: abi.Version, Target: tid, Count: uint32(len(es))}).Marshal(in)
+			for i := range es {
+				es[i].Marshal(in[abi.BlocksSize+i*abi.BlockEntrySize:])
+			}
+			out := make([]byte, len(in))
+			if _, errno := ss.Ioctl(cmd, in, out); errno != 0 {
+				t.Fatalf("blocks ioctl: %v", errno)
+			}
+			got := make([]abi.BlockEntry, len(es))
+			for i := range got {
+				got[i].Unmarshal(out[abi.BlocksSize+i*abi.BlockEntrySize:])
+			}
+			return got
+		}
+		loaded := call(abi.CmdLoadBlocksInline, []abi.BlockEntry{
+			whole(1, 0), whole(9, 1), whole(2, 2), whole(3, 3),
+			whole(5, nb), // no such cache block: refused
+			whole(5, 4), whole(8, 5), whole(2, 6), whole(1, 7),
+		})
+		stored := call(abi.CmdStoreBlocksInline, []abi.BlockEntry{whole(11, 0), whole(12, nb + 1), whole(13, 3), whole(14, 4)})
+		for _, k := range blockKeys(13) {
+			buf := make([]byte, f.gb)
+			rr := []store.ReadReq{{Key: k, Buf: buf}}
+			if err := f.st.Read(rr); err != nil || rr[0].Err != nil {
+				t.Fatal(err, rr[0].Err)
+			}
+			k3 := k
+			k3.Block = 3
+			if !bytes.Equal(buf, groupData(k3, 3)) {
+				t.Fatalf("stored %v differs from the block it came from", k)
+			}
+		}
+		if v := dev.Violations(); len(v) != 0 {
+			t.Fatal(v)
+		}
+		return loaded, stored, dev.Mem(gputest.Base, int(size))
+	}
+	l1, s1, m1 := run(1 << 30)
+	l4, s4, m4 := run(1)
+	for i := range l1 {
+		if l1[i] != l4[i] {
+			t.Fatalf("load entry %d: %+v in one part, %+v in four", i, l1[i], l4[i])
+		}
+	}
+	for i := range s1 {
+		if s1[i] != s4[i] {
+			t.Fatalf("store entry %d: %+v in one part, %+v in four", i, s1[i], s4[i])
+		}
+	}
+	if !bytes.Equal(m1, m4) {
+		t.Fatal("GPU memory differs between one part and four")
+	}
+	want := []abi.Status{abi.OK, abi.Absent, abi.OK, abi.OK, abi.BadRequest, abi.OK, abi.Absent, abi.OK, abi.OK}
+	for i, e := range l4 {
+		if e.Status != want[i] || (want[i] == abi.OK) != (int(e.GroupsOK) == gpb) {
+			t.Fatalf("load entry %d: %+v, want status %v", i, e, want[i])
+		}
+	}
+	if s4[0].Status != abi.OK || s4[1].Status != abi.BadRequest || s4[2].Status != abi.OK || s4[3].Status != abi.OK {
+		t.Fatalf("store entries: %+v", s4)
+	}
+}
