@@ -50,7 +50,7 @@ type blockScratch struct {
 	owner []int32  // entry of each request (or GPU item)
 	items []gpu.Item
 	parts []entPart // of a GPU call's entries (splitGroups)
-	stage []int32 // per request: staging slot, or -1 when it lands directly
+	stage []int32   // per request: staging slot, or -1 when it lands directly
 	order []int32
 	cells []int32
 }

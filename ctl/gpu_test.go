@@ -1091,7 +1091,7 @@ func TestGPUBlocksInParts(t *testing.T) {
 			whole(5, nb), // no such cache block: refused
 			whole(5, 4), whole(8, 5), whole(2, 6), whole(1, 7),
 		})
-		stored := call(abi.CmdStoreBlocksInline, []abi.BlockEntry{whole(11, 0), whole(12, nb + 1), whole(13, 3), whole(14, 4)})
+		stored := call(abi.CmdStoreBlocksInline, []abi.BlockEntry{whole(11, 0), whole(12, nb+1), whole(13, 3), whole(14, 4)})
 		for _, k := range blockKeys(13) {
 			buf := make([]byte, f.gb)
 			rr := []store.ReadReq{{Key: k, Buf: buf}}

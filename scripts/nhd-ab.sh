@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Host loads of a tmpfs store by this build (kvfs) and the one before
 # (kvfs-prev), alternating over three rounds on the same store: 128 whole
-# blocks per LOAD_BLOCKS, NHD and HND at 8 callers, NHD at one (stop 24:
-# inline bounced runs landed through the slots' chunk buffers).
+# blocks per LOAD_BLOCKS, NHD and HND at 8 callers, ONE (default nhd) at
+# one caller (stop 24: inline bounced runs landed through the slots' chunk
+# buffers; ONE="nhd hnd" for stop 25's head-major runs through them).
 #
 # BIN (default out/h200) holds kvfs and kvfs-prev built with
 # CGO_ENABLED=0. Run as root from the repo root; about three minutes on
@@ -15,7 +16,9 @@ loads() {
 	for l in nhd hnd; do
 		echo "round $1 $2 $l 8 callers: $(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 8)"
 	done
-	echo "round $1 $2 nhd 1 caller: $(bl --blocks-per-call 128 --layout nhd --calls 20 --jobs 1)"
+	for l in ${ONE:-nhd}; do
+		echo "round $1 $2 $l 1 caller: $(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 1)"
+	done
 }
 alternate 3 loads
 rm -f "$S"
