@@ -5,7 +5,8 @@
 # target: a GPU load's core-seconds per GB at most a third of a host
 # load's). One mount per case with --cpuprofile; the profiles go to $OUT
 # (default /tmp) as cpu-disk-host.pprof and cpu-disk-cuda.pprof. Extra
-# arguments are mount flags for the cuda case.
+# arguments are mount flags for the cuda case; LAYOUT (default hnd) the
+# target layout.
 #
 # BIN (default out/h200) holds kvfs built with CGO_ENABLED=0. Run as root
 # from the repo root; about a minute. Read the profiles with
@@ -21,7 +22,7 @@ for into in host cuda; do
 	flags=()
 	[ $into = cuda ] && flags=(--gpu-verify gpu "$@")
 	mnt "$K" "${flags[@]}" --cpuprofile "$O/cpu-disk-$into.pprof"
-	echo "disk $into ${flags[*]}: $(bl --blocks-per-call 1000 --layout hnd --calls 6 --jobs 1 --into $into)"
+	echo "disk $into ${flags[*]}: $(bl --blocks-per-call 1000 --layout ${LAYOUT:-hnd} --calls 6 --jobs 1 --into $into)"
 	"$K" umount "$M"
 	sleep 1
 done
