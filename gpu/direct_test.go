@@ -414,8 +414,10 @@ func TestLandedStaged(t *testing.T) {
 	r := newRig(t, 3, 8, 3)
 	r.dev.Enable2D = true
 	r.p.LandBatch = 100 * gb // three batches of pitched tiles
+	verified := 0
 	verify := func(items []*gpu.Item) error {
 		for _, it := range items {
+			verified++
 			if store.CRC32C(r.dev.Mem(it.Dst, gb)) != it.CRC {
 				r.dev.Fill(it.Dst, make([]byte, gb))
 				it.Err = fmt.Errorf("verify: %w", store.ErrCorrupt)
@@ -470,6 +472,17 @@ func TestLandedStaged(t *testing.T) {
 	}
 	if r.dev.Copies2D() != 0 || lands < 2 || r.st.unverified != n-1 {
 		t.Fatalf("%d 2D copies, %d Land calls, %d unverified reads of %d", r.dev.Copies2D(), lands, r.st.unverified, n)
+	}
+	// Each group is checked once: the packed tiles by Verify where they
+	// landed, the pitched ones by Land alone.
+	packed := 0
+	for _, it := range its {
+		if it.Pitch == 0 {
+			packed++
+		}
+	}
+	if verified != packed {
+		t.Fatalf("Verify checked %d groups, want the %d packed tiles' only", verified, packed)
 	}
 	r.checkClean(t)
 	r.p.Close()

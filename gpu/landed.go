@@ -52,9 +52,10 @@ func (p *Pipeline) landsStaged(items []Item) bool {
 // loadLanded is Load through staging for items with pitched tiles: in
 // batches of landBatch bytes of them, every pitched tile's group is
 // loaded packed into device scratch (the staged pipeline as for packed
-// tiles, Verify checking it there), then Land checks it again and writes
-// its rows into the tile (zeros for one that failed: Verify zeroed it in
-// scratch). Packed tiles go straight to their places in the same runs.
+// tiles, without Verify), then Land checks it there and writes its rows
+// into the tile, zeros for one that fails: each group's checksum is
+// computed once. Packed tiles go straight to their places in the same
+// runs, verified there.
 func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 	gb := p.Geo.GroupBytes
 	p.landOnce.Do(func() { p.idleLand.Max = 4 })
@@ -88,7 +89,7 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 		for ; hi < len(items) && k < per; hi++ {
 			it := items[hi]
 			if p.pitched(&it) {
-				it.Dst, it.Pitch, it.Mapping = sc.addr+uint64(k*gb), 0, sc.addr
+				it.Dst, it.Pitch, it.Mapping, it.landed = sc.addr+uint64(k*gb), 0, sc.addr, true
 				k++
 			}
 			tmp = append(tmp, it)
@@ -103,8 +104,9 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 			items[i].CRC = tmp[j].CRC
 			switch e := tmp[j].Err; {
 			case e == nil, errors.Is(e, store.ErrCorrupt):
-				// Corrupt: zeroed in scratch, so Land finds it differs and
-				// writes zeros into the tile.
+				// Not verified in scratch (Land checks it), or found
+				// corrupt by the store: Land finds it differs and writes
+				// zeros into the tile.
 				items[i].Err = nil
 				landed = append(landed, &items[i])
 				srcs = append(srcs, tmp[j].Dst)

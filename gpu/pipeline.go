@@ -41,6 +41,10 @@ type Item struct {
 	Err error
 	// CRC is the group's recorded CRC32C, set by Load for Verify.
 	CRC uint32
+	// landed marks a pitched tile's group staged into device scratch by
+	// loadLanded: Land checks it there as it writes its rows, so the
+	// staged pipeline does not Verify it first.
+	landed bool
 }
 
 // Geometry is what the pipeline needs of the store's layout.
@@ -420,7 +424,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 		if err == nil && p.Verify != nil {
 			ok := c.verified[:0] // the chunk's, reused: a load allocates nothing per chunk
 			for i, it := range c.items {
-				if c.copied[i] && it.Err == nil {
+				if c.copied[i] && it.Err == nil && !it.landed {
 					ok = append(ok, it)
 				}
 			}
