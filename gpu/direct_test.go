@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -445,10 +446,14 @@ func TestLandedStaged(t *testing.T) {
 	for row := range rows {
 		r.dev.Fill(its[17].Dst+uint64(row*pitch), old)
 	}
+	before := slices.Clone(its)
 	if err := r.p.Load(r.st, its); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
+		if b := before[i]; it.Dst != b.Dst || it.Pitch != b.Pitch || it.Mapping != b.Mapping {
+			t.Fatalf("item %d names tile %#x pitch %d mapping %#x after the load, was %#x, %d, %#x", i, it.Dst, it.Pitch, it.Mapping, b.Dst, b.Pitch, b.Mapping)
+		}
 		want := content(i)
 		switch i {
 		case 10:

@@ -29,14 +29,20 @@ func (p *Pipeline) landBatch() int {
 }
 
 // landScratch is device memory for one batch, and the host slices that
-// describe a batch (kept with it: a batch of 128 MiB of 4 KiB groups is
-// 5 MiB of items).
+// describe a batch (kept with it).
 type landScratch struct {
 	addr   uint64
 	free   func() error
-	tmp    []Item
+	tiles  []tile // the batch's pitched items' own tiles
 	landed []*Item
 	srcs   []uint64
+}
+
+// tile is where a pitched item lands, kept aside while the item points at
+// device scratch.
+type tile struct {
+	dst, mapping uint64
+	pitch        int
 }
 
 // landsStaged reports whether a staged load of items should land pitched
@@ -84,42 +90,43 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 		}
 	}()
 	per := p.landBatch() / gb
-	tmp, landed, srcs := sc.tmp, sc.landed, sc.srcs
+	tiles, landed, srcs := sc.tiles, sc.landed, sc.srcs
 	defer func() {
-		clear(tmp[:cap(tmp)]) // no error or item stays reachable from an idle scratch
-		clear(landed[:cap(landed)])
-		sc.tmp, sc.landed, sc.srcs = tmp[:0], landed[:0], srcs[:0]
+		clear(landed[:cap(landed)]) // no item stays reachable from an idle scratch
+		sc.tiles, sc.landed, sc.srcs = tiles[:0], landed[:0], srcs[:0]
 	}()
 	for lo := 0; lo < len(items); {
-		// A batch: items from lo until per pitched tiles are in it.
-		tmp, landed, srcs = tmp[:0], landed[:0], srcs[:0]
-		hi, k := lo, 0
-		for ; hi < len(items) && k < per; hi++ {
-			it := items[hi]
-			if p.pitched(&it) {
-				it.Dst, it.Pitch, it.Mapping, it.landed = sc.addr+uint64(k*gb), 0, sc.addr, true
-				k++
+		// A batch: items from lo until per pitched tiles are in it. Each
+		// pitched item is pointed at its place in scratch, in place (a
+		// copy of the batch's items cost more than the rest of this
+		// loop), its tile kept aside until the read is over.
+		tiles, landed, srcs = tiles[:0], landed[:0], srcs[:0]
+		hi := lo
+		for ; hi < len(items) && len(tiles) < per; hi++ {
+			it := &items[hi]
+			if p.pitched(it) {
+				tiles = append(tiles, tile{dst: it.Dst, mapping: it.Mapping, pitch: it.Pitch})
+				it.Dst, it.Pitch, it.Mapping, it.landed = sc.addr+uint64((len(tiles)-1)*gb), 0, sc.addr, true
 			}
-			tmp = append(tmp, it)
 		}
-		err := p.loadStaged(r, tmp)
-		for j := range tmp {
-			i := lo + j
-			if !p.pitched(&items[i]) {
-				items[i].Err, items[i].CRC = tmp[j].Err, tmp[j].CRC
+		err := p.loadStaged(r, items[lo:hi])
+		k := 0
+		for i := lo; i < hi; i++ {
+			it := &items[i]
+			if !it.landed {
 				continue
 			}
-			items[i].CRC = tmp[j].CRC
-			switch e := tmp[j].Err; {
+			src, t := it.Dst, tiles[k]
+			k++
+			it.Dst, it.Mapping, it.Pitch, it.landed = t.dst, t.mapping, t.pitch, false
+			switch e := it.Err; {
 			case e == nil, errors.Is(e, store.ErrCorrupt):
 				// Not verified in scratch (Land checks it), or found
 				// corrupt by the store: Land finds it differs and writes
 				// zeros into the tile.
-				items[i].Err = nil
-				landed = append(landed, &items[i])
-				srcs = append(srcs, tmp[j].Dst)
-			default:
-				items[i].Err = e
+				it.Err = nil
+				landed = append(landed, it)
+				srcs = append(srcs, src)
 			}
 		}
 		p.land(landed, srcs)
