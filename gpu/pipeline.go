@@ -158,7 +158,10 @@ func (p *Pipeline) putReadGroups(gs *[3]readGroup) {
 	for i := range gs {
 		g := &gs[i]
 		clear(g.chunks[:cap(g.chunks)])
-		clear(g.reqs[:cap(g.reqs)])
+		// Only the requests this load wrote: the rest were cleared by
+		// the load before that wrote them (a disk NHD load, a staged
+		// load per 128 MiB batch, spent 2 % of its CPU clearing all).
+		clear(g.reqs[:g.used])
 		*g = readGroup{chunks: g.chunks[:0], bounds: g.bounds[:0], reqs: g.reqs[:0]}
 	}
 	p.idle.Put(gs)
@@ -486,6 +489,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 			reached, lo = hi, hi
 		}
 		g.bounds = append(g.bounds, len(g.reqs))
+		g.used = max(g.used, len(g.reqs))
 		return lo
 	}
 	// queue takes a group whose read is over: on a failed read its items
@@ -584,6 +588,7 @@ type readGroup struct {
 	chunks   []*chunk
 	bounds   []int // the chunks' requests: reqs[bounds[k]:bounds[k+1]]
 	reqs     []store.ReadReq
+	used     int   // the most requests one read of this load held
 	err      error // the store call's
 	panicked any   // a panic of the store call on its own goroutine
 	done     chan struct{}
