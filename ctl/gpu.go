@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -570,20 +571,32 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 	// both in parts, one goroutine each, split between entries.
 	parts := splitGroups(ents, n, sc.parts[:0])
 	sc.parts = parts
+	// Each part writes exactly its own items: an entry whose groups
+	// were miscounted would otherwise leave an item of an earlier call in
+	// place (its device address) or write into the next part's.
+	var miscounted atomic.Bool
 	eachPart(parts, func(pt entPart) {
-		k := pt.first
+		k, end := pt.first, pt.first+pt.groups
 		for i := pt.lo; i < pt.hi; i++ {
 			e := &ents[i]
 			if !e.valid {
 				continue
 			}
 			groupsOf(t, &e.e, func(key layout.Key, r *region, off uint64) {
-				items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr}
-				owner[k] = int32(i)
+				if k < end {
+					items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr}
+					owner[k] = int32(i)
+				}
 				k++
 			})
 		}
+		if k != end {
+			miscounted.Store(true)
+		}
 	})
+	if miscounted.Load() {
+		return fmt.Errorf("ctl: GPU blocks call: the entries' groups do not add up to the %d counted (a bug)", n)
+	}
 	t0 := time.Now()
 	var err error
 	if load {
