@@ -57,15 +57,17 @@ type blockScratch struct {
 
 // blockScratches keeps the idle scratch. Not a sync.Pool: that drops its
 // items at every collection, and a GPU load of 1,000 blocks then made its
-// 32 MiB of items again, which brought the next collection sooner (the
+// 40 MiB of items again, which brought the next collection sooner (the
 // H200 disk profile spent 12 % of the daemon's CPU in the collector).
 // Up to 16 idle: one per caller of a busy daemon; items beyond
-// maxKeptItems (one call's GPU items, 64 B each) are not kept.
+// maxKeptItems (one call's GPU items, 80 B each, and their owners) are
+// not kept.
 var blockScratches = freelist.List[blockScratch]{Max: 16}
 
-// maxKeptItems bounds the GPU items an idle scratch keeps: 1 Mi items (64
-// MiB, a 2,048-block call of a Llama-3-8B shape). A larger call's go to
-// the collector, so 16 idle scratches hold at most 1 GiB of items.
+// maxKeptItems bounds the GPU items an idle scratch keeps: 1 Mi items (84
+// MiB with their owners, a 2,048-block call of a Llama-3-8B shape). A
+// larger call's go to the collector, so 16 idle scratches hold at most
+// 1.3 GiB of items.
 const maxKeptItems = 1 << 20
 
 // putBlockScratch keeps sc for the next call, without items past
