@@ -481,24 +481,9 @@ func TestBlocksCUDA(t *testing.T) {
 	}
 	blocks := func(cmd uint32, es []abi.BlockEntry) []abi.BlockEntry {
 		t.Helper()
-		in := make([]byte, abi.BlocksInlineSize)
-		(&abi.Blocks{ABI: abi.Version, Target: tid, Count: uint32(len(es))}).Marshal(in)
-		for i := range es {
-			es[i].Marshal(in[abi.BlocksSize+i*abi.BlockEntrySize:])
-		}
-		out := make([]byte, len(in))
-		if _, errno := ss.Ioctl(cmd, in, out); errno != 0 {
-			t.Fatalf("blocks ioctl: %v", errno)
-		}
-		got := make([]abi.BlockEntry, len(es))
-		for i := range got {
-			got[i].Unmarshal(out[abi.BlocksSize+i*abi.BlockEntrySize:])
-		}
-		return got
+		return blocksInline(t, ss, tid, cmd, es)
 	}
-	whole := func(b uint64, cb uint32) abi.BlockEntry {
-		return abi.BlockEntry{Block: b, CacheBlock: cb, LayerCount: uint16(L), HeadCount: uint16(H), Kinds: abi.KindsBoth}
-	}
+	whole := wholeBlock
 	c0, c2d0 := dev.Copies(), dev.Copies2D()
 	got := blocks(abi.CmdLoadBlocksInline, []abi.BlockEntry{whole(2, 0), whole(1, 2)})
 	// The heads of one (layer, kind) of a cache block land interleaved in
@@ -1067,24 +1052,9 @@ func TestGPUBlocksInParts(t *testing.T) {
 		if errno != 0 {
 			t.Fatalf("register target: %v", errno)
 		}
-		whole := func(b uint64, cb uint32) abi.BlockEntry {
-			return abi.BlockEntry{Block: b, CacheBlock: cb, LayerCount: uint16(L), HeadCount: uint16(H), Kinds: abi.KindsBoth}
-		}
+		whole := wholeBlock
 		call := func(cmd uint32, es []abi.BlockEntry) []abi.BlockEntry {
-			in := make([]byte, abi.BlocksInlineSize)
-			(&abi.Blocks{ABI: abi.Version, Target: tid, Count: uint32(len(es))}).Marshal(in)
-			for i := range es {
-				es[i].Marshal(in[abi.BlocksSize+i*abi.BlockEntrySize:])
-			}
-			out := make([]byte, len(in))
-			if _, errno := ss.Ioctl(cmd, in, out); errno != 0 {
-				t.Fatalf("blocks ioctl: %v", errno)
-			}
-			got := make([]abi.BlockEntry, len(es))
-			for i := range got {
-				got[i].Unmarshal(out[abi.BlocksSize+i*abi.BlockEntrySize:])
-			}
-			return got
+			return blocksInline(t, ss, tid, cmd, es)
 		}
 		loaded := call(abi.CmdLoadBlocksInline, []abi.BlockEntry{
 			whole(1, 0), whole(9, 1), whole(2, 2), whole(3, 3),
@@ -1133,4 +1103,30 @@ func TestGPUBlocksInParts(t *testing.T) {
 	if s4[0].Status != abi.OK || s4[1].Status != abi.BadRequest || s4[2].Status != abi.OK || s4[3].Status != abi.OK {
 		t.Fatalf("store entries: %+v", s4)
 	}
+}
+
+// wholeBlock is the entry of every layer, head and kind of block b into
+// cache block cb (testGeo).
+func wholeBlock(b uint64, cb uint32) abi.BlockEntry {
+	return abi.BlockEntry{Block: b, CacheBlock: cb, LayerCount: uint16(testGeo.Layers), HeadCount: uint16(testGeo.KVHeads), Kinds: abi.KindsBoth}
+}
+
+// blocksInline makes the LOAD_BLOCKS or STORE_BLOCKS call cmd of entries
+// es on target tid with the entries inline, and returns them as answered.
+func blocksInline(t *testing.T, ss *Session, tid, cmd uint32, es []abi.BlockEntry) []abi.BlockEntry {
+	t.Helper()
+	in := make([]byte, abi.BlocksInlineSize)
+	(&abi.Blocks{ABI: abi.Version, Target: tid, Count: uint32(len(es))}).Marshal(in)
+	for i := range es {
+		es[i].Marshal(in[abi.BlocksSize+i*abi.BlockEntrySize:])
+	}
+	out := make([]byte, len(in))
+	if _, errno := ss.Ioctl(cmd, in, out); errno != 0 {
+		t.Fatalf("blocks ioctl: %v", errno)
+	}
+	got := make([]abi.BlockEntry, len(es))
+	for i := range got {
+		got[i].Unmarshal(out[abi.BlocksSize+i*abi.BlockEntrySize:])
+	}
+	return got
 }
