@@ -96,12 +96,9 @@ func (c *Checker) run(groups, dst []Group, want, got []uint32) error {
 		}
 		// Layout for this batch: n descriptors, n destinations (Land), n
 		// want, n got.
-		le := binary.LittleEndian
-		up := AppendGroups(c.host[:0], groups)
-		up = AppendGroups(up, dst)
-		for _, w := range want {
-			up = le.AppendUint32(up, w)
-		}
+		up := putGroups(c.host, groups)
+		up += putGroups(c.host[up:], dst)
+		putUint32s(c.host[up:], want)
 		descDev := cuda.DevicePtr(uintptr(unsafe.Pointer(&c.host[0])))
 		dstDev := descDev + cuda.DevicePtr(n*GroupSize)
 		wantDev := dstDev + cuda.DevicePtr(len(dst)*GroupSize)
@@ -123,9 +120,7 @@ func (c *Checker) run(groups, dst []Group, want, got []uint32) error {
 		if err := c.s.Synchronize(); err != nil {
 			return fmt.Errorf("crc32c: %w", err)
 		}
-		for i := range got {
-			got[i] = le.Uint32(down[4*i:])
-		}
+		getUint32s(got, down)
 		return nil
 	})
 }
@@ -191,4 +186,52 @@ func (c *Checker) Close() error {
 	}
 	c.closed = true
 	return c.m.ctx.Do(c.free)
+}
+
+// nativeLayout reports whether a Group in Go memory is byte for byte its
+// device encoding (a little-endian machine, no padding): then a batch's
+// descriptors, checksums and results move as whole slices instead of
+// field by field (half a million groups per GPU load of 1,024 blocks).
+var nativeLayout = binary.NativeEndian.Uint16([]byte{1, 0}) == 1 && unsafe.Sizeof(Group{}) == GroupSize
+
+// putGroups writes the device encoding of gs at the start of b (pinned
+// memory: 8-byte aligned) and returns the bytes written.
+func putGroups(b []byte, gs []Group) int {
+	if len(gs) == 0 {
+		return 0
+	}
+	if nativeLayout {
+		copy(unsafe.Slice((*Group)(unsafe.Pointer(&b[0])), len(gs)), gs)
+	} else {
+		AppendGroups(b[:0], gs)
+	}
+	return len(gs) * GroupSize
+}
+
+// putUint32s writes vs little endian at the start of b.
+func putUint32s(b []byte, vs []uint32) {
+	if len(vs) == 0 {
+		return
+	}
+	if nativeLayout {
+		copy(unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), len(vs)), vs)
+		return
+	}
+	for i, v := range vs {
+		binary.LittleEndian.PutUint32(b[4*i:], v)
+	}
+}
+
+// getUint32s reads len(vs) little-endian values from b into vs.
+func getUint32s(vs []uint32, b []byte) {
+	if len(vs) == 0 {
+		return
+	}
+	if nativeLayout {
+		copy(vs, unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), len(vs)))
+		return
+	}
+	for i := range vs {
+		vs[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
 }

@@ -3,12 +3,14 @@ package crc32c
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -243,5 +245,33 @@ func TestPTXMatchesSource(t *testing.T) {
 	}
 	if !bytes.Contains(PTX, []byte("\n.target sm_75")) {
 		t.Errorf("crc32c.ptx is not for compute_75")
+	}
+}
+
+// TestPutGroups: the descriptors, checksums and results a checker moves
+// as whole slices (putGroups, putUint32s, getUint32s) are byte for byte
+// the kernel's encoding, AppendGroups and little-endian words.
+func TestPutGroups(t *testing.T) {
+	gs := []Group{
+		{Addr: 0x7f00_1234_5000, Pitch: 4096, Rows: 16, RowBytes: 256},
+		{Addr: 1<<63 | 0x10, Pitch: 1, Rows: 1, RowBytes: 4096},
+		{Addr: 0xdead_beef, Pitch: 0xffff_ffff_ffff, Rows: 0xffff_ffff, RowBytes: 7},
+	}
+	want := AppendGroups(nil, gs)
+	b := make([]byte, len(want)+16)
+	if n := putGroups(b, gs); n != len(want) || !bytes.Equal(b[:n], want) {
+		t.Fatalf("putGroups wrote %d bytes %x, want %x", n, b[:n], want)
+	}
+	vs := []uint32{0, 1, 0xdeadbeef, 0xffffffff}
+	putUint32s(b, vs)
+	for i, v := range vs {
+		if got := binary.LittleEndian.Uint32(b[4*i:]); got != v {
+			t.Fatalf("putUint32s: word %d is %#x, want %#x", i, got, v)
+		}
+	}
+	back := make([]uint32, len(vs))
+	getUint32s(back, b)
+	if !slices.Equal(back, vs) {
+		t.Fatalf("getUint32s: %x, want %x", back, vs)
 	}
 }
