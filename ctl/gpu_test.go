@@ -91,11 +91,17 @@ func (g *fakeGPU) open() int {
 const fakeArena = 1 << 20
 
 // gpuFixture is a server whose devices 0 and 1 are fakes.
-func gpuFixture(t *testing.T, devs int, mods ...func(*GPUOptions, []*fakeGPU)) (*fixture, []*fakeGPU) {
+func gpuFixture(t testing.TB, devs int, mods ...func(*GPUOptions, []*fakeGPU)) (*fixture, []*fakeGPU) {
+	return gpuFixtureSized(t, devs, 16, fakeArena, mods...)
+}
+
+// gpuFixtureSized is gpuFixture with a store of slots blocks and devices
+// of arena bytes.
+func gpuFixtureSized(t testing.TB, devs, slots, arena int, mods ...func(*GPUOptions, []*fakeGPU)) (*fixture, []*fakeGPU) {
 	t.Helper()
 	fakes := make([]*fakeGPU, devs)
 	for i := range fakes {
-		fakes[i] = &fakeGPU{Device: gputest.NewDevice(fakeArena)}
+		fakes[i] = &fakeGPU{Device: gputest.NewDevice(arena)}
 		t.Cleanup(fakes[i].Device.Close)
 	}
 	o := GPUOptions{
@@ -111,7 +117,7 @@ func gpuFixture(t *testing.T, devs int, mods ...func(*GPUOptions, []*fakeGPU)) (
 	for _, m := range mods {
 		m(&o, fakes)
 	}
-	f := newFixture(t, 16, Options{GPU: o})
+	f := newFixture(t, slots, Options{GPU: o})
 	return f, fakes
 }
 
@@ -153,7 +159,7 @@ func registerCUDA(ss *Session, tid uint32, r abi.RegisterCUDA) (abi.RegisterCUDA
 	return got, errno
 }
 
-func mustRegisterCUDA(t *testing.T, ss *Session, dev uint32, base, size, off, n uint64) uint32 {
+func mustRegisterCUDA(t testing.TB, ss *Session, dev uint32, base, size, off, n uint64) uint32 {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -1113,7 +1119,7 @@ func wholeBlock(b uint64, cb uint32) abi.BlockEntry {
 
 // blocksInline makes the LOAD_BLOCKS or STORE_BLOCKS call cmd of entries
 // es on target tid with the entries inline, and returns them as answered.
-func blocksInline(t *testing.T, ss *Session, tid, cmd uint32, es []abi.BlockEntry) []abi.BlockEntry {
+func blocksInline(t testing.TB, ss *Session, tid, cmd uint32, es []abi.BlockEntry) []abi.BlockEntry {
 	t.Helper()
 	in := make([]byte, abi.BlocksInlineSize)
 	(&abi.Blocks{ABI: abi.Version, Target: tid, Count: uint32(len(es))}).Marshal(in)
@@ -1129,4 +1135,62 @@ func blocksInline(t *testing.T, ss *Session, tid, cmd uint32, es []abi.BlockEntr
 		got[i].Unmarshal(out[abi.BlocksSize+i*abi.BlockEntrySize:])
 	}
 	return got
+}
+
+// nullChecker checks groups "on the GPU" at no CPU cost, as the kernel
+// does, and finds every one good: what BenchmarkGPULoadBlocks measures is
+// the daemon's own work around it.
+type nullChecker struct{}
+
+func (nullChecker) Verify([]*gpu.Item) error            { return nil }
+func (nullChecker) Land([]*gpu.Item, []uint64) error    { return nil }
+func (nullChecker) Sum(_ [][]byte, crcs []uint32) error { clear(crcs); return nil }
+func (nullChecker) Close() error                        { return nil }
+
+// BenchmarkGPULoadBlocks measures LOAD_BLOCKS of whole blocks into
+// token-major (NHD) GPU memory, in process, on the fake device, with the
+// checksums on the "GPU" (nullChecker) and the store in memory but without
+// a host view, so through staging as from a disk: the groups staged packed
+// into device scratch and landed. What a real GPU load of a disk store
+// spends on the CPU besides the store's I/O is this path's work per group
+// (items, store requests, copies queued, outcomes): ns/group is the call's
+// wall time per group, one caller, the in-memory store's and the fake's
+// copies of testGeo's 512-byte groups included. (Head-major tiles of
+// testGeo, four heads, are staged in destination order, which the eight
+// heads of a real model's are not: not measured here.) The fake device's
+// arena holds a landing batch's scratch (128 MiB) besides the target.
+func BenchmarkGPULoadBlocks(b *testing.B) {
+	const nb = abi.BlocksInlineMax
+	geo := testGeo
+	gpb := geo.GroupsPerBlock()
+	rb, T, H, L := geo.RowBytes(), geo.BlockTokens, geo.KVHeads, geo.Layers
+	size := uint64(2 * L * nb * T * H * rb)
+	f, _ := gpuFixtureSized(b, 1, nb, int(size)+160<<20, func(o *GPUOptions, _ []*fakeGPU) {
+		o.VerifyOnGPU = true
+		o.NewVerifier = func(int, gpu.Geometry) (gpu.Checker, error) { return nullChecker{}, nil }
+		o.StagingCount, o.StagingSize = 32, 1<<20
+	})
+	ss := f.open(0, 0)
+	id := mustRegisterCUDA(b, ss, 0, gputest.Base, size, 0, size)
+	for blk := range uint64(nb) {
+		f.put(blockKeys(blk), int(blk))
+	}
+	tid, errno := registerTarget(ss, testTarget(id, nb, true))
+	if errno != 0 {
+		b.Fatalf("register target: %v", errno)
+	}
+	in, out := make([]byte, abi.BlocksInlineSize), make([]byte, abi.BlocksInlineSize)
+	(&abi.Blocks{ABI: abi.Version, Target: tid, Count: nb}).Marshal(in)
+	for i := range nb {
+		e := wholeBlock(uint64(nb-1-i), uint32(i)) // distinct blocks, not in slot order
+		e.Marshal(in[abi.BlocksSize+i*abi.BlockEntrySize:])
+	}
+	b.SetBytes(int64(nb * gpb * geo.GroupBytes()))
+	b.ResetTimer()
+	for range b.N {
+		if n, errno := ss.Ioctl(abi.CmdLoadBlocksInline, in, out); errno != 0 || int(n) != nb {
+			b.Fatalf("load blocks: %d ok, %v", n, errno)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*nb*gpb), "ns/group")
 }
