@@ -32,6 +32,21 @@ func TestMountGPUFlags(t *testing.T) {
 	}
 }
 
+// TestMountGPUOptions: the --gpu-* values that pass reach the GPU options
+// the server is given.
+func TestMountGPUOptions(t *testing.T) {
+	o := mountOptions{gpu: true, gpuBufSize: "16MiB", gpuStaging: 32, gpuDepth: 16, gpuAhead: 4, gpuStreams: 2, gpuWait: "block",
+		gpuVerify: "auto", gpuDirect: false, gpuDirectWorkers: 6, gpuScratch: "2GiB"}
+	g, err := o.gpuOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.StagingSize != 16<<20 || g.StagingCount != 32 || g.Depth != 16 || g.ReadAhead != 4 || g.Streams != 2 ||
+		!g.VerifyOnGPU || !g.VerifyFallback || !g.NoDirect || g.DirectWorkers != 6 || g.ScratchBudget != 2<<30 {
+		t.Fatalf("GPU options %+v", g)
+	}
+}
+
 // TestBenchLoadIntoFlags: --into is checked before the mount is touched.
 func TestBenchLoadIntoFlags(t *testing.T) {
 	dir := t.TempDir()

@@ -171,7 +171,7 @@ func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
 	return ctl.GPUOptions{Disable: !o.gpu, StagingCount: o.gpuStaging, StagingSize: int(n), Depth: min(o.gpuDepth, o.gpuStaging),
 		ReadAhead: o.gpuAhead, NoBatch: !o.gpuBatch, Streams: o.gpuStreams, SpinWait: o.gpuWait == "spin", VerifyOnGPU: o.gpuVerify != "cpu",
 		VerifyFallback: o.gpuVerify == "auto",
-		NoDirect:       !o.gpuDirect, DirectWorkers: o.gpuDirectWorkers}, nil
+		NoDirect:       !o.gpuDirect, DirectWorkers: o.gpuDirectWorkers, ScratchBudget: int(scratch)}, nil
 }
 
 // parseCtl checks --ctl-mode and --ctl-group.
