@@ -14,6 +14,7 @@ import (
 	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/gpu/cuda"
+	"github.com/kvfs/kvfs/internal/par"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 )
@@ -665,27 +666,9 @@ func splitGroups(ents []blockEnt, n int, parts []entPart) []entPart {
 	return append(parts, cur)
 }
 
-// eachPart runs f over the parts, each in its own goroutine when there
-// are several; a panic in one is raised again in the caller.
+// eachPart runs f over the parts, each on a goroutine of its own when
+// there are several (par: a panic in one is raised in the caller once all
+// stopped).
 func eachPart(parts []entPart, f func(entPart)) {
-	if len(parts) == 1 {
-		f(parts[0])
-		return
-	}
-	panics := make([]any, len(parts))
-	var wg sync.WaitGroup
-	for k := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { panics[k] = recover() }()
-			f(parts[k])
-		}()
-	}
-	wg.Wait()
-	for _, v := range panics {
-		if v != nil {
-			panic(v)
-		}
-	}
+	par.Pieces(len(parts), 1, len(parts), func(k, _ int) { f(parts[k]) })
 }
