@@ -2,8 +2,8 @@ package gpu
 
 import (
 	"fmt"
-	"sync"
 
+	"github.com/kvfs/kvfs/internal/par"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -88,12 +88,8 @@ func (p *Pipeline) directFor(r Reader, items []Item) (Locator, []byte) {
 	if h == nil {
 		return nil, nil
 	}
-	if p.Land == nil || !p.canAllocDevice() {
-		for i := range items {
-			if p.pitched(&items[i]) {
-				return nil, nil
-			}
-		}
+	if (p.Land == nil || !p.canAllocDevice()) && p.anyPitched(items) {
+		return nil, nil
 	}
 	return l, *h
 }
@@ -176,26 +172,11 @@ func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item) error {
 	share := (chunks + w - 1) / w * per
 	depth := max(2, p.depth()/w)
 	errs := make([]error, w)
-	panics := make([]any, w)
-	var wg sync.WaitGroup
-	for k := range w {
-		lo, hi := min(k*share, len(items)), min((k+1)*share, len(items))
-		if lo == hi {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { panics[k] = recover() }()
+	par.Pieces(w, 1, w, func(k, _ int) {
+		if lo, hi := min(k*share, len(items)), min((k+1)*share, len(items)); lo < hi {
 			errs[k] = p.directRange(l, host, items[lo:hi], depth)
-		}()
-	}
-	wg.Wait()
-	for _, v := range panics {
-		if v != nil {
-			panic(v)
 		}
-	}
+	})
 	for _, err := range errs {
 		if err != nil {
 			return err

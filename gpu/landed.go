@@ -49,15 +49,7 @@ type tile struct {
 // tiles with the kernel: Land and Verify set, a device that allocates, and
 // a pitched tile among items.
 func (p *Pipeline) landsStaged(items []Item) bool {
-	if p.Land == nil || p.Verify == nil || !p.canAllocDevice() {
-		return false
-	}
-	for i := range items {
-		if p.pitched(&items[i]) {
-			return true
-		}
-	}
-	return false
+	return p.Land != nil && p.Verify != nil && p.canAllocDevice() && p.anyPitched(items)
 }
 
 // loadLanded is Load through staging for items with pitched tiles: in

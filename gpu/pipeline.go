@@ -666,7 +666,7 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 			continue
 		}
 		c.copied[i] = true
-		if it.Pitch == 0 || it.Pitch == rb {
+		if !p.pitched(it) {
 			if n := len(runs); n > 0 && runs[n-1].m == it.Mapping && runs[n-1].src+runs[n-1].n == src && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
 				runs[n-1].n += gb
 				j++
@@ -722,10 +722,10 @@ func (p *Pipeline) sortStaging(c *chunk, reqs []store.ReadReq, st *Staging) {
 	if n < 2 {
 		return
 	}
-	gb, rb := p.Geo.GroupBytes, p.Geo.RowBytes
+	gb := p.Geo.GroupBytes
 	sorted, runs := true, 1
 	for i, it := range c.items {
-		if it.Pitch != 0 && it.Pitch != rb {
+		if p.pitched(it) {
 			return
 		}
 		if i > 0 {
@@ -1137,7 +1137,7 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 				}
 				c.copied[k] = true
 				var err error
-				if it.Pitch == 0 || it.Pitch == rb {
+				if !p.pitched(it) {
 					if pend.n > 0 && pend.m == it.Mapping && pend.src+pend.n == k*gb && pend.dst+uint64(pend.n) == it.Dst {
 						pend.n += gb
 						continue
