@@ -518,15 +518,7 @@ func (ss *Session) gpuBatch(ents []ent, load bool) error {
 		return run(devs[0], idx[0])
 	}
 	errs := make([]error, len(devs))
-	var wg sync.WaitGroup
-	for k := range devs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[k] = run(devs[k], idx[k])
-		}()
-	}
-	wg.Wait()
+	par.Pieces(len(devs), 1, len(devs), func(k, _ int) { errs[k] = run(devs[k], idx[k]) })
 	return errors.Join(errs...)
 }
 
