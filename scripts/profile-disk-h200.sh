@@ -6,7 +6,7 @@
 # load's). One mount per case with --cpuprofile; the profiles go to $OUT
 # (default /tmp) as cpu-disk-host.pprof and cpu-disk-cuda.pprof. Extra
 # arguments are mount flags for the cuda case; LAYOUT (default hnd) the
-# target layout.
+# target layout; STORE=0 skips the STORE_BLOCKS part.
 #
 # BIN (default out/h200) holds kvfs built with CGO_ENABLED=0. Run as root
 # from the repo root; about a minute. Read the profiles with
@@ -27,6 +27,7 @@ for into in host cuda; do
 	sleep 1
 done
 rm -f "$S"
+[ "${STORE:-1}" = 0 ] && exit 0
 # And STORE_BLOCKS on tmpfs (the H200's CPU per GB stored, issue 11), one
 # and eight callers, profiled as cpu-store-tmpfs.pprof.
 S=/dev/shm/kvfs-profstore.kvfs

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/bits"
 	"testing"
 
 	"github.com/kvfs/kvfs/layout"
@@ -159,7 +160,42 @@ func TestReadRangeFailures(t *testing.T) {
 		if q := reqs[1]; !errors.Is(q.Err, store.ErrCorrupt) || q.Failed != 3 {
 			t.Fatalf("nhd %v: two heads missing, one corrupt: %v, %d failed", nhd, q.Err, q.Failed)
 		}
+		if reqs[0].Bad != 0b1100 || reqs[1].Bad != 0b1110 {
+			t.Fatalf("nhd %v: heads failed %04b and %04b, want 1100 and 1110", nhd, reqs[0].Bad, reqs[1].Bad)
+		}
 		c.check(t, want)
+
+		// Unverified: the same ranges land as stored, the corrupt head
+		// too (the caller checks it against its CRC), the missing heads'
+		// destinations untouched and their bits set.
+		c2 := newRangeCache(t, nhd)
+		want2 := bytes.Clone(c2.mem)
+		reqs = []store.ReadReq{c2.req(2, 0, layout.K, 0, geo.KVHeads), c2.req(2, 1, layout.V, 0, geo.KVHeads)}
+		for i := range reqs {
+			reqs[i].Unverified, reqs[i].CRCs = true, make([]uint32, geo.KVHeads)
+		}
+		for _, k := range []layout.Key{{Block: 2, Layer: 0, Head: 0, Kind: layout.K}, {Block: 2, Layer: 0, Head: 1, Kind: layout.K}, {Block: 2, Layer: 1, Head: 0, Kind: layout.V}} {
+			c2.place(want2, k, groupData(geo, k, 1))
+		}
+		raw := groupData(geo, bad, 1)
+		raw[7] ^= 0x10
+		c2.place(want2, bad, raw)
+		if err := s.Read(reqs); err != nil {
+			t.Fatal(err)
+		}
+		for i, q := range reqs {
+			if !errors.Is(q.Err, store.ErrNotFound) || q.Failed != 2 || q.Bad != 0b1100 {
+				t.Fatalf("nhd %v: unverified range %d: %v, %d failed, heads %04b failed; want two missing (1100)", nhd, i, q.Err, q.Failed, q.Bad)
+			}
+			for h := range 2 {
+				k := q.Key
+				k.Head = h
+				if got, want := q.CRCs[h], store.CRC32C(groupData(geo, k, 1)); got != want {
+					t.Fatalf("nhd %v: %v: checksum %08x, header has %08x", nhd, k, got, want)
+				}
+			}
+		}
+		c2.check(t, want2)
 
 		// Malformed: nothing read, nothing written.
 		ok := c.req(1, 0, layout.K, 0, geo.KVHeads)
@@ -168,7 +204,8 @@ func TestReadRangeFailures(t *testing.T) {
 			mod  func(q *store.ReadReq)
 			err  error
 		}{
-			{"unverified", func(q *store.ReadReq) { q.Unverified = true }, store.ErrInvalid},
+			{"unverified without checksums", func(q *store.ReadReq) { q.Unverified = true }, store.ErrInvalid},
+			{"unverified, checksums short", func(q *store.ReadReq) { q.Unverified, q.CRCs = true, make([]uint32, geo.KVHeads-1) }, store.ErrInvalid},
 			{"past the heads", func(q *store.ReadReq) { q.Key.Head = 1 }, store.ErrInvalid},
 			{"no stride", func(q *store.ReadReq) { q.HeadStride = 0 }, store.ErrInvalid},
 			{"short", func(q *store.ReadReq) { q.Buf = q.Buf[:len(q.Buf)-1] }, store.ErrSize},
@@ -181,8 +218,8 @@ func TestReadRangeFailures(t *testing.T) {
 			if err := s.Read(rs); err != nil {
 				t.Fatal(err)
 			}
-			if !errors.Is(rs[0].Err, tc.err) || rs[0].Failed != geo.KVHeads {
-				t.Fatalf("nhd %v, %s: %v, %d failed; want %v, %d", nhd, tc.name, rs[0].Err, rs[0].Failed, tc.err, geo.KVHeads)
+			if !errors.Is(rs[0].Err, tc.err) || rs[0].Failed != geo.KVHeads || rs[0].Bad != 1<<geo.KVHeads-1 {
+				t.Fatalf("nhd %v, %s: %v, %d failed (%b); want %v, %d", nhd, tc.name, rs[0].Err, rs[0].Failed, rs[0].Bad, tc.err, geo.KVHeads)
 			}
 		}
 		c.check(t, want)
@@ -239,6 +276,9 @@ func FuzzReadRequest(f *testing.F) {
 			Pitch: int(reqPitch), RowBytes: int(rowBytes), Heads: int(heads), HeadStride: int(headStride),
 			Unverified: unverified,
 		}
+		if unverified && q.Heads > 1 && q.Heads <= store.MaxBadHeads {
+			q.CRCs = make([]uint32, q.Heads)
+		}
 		reqs := []store.ReadReq{q}
 		if err := s.Read(reqs); err != nil {
 			t.Fatal(err)
@@ -247,6 +287,9 @@ func FuzzReadRequest(f *testing.F) {
 		groups := max(1, q.Heads)
 		if got.Failed < 0 || got.Failed > groups || (got.Err == nil) != (got.Failed == 0) {
 			t.Fatalf("%+v: err %v, %d failed of %d", q.Key, got.Err, got.Failed, groups)
+		}
+		if groups <= store.MaxBadHeads && bits.OnesCount64(got.Bad) != got.Failed || got.Bad>>groups != 0 && groups < store.MaxBadHeads {
+			t.Fatalf("%+v: %d failed, heads %b failed", q.Key, got.Failed, got.Bad)
 		}
 		refused := errors.Is(got.Err, store.ErrInvalid) || errors.Is(got.Err, store.ErrSize)
 		if refused && got.Failed != groups {

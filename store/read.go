@@ -44,6 +44,10 @@ type ReadReq struct {
 	// CRC is set by Read for an Unverified request that landed: the
 	// CRC32C the group's header records.
 	CRC uint32
+	// CRCs is, for an Unverified range, where Read puts each landed
+	// head's recorded CRC32C: CRCs[j] for head Key.Head+j. Its length
+	// must be Heads.
+	CRCs []uint32
 	// Heads, above 1, makes the request a range: the groups of heads
 	// Key.Head to Key.Head+Heads-1 of one (block, layer, kind), head j's
 	// landing at Buf[j*HeadStride:] with the shape above (contiguous, or
@@ -51,8 +55,9 @@ type ReadReq struct {
 	// span. One request for a tile's heads instead of one per head: a
 	// caller that moves whole blocks writes and reads an eighth of the
 	// requests. The destinations may interleave (pitched heads of a
-	// token-major cache, HeadStride one row) but must not overlap. Not
-	// with Unverified.
+	// token-major cache, HeadStride one row) but must not overlap. An
+	// Unverified range has at most MaxBadHeads heads and takes their
+	// checksums in CRCs.
 	Heads, HeadStride int
 	// Err is set by Read: nil (every group landed, its checksum verified,
 	// or for an Unverified request its CRC set), ErrNotFound (the sentinel
@@ -64,7 +69,16 @@ type ReadReq struct {
 	// Failed is set by Read: how many of the request's groups did not
 	// land (0 with Err nil; 1 for a one-group request that failed).
 	Failed int
+	// Bad is set by Read: bit j for head Key.Head+j when that group did
+	// not land (bit 0 for a one-group request), for the first MaxBadHeads
+	// heads of a range. A caller that moves a range on (to a device) must
+	// skip the heads that failed: their destinations hold no group.
+	Bad uint64
 }
+
+// MaxBadHeads is the most heads of a range ReadReq.Bad describes, and the
+// most heads of an Unverified range.
+const MaxBadHeads = 64
 
 // want is one group a read moves: a request with its slot and checksum.
 type want struct {
@@ -147,9 +161,10 @@ func (s *Store) Read(reqs []ReadReq) error {
 	for i := range reqs {
 		r := &reqs[i]
 		rows, err := s.checkRead(r)
-		r.Err, r.Failed = err, 0
+		r.Err, r.Failed, r.Bad = err, 0, 0
 		if err != nil {
 			r.Failed = max(1, r.Heads)
+			r.Bad = allHeads(r.Heads)
 			continue
 		}
 		if r.Heads <= 1 {
@@ -182,6 +197,7 @@ func (s *Store) Read(reqs []ReadReq) error {
 				q.Err = ErrNotFound
 			}
 			w.r.Failed++
+			w.r.Bad |= s.headBit(&w)
 			misses++
 			continue
 		}
@@ -268,8 +284,11 @@ func (s *Store) checkRead(r *ReadReq) (rows int, err error) {
 	}
 	last := r.Key
 	last.Head += r.Heads - 1
-	if r.Unverified || r.HeadStride <= 0 || last.Head < r.Key.Head {
-		return 0, fmt.Errorf("%w: a range of %d heads %d bytes apart (unverified %v)", ErrInvalid, r.Heads, r.HeadStride, r.Unverified)
+	if r.HeadStride <= 0 || last.Head < r.Key.Head {
+		return 0, fmt.Errorf("%w: a range of %d heads %d bytes apart", ErrInvalid, r.Heads, r.HeadStride)
+	}
+	if r.Unverified && (r.Heads > MaxBadHeads || len(r.CRCs) != r.Heads) {
+		return 0, fmt.Errorf("%w: an unverified range of %d heads (at most %d) with %d checksums", ErrInvalid, r.Heads, MaxBadHeads, len(r.CRCs))
 	}
 	if err := s.geo.CheckKey(last); err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -793,7 +812,7 @@ func (s *Store) failWants(ws []want, err error) {
 	s.m.ioErrors.Add(1)
 	for j := range ws {
 		w := &ws[j]
-		s.fail(w.r, fmt.Errorf("store: read %v: %w", s.keyOf(w), err))
+		s.fail(w, fmt.Errorf("store: read %v: %w", s.keyOf(w), err))
 		w.r = nil // done
 	}
 }
@@ -849,7 +868,11 @@ func (s *Store) verifyFrom(runs []run, first int, ws []want, src []byte, srcFirs
 			}
 		}
 		if q.Unverified {
-			q.CRC = w.crc
+			if q.Heads <= 1 {
+				q.CRC = w.crc
+			} else {
+				q.CRCs[w.idx-s.geo.Index(q.Key)] = w.crc // heads are consecutive groups
+			}
 			if r.mode == landBounce {
 				s.land(w, b)
 				bounced += uint64(gb)
@@ -861,7 +884,7 @@ func (s *Store) verifyFrom(runs []run, first int, ws []want, src []byte, srcFirs
 			// Verify in the bounce buffer, which only the store writes,
 			// then copy.
 			if got := CRC32C(b); got != w.crc {
-				s.fail(q, s.corruptReq(w, got))
+				s.fail(w, s.corruptReq(w, got))
 				continue
 			}
 			s.land(w, b)
@@ -872,7 +895,7 @@ func (s *Store) verifyFrom(runs []run, first int, ws []want, src []byte, srcFirs
 			// verify again from a private copy before calling it
 			// corrupt.
 			if err := s.reverify(w); err != nil {
-				s.fail(q, err)
+				s.fail(w, err)
 				continue
 			}
 			bounced += uint64(gb)
@@ -966,20 +989,42 @@ func (s *Store) keyOf(w *want) layout.Key {
 	return s.geo.KeyAt(w.r.Key.Block, w.idx)
 }
 
-// fail records that one of q's groups did not land, with err. The groups
-// of a range may be verified on several goroutines at once: their
-// failures (rare: a corruption or an I/O error) take failMu.
-func (s *Store) fail(q *ReadReq, err error) {
+// fail records that w's group did not land, with err. The groups of a
+// range may be verified on several goroutines at once: their failures
+// (rare: a corruption or an I/O error) take failMu.
+func (s *Store) fail(w *want, err error) {
+	q := w.r
 	if q.Heads <= 1 {
-		q.Err, q.Failed = err, 1
+		q.Err, q.Failed, q.Bad = err, 1, 1
 		return
 	}
 	s.failMu.Lock()
 	defer s.failMu.Unlock()
 	q.Failed++
+	q.Bad |= s.headBit(w)
 	if q.Err == nil || failRank(err) > failRank(q.Err) {
 		q.Err = err
 	}
+}
+
+// headBit is w's bit in its request's Bad: 1<<j for head Key.Head+j, 0
+// past MaxBadHeads.
+func (s *Store) headBit(w *want) uint64 {
+	if w.r.Heads <= 1 {
+		return 1
+	}
+	if j := w.idx - s.geo.Index(w.r.Key); j < MaxBadHeads {
+		return 1 << j
+	}
+	return 0
+}
+
+// allHeads is Bad with every head of a request of heads heads set.
+func allHeads(heads int) uint64 {
+	if heads >= MaxBadHeads {
+		return ^uint64(0)
+	}
+	return 1<<max(1, heads) - 1
 }
 
 // failRank orders the failures of a range's groups, the one reported
