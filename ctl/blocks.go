@@ -39,6 +39,21 @@ type blockEnt struct {
 // (layer, kind), for all its heads.
 func (e *blockEnt) reqs() int { return int(e.groups) / int(e.e.HeadCount) }
 
+// tiles reports whether a valid entry of a tiled GPU load moves as tiles:
+// it has several heads, no more than a tile holds.
+func (e *blockEnt) tiles(tiled bool) bool {
+	return tiled && e.e.HeadCount > 1 && int(e.e.HeadCount) <= store.MaxBadHeads
+}
+
+// items is how many pipeline items a valid entry's GPU call makes: one per
+// (layer, kind) as tiles, else one per group.
+func (e *blockEnt) items(tiled bool) int {
+	if e.tiles(tiled) {
+		return e.reqs()
+	}
+	return int(e.groups)
+}
+
 // blockScratch is per-call working memory, kept for the next call: a call
 // allocates nothing proportional to its entries or groups once one as
 // large has run.
@@ -49,6 +64,7 @@ type blockScratch struct {
 	srcs  [][]byte // per write request: the client tile it copies
 	owner []int32  // entry of each request (or GPU item)
 	items []gpu.Item
+	crcs  []uint32  // a GPU load's tiles' checksums (gpu.Item.CRCs)
 	parts []entPart // of a GPU call's entries (splitGroups)
 	stage []int32   // per request: staging slot, or -1 when it lands directly
 	order []int32
@@ -315,6 +331,20 @@ func resolveCacheBlock(ents []blockEnt, run []int32, l *abi.Layout, sc *blockScr
 	}
 	sc.cells = cells[:0]
 	return len(hit)
+}
+
+// tilesOf calls f for every (layer, kind) of a valid entry, in slot
+// order (layer, K before V), with the key of its first head and its tile's
+// offset in its region's buffer.
+func tilesOf(t *target, e *abi.BlockEntry, f func(k layout.Key, r *region, off uint64)) {
+	for layer := uint32(e.LayerFirst); layer < uint32(e.LayerFirst)+uint32(e.LayerCount); layer++ {
+		for kind := range 2 {
+			if e.Kinds&(1<<kind) != 0 {
+				r := t.region(layer, kind)
+				f(layout.Key{Block: e.Block, Layer: int(layer), Kind: layout.Kind(kind), Head: int(e.HeadFirst)}, r, r.off+t.lay.TileOffset(e.CacheBlock, uint32(e.HeadFirst)))
+			}
+		}
+	}
 }
 
 // groupsOf calls f for every group of a valid entry, in slot order (layer,

@@ -524,15 +524,18 @@ func (ss *Session) gpuBatch(ents []ent, load bool) error {
 
 // gpuBlocks serves LOAD_BLOCKS and STORE_BLOCKS on a target in CUDA memory:
 // every group of the valid entries becomes one pipeline item (its tile's
-// device address and the target's row pitch), moved by the target's device
-// pipeline in one call; each entry then reports its groups' outcomes as on
-// the host path.
+// device address and the target's row pitch), or for a load the pipeline
+// takes as tiles (tileHeads) every (layer, kind) of an entry one item of
+// its heads; the target's device pipeline moves them in one call, and each
+// entry then reports its groups' outcomes as on the host path.
 func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScratch) error {
 	s := ss.srv
-	n := 0
+	n, groups := 0, 0
+	tiled := load && !noTiles && ss.tileHeads(t)
 	for i := range ents {
-		if ents[i].valid {
-			n += int(ents[i].groups)
+		if e := &ents[i]; e.valid {
+			n += e.items(tiled)
+			groups += int(e.groups)
 		}
 	}
 	if n == 0 {
@@ -553,26 +556,46 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 	if cap(sc.owner) < n {
 		sc.owner = make([]int32, 0, n)
 	}
-	items, owner := sc.items[:n], sc.owner[:n]
+	if tiled && cap(sc.crcs) < groups {
+		sc.crcs = make([]uint32, 0, groups)
+	}
+	items, owner, crcs := sc.items[:n], sc.owner[:n], sc.crcs[:0]
+	if tiled {
+		crcs = sc.crcs[:groups]
+	}
 	// Not cleared after the call (40 MiB): the items name device
-	// addresses and the store's errors, no client memory, and the next
-	// call writes each one it uses whole.
-	defer func() { sc.items, sc.owner = items[:0], owner[:0] }()
+	// addresses, the store's errors and the call's checksum scratch, no
+	// client memory, and the next call writes each one it uses whole.
+	defer func() { sc.items, sc.owner, sc.crcs = items[:0], owner[:0], crcs[:0] }()
 	// Building half a million items, and reading their outcomes back,
 	// is ~10 ms of one core before the first copy and after the last (a
 	// sixth of a 1,024-block direct load on the H200): large calls do
 	// both in parts, one goroutine each, split between entries.
-	parts := splitGroups(ents, n, sc.parts[:0])
+	parts := splitGroups(ents, n, sc.parts[:0], tiled)
 	sc.parts = parts
 	// Each part writes exactly its own items: an entry whose groups
 	// were miscounted would otherwise leave an item of an earlier call in
 	// place (its device address) or write into the next part's.
 	var miscounted atomic.Bool
+	hs := int(t.lay.HeadStride)
 	eachPart(parts, func(pt entPart) {
-		k, end := pt.first, pt.first+pt.groups
+		k, end := pt.first, pt.first+pt.items
+		g := pt.firstGroup
 		for i := pt.lo; i < pt.hi; i++ {
 			e := &ents[i]
 			if !e.valid {
+				continue
+			}
+			if e.tiles(tiled) {
+				// A tile's checksums: its heads' share of crcs.
+				h := int(e.e.HeadCount)
+				tilesOf(t, &e.e, func(key layout.Key, r *region, off uint64) {
+					if k < end && g+h <= len(crcs) {
+						items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr, Heads: h, HeadStride: hs, CRCs: crcs[g : g+h : g+h]}
+						owner[k] = int32(i)
+					}
+					k, g = k+1, g+h
+				})
 				continue
 			}
 			groupsOf(t, &e.e, func(key layout.Key, r *region, off uint64) {
@@ -580,10 +603,10 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 					items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr}
 					owner[k] = int32(i)
 				}
-				k++
+				k, g = k+1, g+1
 			})
 		}
-		if k != end {
+		if k != end || g != pt.firstGroup+pt.groups {
 			miscounted.Store(true)
 		}
 	})
@@ -607,28 +630,70 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 	// Each part's items belong to its own entries: the parts tally
 	// them at once.
 	eachPart(parts, func(pt entPart) {
-		for k := pt.first; k < pt.first+pt.groups; k++ {
+		for k := pt.first; k < pt.first+pt.items; k++ {
+			it := &items[k]
+			e := &ents[owner[k]]
+			failed := 1
+			if it.Heads > 1 {
+				failed = it.Failed
+				if it.Err != nil && failed == 0 {
+					failed = it.Heads // an outcome without a count: none landed
+				}
+				e.ok += uint32(it.Heads - failed)
+			}
+			if it.Err == nil {
+				if it.Heads <= 1 {
+					e.ok++
+				}
+				continue
+			}
 			var st abi.Status
 			var det abi.Detail
 			if load {
-				st, det = loadStatus(items[k].Err)
+				st, det = loadStatus(it.Err)
 				if st == abi.Corrupt {
-					s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", t.dev.ordinal), zap.Error(items[k].Err))
+					s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", t.dev.ordinal), zap.Error(it.Err))
 				}
 			} else {
-				st, det = storeStatus(items[k].Err)
+				st, det = storeStatus(it.Err)
 			}
-			ents[owner[k]].tally(st, det)
+			e.tally(st, det)
 		}
 	})
 	return nil
 }
 
-// entPart is a share of a call's entries, [lo, hi), whose groups are
-// items [first, first+groups).
+// noTiles turns tiles off (tests compare loads with and without).
+var noTiles = false
+
+// tileHeads reports whether a load into t goes to its device's pipeline as
+// tiles (gpu.Item.Heads): where the pipeline takes them (checked on the
+// GPU, through staging), and the heads of a (layer, kind) lie next to each
+// other in the target: one after another (head-major, HND) or row by row
+// (token-major, NHD). Other layouts (a Hugging Face cache's heads a whole
+// sequence apart) move a group per item, which the staging orders by
+// destination.
+func (ss *Session) tileHeads(t *target) bool {
+	s := ss.srv
+	if t.dev == nil || int(s.tile.Rows)*int(s.tile.RowBytes) != s.gb {
+		return false
+	}
+	hs := int(t.lay.HeadStride)
+	switch {
+	case t.lay.Packed && hs == s.gb, !t.lay.Packed && hs == int(s.tile.RowBytes):
+	default:
+		return false
+	}
+	return t.dev.pipe.TakesTiles(s.st, !t.lay.Packed)
+}
+
+// entPart is a share of a call's entries, [lo, hi), whose items are
+// [first, first+items) and whose groups are [firstGroup,
+// firstGroup+groups) of the call's.
 type entPart struct {
-	lo, hi        int
-	first, groups int
+	lo, hi             int
+	first, items       int
+	firstGroup, groups int
 }
 
 // partGroups is the fewest groups worth a goroutine of their own when a
@@ -638,20 +703,22 @@ var partGroups = 64 << 10
 // maxParts bounds the parts (goroutines) of one call.
 const maxParts = 4
 
-// splitGroups splits the valid entries' n groups into up to maxParts
-// parts of about equal groups, at entry boundaries, appended to parts.
-func splitGroups(ents []blockEnt, n int, parts []entPart) []entPart {
+// splitGroups splits the valid entries' n items (a group each, or a
+// tile's heads each when tiled) into up to maxParts parts of about equal
+// items, at entry boundaries, appended to parts.
+func splitGroups(ents []blockEnt, n int, parts []entPart, tiled bool) []entPart {
 	w := min(maxParts, max(1, n/partGroups))
 	want := (n + w - 1) / w
 	cur := entPart{}
 	for i := range ents {
 		if ents[i].valid {
+			cur.items += ents[i].items(tiled)
 			cur.groups += int(ents[i].groups)
 		}
-		if cur.groups >= want && len(parts) < w-1 {
+		if cur.items >= want && len(parts) < w-1 {
 			cur.hi = i + 1
 			parts = append(parts, cur)
-			cur = entPart{lo: i + 1, first: cur.first + cur.groups}
+			cur = entPart{lo: i + 1, first: cur.first + cur.items, firstGroup: cur.firstGroup + cur.groups}
 		}
 	}
 	cur.hi = len(ents)

@@ -596,20 +596,26 @@ func (c *fakeChecker) Verify(items []*gpu.Item) error {
 	defer c.mu.Unlock()
 	geo, dev := c.geo, c.dev
 	for _, it := range items {
-		*c.verified++
 		pitch := it.Pitch
 		if pitch == 0 {
 			pitch = geo.RowBytes
 		}
-		var b []byte
-		for r := range geo.Rows {
-			b = append(b, dev.Mem(it.Dst+uint64(r*pitch), geo.RowBytes)...)
-		}
-		if store.CRC32C(b) != it.CRC {
-			for r := range geo.Rows {
-				dev.Fill(it.Dst+uint64(r*pitch), make([]byte, geo.RowBytes))
+		for j := range it.Groups() { // a tile's heads one by one
+			if it.Heads > 1 && it.Skip(j) {
+				continue
 			}
-			it.Err = fmt.Errorf("fake verify: %w", store.ErrCorrupt)
+			*c.verified++
+			dst, crc := it.Group(j)
+			var b []byte
+			for r := range geo.Rows {
+				b = append(b, dev.Mem(dst+uint64(r*pitch), geo.RowBytes)...)
+			}
+			if store.CRC32C(b) != crc {
+				for r := range geo.Rows {
+					dev.Fill(dst+uint64(r*pitch), make([]byte, geo.RowBytes))
+				}
+				it.FailHead(j, fmt.Errorf("fake verify: %w", store.ErrCorrupt))
+			}
 		}
 	}
 	return nil
@@ -1020,7 +1026,7 @@ func TestGPUBlocksInParts(t *testing.T) {
 	}
 	defer func(v int) { partGroups = v }(partGroups)
 	partGroups = 1
-	parts := splitGroups(ents, n, nil)
+	parts := splitGroups(ents, n, nil, false)
 	if len(parts) != maxParts {
 		t.Fatalf("%d parts of %d entries, want %d", len(parts), len(ents), maxParts)
 	}
@@ -1033,10 +1039,10 @@ func TestGPUBlocksInParts(t *testing.T) {
 		for i := p.lo; i < p.hi; i++ {
 			g += int(ents[i].groups)
 		}
-		if g != p.groups {
-			t.Fatalf("part %+v counts %d groups, its entries have %d", p, p.groups, g)
+		if g != p.items || g != p.groups || p.firstGroup != first {
+			t.Fatalf("part %+v counts %d items, %d groups, its entries have %d", p, p.items, p.groups, g)
 		}
-		next, first = p.hi, first+p.groups
+		next, first = p.hi, first+p.items
 	}
 	if next != len(ents) || first != n {
 		t.Fatalf("parts %+v cover %d entries and %d groups, want %d and %d", parts, next, first, len(ents), n)
@@ -1193,4 +1199,147 @@ func BenchmarkGPULoadBlocks(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*nb*gpb), "ns/group")
+}
+
+// fakeLander is fakeChecker with Land: groups copied packed into device
+// scratch are checked there and their rows written into their tiles,
+// zeros for one that differs. tiles counts the tiles (items of several
+// heads) it was given, by Verify or Land.
+type fakeLander struct {
+	fakeChecker
+	tiles int
+}
+
+func (c *fakeLander) Verify(items []*gpu.Item) error {
+	c.count(items)
+	return c.fakeChecker.Verify(items)
+}
+
+func (c *fakeLander) count(items []*gpu.Item) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, it := range items {
+		if it.Heads > 1 {
+			c.tiles++
+		}
+	}
+}
+
+func (c *fakeLander) Land(items []*gpu.Item, srcs []uint64) error {
+	c.count(items)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	geo, dev := c.geo, c.dev
+	for i, it := range items {
+		pitch := it.Pitch
+		if pitch == 0 {
+			pitch = geo.RowBytes
+		}
+		for j := range it.Groups() {
+			if it.Heads > 1 && it.Skip(j) {
+				continue
+			}
+			*c.verified++
+			dst, crc := it.Group(j)
+			g := dev.Mem(srcs[i]+uint64(j*geo.GroupBytes), geo.GroupBytes)
+			ok := store.CRC32C(g) == crc
+			for r := range geo.Rows {
+				b := make([]byte, geo.RowBytes)
+				if ok {
+					copy(b, g[r*geo.RowBytes:])
+				}
+				dev.Fill(dst+uint64(r*pitch), b)
+			}
+			if !ok {
+				it.FailHead(j, fmt.Errorf("fake land: %w", store.ErrCorrupt))
+			}
+		}
+	}
+	return nil
+}
+
+// TestGPUBlocksTiles: a GPU load checked on the GPU through staging moves
+// each (layer, kind) of an entry as one tile of its heads, into
+// head-major (HND) and token-major (NHD, landed from device scratch)
+// targets, and gives exactly what it gives one group per item: the same
+// GPU memory (a corrupt group zeroed, missing heads' tiles left alone, the
+// heads outside a shard untouched) and the same statuses and group counts,
+// for whole blocks, partial blocks, absent blocks, head ranges and single
+// heads.
+func TestGPUBlocksTiles(t *testing.T) {
+	geo := testGeo
+	rb, T, H, L := geo.RowBytes(), geo.BlockTokens, geo.KVHeads, geo.Layers
+	const nb = 8
+	size := uint64(2 * L * nb * T * H * rb)
+	run := func(nhd, tiles bool) ([]abi.BlockEntry, []byte, int) {
+		defer func(v bool) { noTiles = v }(noTiles)
+		noTiles = !tiles
+		verified := 0
+		var chk *fakeLander
+		// Room for a landing batch's device scratch (128 MiB) above the
+		// target.
+		f, fakes := gpuFixtureSized(t, 1, 16, int(size)+129<<20, func(o *GPUOptions, fakes []*fakeGPU) {
+			o.VerifyOnGPU = true
+			o.NewVerifier = func(ordinal int, geo gpu.Geometry) (gpu.Checker, error) {
+				chk = &fakeLander{fakeChecker: fakeChecker{dev: fakes[ordinal], geo: geo, verified: &verified}}
+				return chk, nil
+			}
+		})
+		dev := fakes[0]
+		ss := f.open(0, 0)
+		id := mustRegisterCUDA(t, ss, 0, gputest.Base, size, 0, size)
+		dev.Fill(gputest.Base, bytes.Repeat([]byte{0x5A}, int(size)))
+		for _, b := range []uint64{1, 2, 5} {
+			f.put(blockKeys(b), int(b))
+		}
+		f.corrupt(blockKeys(2)[5])
+		// Block 3: heads 0 and 2 of every (layer, kind); its layer 1 V
+		// not at all.
+		var part []layout.Key
+		for _, k := range blockKeys(3) {
+			if k.Head%2 == 0 && (k.Layer != 1 || k.Kind != layout.V) {
+				part = append(part, k)
+			}
+		}
+		f.put(part, 3)
+		tid, errno := registerTarget(ss, testTarget(id, nb, nhd))
+		if errno != 0 {
+			t.Fatalf("register target: %v", errno)
+		}
+		es := []abi.BlockEntry{
+			wholeBlock(1, 0), wholeBlock(2, 1), wholeBlock(3, 2), wholeBlock(4, 3),
+			{Block: 5, CacheBlock: 4, LayerCount: uint16(L), HeadFirst: 1, HeadCount: 2, Kinds: abi.KindsBoth},
+			{Block: 5, CacheBlock: 5, LayerFirst: 1, LayerCount: 1, HeadFirst: 3, HeadCount: 1, Kinds: abi.KindsV},
+			{Block: 3, CacheBlock: 6, LayerCount: uint16(L), HeadFirst: 2, HeadCount: 2, Kinds: abi.KindsK},
+		}
+		got := blocksInline(t, ss, tid, abi.CmdLoadBlocksInline, es)
+		if v := dev.Violations(); len(v) != 0 {
+			t.Fatal(v)
+		}
+		return got, dev.Mem(gputest.Base, int(size)), chk.tiles
+	}
+	for _, nhd := range []bool{false, true} {
+		want, wmem, wt := run(nhd, false)
+		got, gmem, gt := run(nhd, true)
+		if wt != 0 || gt == 0 {
+			t.Fatalf("nhd %v: %d tiles checked with tiles off, %d with them on", nhd, wt, gt)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("nhd %v: entry %d: %+v as tiles, %+v a group per item", nhd, i, got[i], want[i])
+			}
+		}
+		if !bytes.Equal(gmem, wmem) {
+			t.Fatalf("nhd %v: GPU memory differs between tiles and a group per item", nhd)
+		}
+		// What a group per item gives is right.
+		gpb := uint32(geo.GroupsPerBlock())
+		st := []abi.Status{abi.OK, abi.Corrupt, abi.Absent, abi.Absent, abi.OK, abi.OK, abi.Absent}
+		ok := []uint32{gpb, gpb - 1, gpb/2 - uint32(H)/2, 0, gpb / 2, 1, uint32(L)}
+		for i := range want {
+			if want[i].Status != st[i] || want[i].GroupsOK != ok[i] {
+				t.Fatalf("nhd %v: entry %d: %v, %d groups, want %v, %d", nhd, i, want[i].Status, want[i].GroupsOK, st[i], ok[i])
+			}
+		}
+	}
 }

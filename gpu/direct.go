@@ -94,6 +94,14 @@ func (p *Pipeline) directFor(r Reader, items []Item) (Locator, []byte) {
 	return l, *h
 }
 
+// hostDirect reports whether loads from r may go straight from the
+// store's host view (directFor, tiles aside): r a Locator, Verify set and
+// a host view.
+func (p *Pipeline) hostDirect(r Reader) bool {
+	_, ok := r.(Locator)
+	return ok && p.Verify != nil && p.host.Load() != nil
+}
+
 // pitched reports whether the item's tile has its rows apart (NHD): a
 // direct load copies it to device scratch and lands it with Land.
 func (p *Pipeline) pitched(it *Item) bool { return it.Pitch != 0 && it.Pitch != p.Geo.RowBytes }

@@ -41,8 +41,8 @@ type landScratch struct {
 // tile is where a pitched item lands, kept aside while the item points at
 // device scratch.
 type tile struct {
-	dst, mapping uint64
-	pitch        int
+	dst, mapping      uint64
+	pitch, headStride int
 }
 
 // landsStaged reports whether a staged load of items should land pitched
@@ -59,6 +59,10 @@ func (p *Pipeline) landsStaged(items []Item) bool {
 // into the tile, zeros for one that fails: each group's checksum is
 // computed once. Packed tiles go straight to their places in the same
 // runs, verified there.
+//
+// Tiles of several heads (Item.Heads) are staged with their heads packed
+// one after another in scratch, and Land writes each head that landed
+// into its place.
 func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 	gb := p.Geo.GroupBytes
 	p.landOnce.Do(func() { p.idleLand.Max = 4 })
@@ -70,7 +74,7 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 			p.idleLand.Put(sc)
 			err = fmt.Errorf("%w: device scratch: %w", ErrCopy, err)
 			for i := range items {
-				items[i].Err = err
+				items[i].failAll(err)
 			}
 			return nil
 		}
@@ -93,15 +97,24 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 		// copy of the batch's items cost more than the rest of this
 		// loop), its tile kept aside until the read is over.
 		tiles, landed, srcs = tiles[:0], landed[:0], srcs[:0]
-		hi := lo
-		for ; hi < len(items) && len(tiles) < per; hi++ {
+		hi, used, groups := lo, 0, 0 // used: scratch, in groups
+		for ; hi < len(items); hi++ {
 			it := &items[hi]
 			if p.pitched(it) {
-				tiles = append(tiles, tile{dst: it.Dst, mapping: it.Mapping, pitch: it.Pitch})
-				it.Dst, it.Pitch, it.Mapping, it.landed = sc.addr+uint64((len(tiles)-1)*gb), 0, sc.addr, true
+				n := it.Groups()
+				if used > 0 && used+n > per {
+					break
+				}
+				tiles = append(tiles, tile{dst: it.Dst, mapping: it.Mapping, pitch: it.Pitch, headStride: it.HeadStride})
+				it.Dst, it.Pitch, it.Mapping, it.landed = sc.addr+uint64(used*gb), 0, sc.addr, true
+				if it.Heads > 1 {
+					it.HeadStride = gb
+				}
+				used += n
 			}
+			groups += it.Groups()
 		}
-		err := p.loadStaged(r, items[lo:hi])
+		err := p.loadStaged(r, items[lo:hi], groups)
 		k := 0
 		for i := lo; i < hi; i++ {
 			it := &items[i]
@@ -110,7 +123,17 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 			}
 			src, t := it.Dst, tiles[k]
 			k++
-			it.Dst, it.Mapping, it.Pitch, it.landed = t.dst, t.mapping, t.pitch, false
+			it.Dst, it.Mapping, it.Pitch, it.HeadStride, it.landed = t.dst, t.mapping, t.pitch, t.headStride, false
+			if it.Heads > 1 {
+				// The heads that landed in scratch (the others are
+				// missing, or their read or copy failed: left as they
+				// are) go to Land.
+				if !it.done() {
+					landed = append(landed, it)
+					srcs = append(srcs, src)
+				}
+				continue
+			}
 			switch e := it.Err; {
 			case e == nil, errors.Is(e, store.ErrCorrupt):
 				// Not verified in scratch (Land checks it), or found
@@ -124,7 +147,7 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 		p.land(landed, srcs)
 		if err != nil {
 			for i := hi; i < len(items); i++ {
-				items[i].Err = err
+				items[i].failAll(err)
 			}
 			return err
 		}

@@ -41,6 +41,24 @@ type Item struct {
 	Err error
 	// CRC is the group's recorded CRC32C, set by Load for Verify.
 	CRC uint32
+	// Heads, above 1, makes the item a tile of several heads: the groups
+	// of heads Key.Head to Key.Head+Heads-1 of one (block, layer, kind),
+	// head j's at Dst + j*HeadStride, each laid out as above (rows Pitch
+	// apart). A tile is one store request and one item where its heads
+	// would be Heads of each: a GPU load of whole blocks pays per tile,
+	// not per group. Only Load takes tiles, where TakesTiles says so; at
+	// most store.MaxBadHeads heads, their destinations disjoint.
+	Heads, HeadStride int
+	// CRCs, for a tile, holds its heads' recorded checksums (Load sets
+	// them; the caller provides the Heads elements), as CRC does for one
+	// group.
+	CRCs []uint32
+	// Failed and Bad are a tile's outcome besides Err: how many of its
+	// heads did not land, and which (bit j for head Key.Head+j). Err is
+	// then the most serious of their failures (an I/O or copy error, else
+	// a corruption, else store.ErrNotFound), nil with Failed 0.
+	Failed int
+	Bad    uint64
 	// landed marks a pitched tile's group staged into device scratch by
 	// loadLanded: Land checks it there as it writes its rows, so the
 	// staged pipeline does not Verify it first.
@@ -146,8 +164,8 @@ func failUnset(items []*Item, err error) {
 		return
 	}
 	for _, it := range items {
-		if it.Err == nil {
-			it.Err = err
+		if !it.done() {
+			it.failAll(err)
 		}
 	}
 }
@@ -393,21 +411,39 @@ func (h *held) release(finish func(*chunk)) {
 // (loadDirect); otherwise they go through staging, pitched tiles packed
 // into device scratch and landed by Land where it is set (loadLanded).
 func (p *Pipeline) Load(r Reader, items []Item) error {
-	if l, host := p.directFor(r, items); l != nil {
-		return p.loadDirect(l, host, items)
+	tiles, groups, err := p.checkTiles(items)
+	if err == nil && tiles && !p.TakesTiles(r, p.anyPitched(items)) {
+		err = fmt.Errorf("%w: tiles for a load that takes one group per item", ErrConfig)
+	}
+	if err != nil {
+		for i := range items {
+			items[i].failAll(err)
+		}
+		return err
+	}
+	if !tiles {
+		if l, host := p.directFor(r, items); l != nil {
+			return p.loadDirect(l, host, items)
+		}
 	}
 	if p.landsStaged(items) {
 		return p.loadLanded(r, items)
 	}
-	return p.loadStaged(r, items)
+	return p.loadStaged(r, items, groups)
 }
 
-// loadStaged is Load through staging.
-func (p *Pipeline) loadStaged(r Reader, items []Item) error {
+// loadStaged is Load through staging, of items that move ngroups groups.
+func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 	gb := p.Geo.GroupBytes
-	per := p.chunkGroups(len(items))
-	if per == 0 {
-		return fmt.Errorf("%w: staging buffers of %d bytes hold no %d-byte group", ErrConfig, p.Pool.BufferSize(), gb)
+	per := p.chunkGroups(ngroups)
+	if ngroups > len(items) {
+		// A chunk takes whole tiles: at least the largest.
+		for i := range items {
+			per = max(per, items[i].Heads)
+		}
+	}
+	if per == 0 || per*gb > p.Pool.BufferSize() {
+		return fmt.Errorf("%w: staging buffers of %d bytes hold no %d groups of %d bytes", ErrConfig, p.Pool.BufferSize(), max(1, per), gb)
 	}
 	h := &held{p: p}
 	dev := p.lane()
@@ -421,13 +457,13 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 				continue
 			}
 			if err != nil {
-				it.Err = copyErr(err)
+				it.failAll(copyErr(err))
 			}
 		}
 		if err == nil && p.Verify != nil {
 			ok := c.verified[:0] // the chunk's, reused: a load allocates nothing per chunk
 			for i, it := range c.items {
-				if c.copied[i] && it.Err == nil && !it.landed {
+				if c.copied[i] && !it.done() && !it.landed {
 					ok = append(ok, it)
 				}
 			}
@@ -456,11 +492,38 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 				break
 			}
 			hi := min(lo+per, len(items))
+			tiled := ngroups > len(items)
+			if tiled {
+				// Whole tiles up to per groups; their places in staging
+				// (pos) follow from their heads.
+				n := 0
+				for hi = lo; hi < len(items) && n+items[hi].Groups() <= per; hi++ {
+					n += items[hi].Groups()
+				}
+			}
 			c := st.chunk(dev, hi-lo)
+			if tiled {
+				c.pos = c.posBuf[:0]
+			}
 			g.bounds = append(g.bounds, len(g.reqs))
 			rows, rb := p.Geo.Rows, p.Geo.RowBytes
+			at := 0 // in groups
 			for i := lo; i < hi; {
-				off := (i - lo) * gb
+				off := at * gb
+				if tiled {
+					c.pos = append(c.pos, int32(at)) // the item's (a set's) place
+				}
+				if it := &items[i]; it.Heads > 1 {
+					// A tile: one request for its heads, packed in
+					// staging, their checksums straight into the item.
+					n := it.Heads * gb
+					g.reqs = append(g.reqs, store.ReadReq{Key: it.Key, Buf: st.Mem[off : off+n : len(st.Mem)], Heads: it.Heads, HeadStride: gb, Unverified: true, CRCs: it.CRCs})
+					c.items = append(c.items, it)
+					c.set = append(c.set, 1)
+					at += it.Heads
+					i++
+					continue
+				}
 				n := p.interleaved(items[i:hi])
 				if n == 1 {
 					// Capacity to the buffer's end: the store lands adjacent
@@ -468,6 +531,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 					g.reqs = append(g.reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
 					c.items = append(c.items, &items[i])
 					c.set = append(c.set, 1)
+					at++
 					i++
 					continue
 				}
@@ -481,10 +545,18 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 					g.reqs = append(g.reqs, store.ReadReq{Key: items[i+j].Key, Buf: st.Mem[b : b+(rows-1)*sp+rb], Pitch: sp, RowBytes: rb, Unverified: p.Verify != nil})
 					c.items = append(c.items, &items[i+j])
 					c.set = append(c.set, int32(n*btoi(j == 0)))
+					if tiled && j > 0 {
+						c.pos = append(c.pos, int32(at)) // a member's place: its set's
+					}
 				}
+				at += n
 				i += n
 			}
-			p.sortStaging(c, g.reqs[g.bounds[len(g.bounds)-1]:], st)
+			if tiled {
+				c.posBuf = c.pos // in item order: never sorted
+			} else {
+				p.sortStaging(c, g.reqs[g.bounds[len(g.bounds)-1]:], st)
+			}
 			g.chunks = append(g.chunks, c)
 			reached, lo = hi, hi
 		}
@@ -499,7 +571,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 		if g.err != nil {
 			for _, c := range g.chunks {
 				for _, it := range c.items {
-					it.Err = g.err
+					it.failAll(g.err)
 				}
 				h.chunks = append(h.chunks, c)
 			}
@@ -509,7 +581,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 			rq := g.reqs[g.bounds[k]:g.bounds[k+1]]
 			if p.Verify != nil {
 				for j := range rq {
-					c.items[j].CRC = rq[j].CRC
+					c.items[j].CRC = rq[j].CRC // a tile's are in its CRCs already
 				}
 			}
 			p.bind(c.dev, func(q Device) { p.queueH2D(q, c, rq) })
@@ -577,7 +649,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item) error {
 	h.release(finish)
 	if batchErr != nil {
 		for i := reached; i < len(items); i++ {
-			items[i].Err = batchErr
+			items[i].failAll(batchErr)
 		}
 	}
 	return batchErr
@@ -646,6 +718,11 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 			j += n
 			continue
 		}
+		if c.items[i].Heads > 1 {
+			runs = p.queueTile(c, i, &reqs[i], runs)
+			j++
+			continue
+		}
 		it := c.items[i]
 		rerr := reqs[i].Err
 		src := c.at(i, gb)
@@ -667,21 +744,16 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		}
 		c.copied[i] = true
 		if !p.pitched(it) {
-			if n := len(runs); n > 0 && runs[n-1].m == it.Mapping && runs[n-1].src+runs[n-1].n == src && runs[n-1].dst+uint64(runs[n-1].n) == it.Dst {
-				runs[n-1].n += gb
-				j++
-				continue
-			}
-			runs = append(runs, run{src: src, dst: it.Dst, n: gb, m: it.Mapping})
+			runs = addRun(runs, run{src: src, dst: it.Dst, n: gb, m: it.Mapping})
 			j++
 			continue
 		}
 		var err error
 		if c2 != nil {
-			err = c2.CopyH2D2D(it.Dst, it.Pitch, c.st.Mem[i*gb:(i+1)*gb], rb, rb, rows)
+			err = c2.CopyH2D2D(it.Dst, it.Pitch, c.st.Mem[src:src+gb], rb, rb, rows)
 		} else {
 			for r := 0; r < rows && err == nil; r++ {
-				err = q.CopyH2D(it.Dst+uint64(r*it.Pitch), c.st.Mem[i*gb+r*rb:i*gb+(r+1)*rb])
+				err = q.CopyH2D(it.Dst+uint64(r*it.Pitch), c.st.Mem[src+r*rb:src+(r+1)*rb])
 			}
 		}
 		if err != nil {
@@ -695,6 +767,45 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		}
 	}
 	c.runs = runs[:0]
+}
+
+// addRun appends r to runs, or extends the last run when r follows it on
+// both sides.
+func addRun(runs []run, r run) []run {
+	if n := len(runs); n > 0 && runs[n-1].m == r.m && runs[n-1].src+runs[n-1].n == r.src && runs[n-1].dst+uint64(runs[n-1].n) == r.dst {
+		runs[n-1].n += r.n
+		return runs
+	}
+	return append(runs, r)
+}
+
+// queueTile sets the outcome of tile item i from its read, q, and adds the
+// copies of the heads that landed to runs: the whole tile as one run when
+// its heads lie next to each other on the device, else one run per head;
+// a head that failed (missing, or its read failed) is not copied, so its
+// destination is left as it was.
+func (p *Pipeline) queueTile(c *chunk, i int, q *store.ReadReq, runs []run) []run {
+	gb := p.Geo.GroupBytes
+	it := c.items[i]
+	it.Err, it.Failed, it.Bad = q.Err, q.Failed, q.Bad
+	if c.failed != nil {
+		it.failAll(c.failed)
+		return runs
+	}
+	if it.done() {
+		return runs
+	}
+	c.copied[i] = true
+	src := c.at(i, gb)
+	if it.Bad == 0 && it.HeadStride == gb {
+		return addRun(runs, run{src: src, dst: it.Dst, n: it.Heads * gb, m: it.Mapping})
+	}
+	for h := range it.Heads {
+		if it.Bad&(1<<h) == 0 {
+			runs = addRun(runs, run{src: src + h*gb, dst: it.Dst + uint64(h*it.HeadStride), n: gb, m: it.Mapping})
+		}
+	}
+	return runs
 }
 
 func btoi(b bool) int {
@@ -815,16 +926,13 @@ func (p *Pipeline) queueSet(q Device, c2 Copier2D, c *chunk, reqs []store.ReadRe
 		return runs
 	}
 	sp := n * rb
-	img := c.st.Mem[i*gb : (i+n)*gb]
+	at := c.at(i, gb)
+	img := c.st.Mem[at : at+n*gb]
 	dst, pitch := c.items[i].Dst, c.items[i].Pitch
 	var err error
 	switch {
 	case all && pitch == sp:
-		if k := len(runs); k > 0 && runs[k-1].m == c.items[i].Mapping && runs[k-1].src+runs[k-1].n == i*gb && runs[k-1].dst+uint64(runs[k-1].n) == dst {
-			runs[k-1].n += n * gb
-		} else {
-			runs = append(runs, run{src: i * gb, dst: dst, n: n * gb, m: c.items[i].Mapping})
-		}
+		runs = addRun(runs, run{src: at, dst: dst, n: n * gb, m: c.items[i].Mapping})
 	case all && c2 != nil:
 		err = c2.CopyH2D2D(dst, pitch, img, sp, sp, rows)
 	case all:
@@ -1051,6 +1159,13 @@ func copyErr(err error) error {
 // checksum is of exactly the bytes stored. Per-item outcomes are in
 // Item.Err (nil once durable); the error is for the batch as a whole.
 func (p *Pipeline) Store(w Writer, items []Item) error {
+	if tiles, _, _ := p.checkTiles(items); tiles {
+		err := fmt.Errorf("%w: a store takes one group per item, not tiles", ErrConfig)
+		for i := range items {
+			items[i].failAll(err)
+		}
+		return err
+	}
 	gb, rows, rb := p.Geo.GroupBytes, p.Geo.Rows, p.Geo.RowBytes
 	per := p.chunkGroups(len(items))
 	if per == 0 {

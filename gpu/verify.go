@@ -51,6 +51,7 @@ type GPUVerifier struct {
 	dsts   []crc32c.Group
 	want   []uint32
 	got    []uint32
+	refs   []groupRef
 }
 
 // scratch returns the call's slices for n groups; v.mu is held.
@@ -81,55 +82,98 @@ func NewGPUVerifier(ordinal int, geo Geometry) (*GPUVerifier, error) {
 }
 
 // Verify implements Pipeline.Verify: groups whose CRC32C differs from
-// Item.CRC are zeroed on the device by the kernel and get ErrCorrupt.
+// Item.CRC (a tile's head's from its CRCs) are zeroed on the device by the
+// kernel and get ErrCorrupt. A tile's heads that failed before (Item.Bad)
+// are not checked.
 func (v *GPUVerifier) Verify(items []*Item) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	groups, want, got := v.scratch(len(items))
-	for i, it := range items {
-		groups[i], want[i] = v.tile(it), it.CRC
-	}
-	bad, err := v.chk.Verify(groups, want, got)
+	groups, want, got := v.scratch(groupsOf(items))
+	n := v.expand(items, func(k int, it *Item, j int, dst uint64, crc uint32) {
+		groups[k], want[k] = v.tile(it, dst), crc
+	})
+	bad, err := v.chk.Verify(groups[:n], want[:n], got[:n])
 	return v.outcome(items, bad, want, got, err)
 }
 
 // Land implements Pipeline.Land: each item's group, packed at srcs[i] in
-// device memory, is checked against Item.CRC and copied to its tile (rows
-// Item.Pitch apart) by one kernel pass; a group that differs lands as
-// zeros and gets ErrCorrupt.
+// device memory (a tile's heads one after another from there), is checked
+// against its recorded checksum and copied to its tile (rows Item.Pitch
+// apart) by one kernel pass; a group that differs lands as zeros and gets
+// ErrCorrupt.
 func (v *GPUVerifier) Land(items []*Item, srcs []uint64) error {
 	g := v.geo
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	src, want, got := v.scratch(len(items))
-	dst := v.dsts[:len(items)]
-	for i, it := range items {
-		src[i] = crc32c.Group{Addr: srcs[i], Pitch: uint64(g.RowBytes), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
-		dst[i], want[i] = v.tile(it), it.CRC
-	}
-	bad, err := v.chk.Land(src, dst, want, got)
+	src, want, got := v.scratch(groupsOf(items))
+	dst := v.dsts[:len(src)]
+	n := v.expand(items, func(k int, it *Item, j int, d uint64, crc uint32) {
+		src[k] = crc32c.Group{Addr: srcs[v.refs[k].item] + uint64(j*g.GroupBytes), Pitch: uint64(g.RowBytes), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
+		dst[k], want[k] = v.tile(it, d), crc
+	})
+	bad, err := v.chk.Land(src[:n], dst[:n], want[:n], got[:n])
 	return v.outcome(items, bad, want, got, err)
 }
 
-// tile is the item's group where it lies on the device: its rows
+// groupRef is a group an expand call laid out: head j of items[item].
+type groupRef struct{ item, head int32 }
+
+// groupsOf is how many groups items move.
+func groupsOf(items []*Item) int {
+	n := 0
+	for _, it := range items {
+		n += it.Groups()
+	}
+	return n
+}
+
+// expand calls f for every group of items still to check (a tile's heads
+// that did not fail before), numbering them from 0 and noting each in
+// v.refs; it returns how many. v.mu is held.
+func (v *GPUVerifier) expand(items []*Item, f func(k int, it *Item, j int, dst uint64, crc uint32)) int {
+	if n := groupsOf(items); cap(v.refs) < n {
+		v.refs = make([]groupRef, n)
+	}
+	refs := v.refs[:cap(v.refs)]
+	k := 0
+	for i, it := range items {
+		for j := range it.Groups() {
+			if it.Heads > 1 && it.Skip(j) {
+				continue
+			}
+			dst, crc := it.Group(j)
+			refs[k] = groupRef{int32(i), int32(j)}
+			f(k, it, j, dst, crc)
+			k++
+		}
+	}
+	return k
+}
+
+// tile is a group where it lies on the device, at dst: its rows
 // Item.Pitch apart (packed for pitch 0).
-func (v *GPUVerifier) tile(it *Item) crc32c.Group {
+func (v *GPUVerifier) tile(it *Item, dst uint64) crc32c.Group {
 	g := v.geo
 	pitch := it.Pitch
 	if pitch == 0 {
 		pitch = g.RowBytes
 	}
-	return crc32c.Group{Addr: it.Dst, Pitch: uint64(pitch), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
+	return crc32c.Group{Addr: dst, Pitch: uint64(pitch), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
 }
 
-// outcome sets ErrCorrupt on the items the kernel found bad (Verify and
-// Land), or returns the kernel's failure as a whole.
+// outcome sets ErrCorrupt on the groups the kernel found bad (Verify and
+// Land; bad indexes the last expand), or returns the kernel's failure as a
+// whole.
 func (v *GPUVerifier) outcome(items []*Item, bad []int, want, got []uint32, err error) error {
 	if err != nil {
 		return fmt.Errorf("%w: GPU checksum: %w", ErrCopy, err)
 	}
-	for _, i := range bad {
-		items[i].Err = fmt.Errorf("%w: %v: crc32c %08x on the GPU, header says %08x", store.ErrCorrupt, items[i].Key, got[i], want[i])
+	for _, k := range bad {
+		r := v.refs[k]
+		it := items[r.item]
+		key := it.Key
+		key.Head += int(r.head)
+		it.FailHead(int(r.head), fmt.Errorf("%w: %v: crc32c %08x on the GPU, header says %08x", store.ErrCorrupt, key, got[k], want[k]))
 	}
 	return nil
 }
