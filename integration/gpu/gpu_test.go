@@ -429,8 +429,59 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 	if m := e.srv.Metrics(); verifyOnGPU && (m.GPUSummed != uint64(2*geo.GroupsPerBlock()) || m.GPUSumFailed != 0) {
 		t.Fatalf("GPU checksums of stored groups: %d summed, %d failed; want %d, 0", m.GPUSummed, m.GPUSumFailed, 2*geo.GroupsPerBlock())
 	}
-	if err := c.UnregisterTarget(tid); err != nil {
+	// LOAD_BLOCKS into a head-major (HND) target over the tail: block 3
+	// (its corrupt group) into cache block 0, and a block stored with
+	// heads 0 and 2 only into cache block 1, whose other heads' tiles keep
+	// what LOAD put there. Checked on the GPU through staging, a block's
+	// (layer, kind) moves as one tile of its heads.
+	partial := uint64(nb + 1)
+	var preqs []store.WriteReq
+	for i := range geo.GroupsPerBlock() {
+		if k := geo.KeyAt(partial, i); k.Head%2 == 0 {
+			preqs = append(preqs, store.WriteReq{Key: k, Data: data(k)})
+		}
+	}
+	if err := e.st.Write(preqs); err != nil {
 		t.Fatal(err)
+	}
+	hnd := info.HND(nb, 0, geo.KVHeads)
+	for i := range 2 * geo.Layers {
+		hnd.Regions = append(hnd.Regions, client.Region{Buffer: id, Offset: uint64(v1 + i*tensor)})
+	}
+	hid, err := c.RegisterTarget(hnd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := exp.dump()
+	hes := []client.BlockEntry{hnd.WholeBlock(3, 0), hnd.WholeBlock(partial, 1)}
+	if n, err := c.LoadBlocks(hid, hes); err != nil || n != 0 {
+		t.Fatalf("HND load-blocks: %d ok, %v", n, err)
+	}
+	if hes[0].Status != client.Corrupt || hes[0].GroupsOK != uint32(geo.GroupsPerBlock()-1) ||
+		hes[1].Status != client.Absent || hes[1].GroupsOK != uint32(geo.GroupsPerBlock()/2) {
+		t.Fatalf("HND load-blocks: %+v, %+v", hes[0], hes[1])
+	}
+	mem = exp.dump()
+	for cb, b := range []uint64{3, partial} {
+		for i := range geo.GroupsPerBlock() {
+			k := geo.KeyAt(b, i)
+			off := v1 + (2*k.Layer+int(k.Kind))*tensor + (cb*geo.KVHeads+k.Head)*gb
+			want := data(k)
+			switch {
+			case k == bad:
+				want = zero
+			case b == partial && k.Head%2 == 1:
+				want = before[off : off+gb]
+			}
+			if !bytes.Equal(mem[off:off+gb], want) {
+				t.Fatalf("HND LOAD_BLOCKS: %v in cache block %d differs", k, cb)
+			}
+		}
+	}
+	for _, tid := range []client.TargetID{tid, hid} {
+		if err := c.UnregisterTarget(tid); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := c.Unregister(id); err != nil {
 		t.Fatal(err)
