@@ -231,6 +231,7 @@ type chunk struct {
 	set    []int32
 	failed error // queueing failed; items not yet final fail with it
 	runs   []run
+	tiled  bool // its items include tiles (Item.Heads), staged in item order
 	// pos is, per item, its group's place in the staging buffer (in
 	// GroupBytes), and order the item at each place; both nil when that is
 	// the item's own index: packed tiles may be staged in the order of
@@ -503,7 +504,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 			}
 			c := st.chunk(dev, hi-lo)
 			if tiled {
-				c.pos = c.posBuf[:0]
+				c.pos, c.tiled = c.posBuf[:0], true
 			}
 			g.bounds = append(g.bounds, len(g.reqs))
 			rows, rb := p.Geo.Rows, p.Geo.RowBytes
@@ -762,7 +763,12 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		j++
 	}
 	if c.failed == nil {
-		if err := p.copyRuns(q, c.st.Mem, &c.batch, runs, c2, false); err != nil {
+		// A tiled chunk's runs are already whole tiles, in item order: a
+		// block's (layer, kind) tiles one after another in staging, and
+		// as far apart on the device as the target's tensors are, so in
+		// that order they become one 2D copy per block (sorted by
+		// destination, one per tensor and block).
+		if err := p.copyRuns(q, c.st.Mem, &c.batch, runs, c2, c.tiled); err != nil {
 			fail(err)
 		}
 	}

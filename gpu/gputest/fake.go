@@ -73,6 +73,7 @@ type Device struct {
 	viol     []string
 	syncs    int
 	copies2D int
+	calls    int // copy calls (a 2D copy or a batch one)
 	batches  int
 	laneRecs map[int]int
 	events   int
@@ -223,10 +224,24 @@ func (d *Device) queue(h2d bool, dev uint64, host []byte) error {
 }
 
 // CopyH2D implements gpu.Device.
-func (d *Device) CopyH2D(dst uint64, src []byte) error { return d.queue(true, dst, src) }
+func (d *Device) CopyH2D(dst uint64, src []byte) error { d.call(); return d.queue(true, dst, src) }
 
 // CopyD2H implements gpu.Device.
-func (d *Device) CopyD2H(dst []byte, src uint64) error { return d.queue(false, src, dst) }
+func (d *Device) CopyD2H(dst []byte, src uint64) error { d.call(); return d.queue(false, src, dst) }
+
+func (d *Device) call() {
+	d.mu.Lock()
+	d.calls++
+	d.mu.Unlock()
+}
+
+// Calls is how many copy calls were made: a 2D copy or a batch is one
+// call (Copies counts the rows and members).
+func (d *Device) Calls() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.calls
+}
 
 // Bind implements gpu.Binder (no per-thread setup: fn gets the device).
 func (d *Device) Bind(fn func(q gpu.Device) error) error { return fn(d) }
@@ -241,6 +256,7 @@ func (d *Device) CopyH2D2D(dst uint64, dstPitch int, src []byte, srcPitch, width
 	}
 	d.mu.Lock()
 	d.copies2D++
+	d.calls++
 	d.mu.Unlock()
 	for r := range rows {
 		if err := d.queue(true, dst+uint64(r*dstPitch), src[r*srcPitch:r*srcPitch+width]); err != nil {
@@ -299,6 +315,7 @@ func (d *Device) CopyH2DBatch(dsts []uint64, srcs [][]byte) error {
 	}
 	d.mu.Lock()
 	d.batches++
+	d.calls++
 	d.mu.Unlock()
 	for i, dst := range dsts {
 		if err := d.queue(true, dst, srcs[i]); err != nil {
@@ -322,6 +339,7 @@ func (d *Device) CopyD2H2D(dst []byte, dstPitch int, src uint64, srcPitch, width
 	}
 	d.mu.Lock()
 	d.copies2D++
+	d.calls++
 	d.mu.Unlock()
 	for r := range rows {
 		if err := d.queue(false, src+uint64(r*srcPitch), dst[r*dstPitch:r*dstPitch+width]); err != nil {

@@ -1,0 +1,186 @@
+package gpu_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/bits"
+	"testing"
+
+	"github.com/kvfs/kvfs/gpu"
+	"github.com/kvfs/kvfs/gpu/gputest"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
+)
+
+// tileGeo is the rig's group shape (rows × rowBytes) as a store geometry:
+// 4 heads, 2 layers.
+var tileGeo = layout.Geometry{Layers: 2, KVHeads: 4, HeadDim: rowBytes / 2, BlockTokens: rows, DType: layout.BF16, Align: 512}
+
+// tileData is the payload of group k.
+func tileData(k layout.Key) []byte {
+	b := make([]byte, gb)
+	for i := range b {
+		b[i] = byte(int(k.Block)*131 + tileGeo.Index(k)*7 + i)
+	}
+	return b
+}
+
+// tileVerify is Pipeline.Verify on the rig's device, the CPU over its
+// memory: each group not failed before (a tile's heads one by one) checked
+// where it landed, zeroed and failed when it differs; tiles counts the
+// tiles it was given.
+func tileVerify(r *rig, tiles *int) func(items []*gpu.Item) error {
+	return func(items []*gpu.Item) error {
+		for _, it := range items {
+			if it.Heads > 1 {
+				*tiles++
+			}
+			for j := range it.Groups() {
+				if it.Heads > 1 && it.Skip(j) {
+					continue
+				}
+				dst, crc := it.Group(j)
+				if store.CRC32C(r.dev.Mem(dst, gb)) != crc {
+					r.dev.Fill(dst, make([]byte, gb))
+					it.FailHead(j, fmt.Errorf("verify: %w", store.ErrCorrupt))
+				}
+			}
+		}
+		return nil
+	}
+}
+
+// TestTilesLoad: tiles (a block's (layer, kind) heads as one item) load
+// from a real store into a head-major cache through staging: every head
+// that is stored lands byte for byte, a corrupt one is zeroed and counted,
+// missing heads leave their tiles alone (Failed, Bad and Err say which and
+// why), a block's tiles move as one 2D copy when the cache's tensors are
+// evenly spaced, and a failed copy fails every head of the tiles it
+// carried.
+func TestTilesLoad(t *testing.T) {
+	if tileGeo.GroupBytes() != gb {
+		t.Fatalf("tile geometry: %d-byte groups, the rig's are %d", tileGeo.GroupBytes(), gb)
+	}
+	for _, mode := range []string{"ok", "copy-fails"} {
+		t.Run(mode, func(t *testing.T) {
+			H, L := tileGeo.KVHeads, tileGeo.Layers
+			const nb = 6
+			m := storetest.NewMem(store.SizeFor(tileGeo, 16), 512)
+			if _, err := store.Format(m, tileGeo, store.FormatOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			st, err := store.Open(m, store.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			var w []store.WriteReq
+			for b := range uint64(nb) {
+				for i := range tileGeo.GroupsPerBlock() {
+					k := tileGeo.KeyAt(b, i)
+					if b == 2 && k.Head >= 2 || b == 4 {
+						continue // block 2: heads 0 and 1 only; block 4 absent
+					}
+					w = append(w, store.WriteReq{Key: k, Data: tileData(k)})
+				}
+			}
+			if err := st.Write(w); err != nil {
+				t.Fatal(err)
+			}
+			bad := layout.Key{Block: 3, Layer: 1, Head: 2, Kind: layout.V}
+			gi, err := st.Stat(bad)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sb := st.Superblock()
+			off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + tileGeo.Offset(tileGeo.Index(bad))
+			m.Poke(off+9, []byte{m.Image()[off+9] ^ 0x20})
+
+			r := newRig(t, 4, 2*tileGeo.GroupsPerBlock(), 4)
+			r.dev.Enable2D = true
+			tiles := 0
+			r.p.Verify = tileVerify(r, &tiles)
+			if mode == "copy-fails" {
+				r.dev.FailCopy = func(i int) error {
+					if i == 1 {
+						return gputest.ErrInjected
+					}
+					return nil
+				}
+			}
+			if !r.p.TakesTiles(st, false) {
+				t.Fatal("a staged load checked on the device takes no tiles")
+			}
+			// HND: tensor (layer, kind) of nb cache blocks, block b into
+			// cache block nb-1-b.
+			tensor := nb * H * gb
+			old := bytes.Repeat([]byte{0x5A}, 2*L*tensor)
+			r.dev.Fill(gputest.Base, old)
+			crcs := make([]uint32, nb*tileGeo.GroupsPerBlock())
+			var its []gpu.Item
+			for b := range nb {
+				for lk := range 2 * L {
+					k := layout.Key{Block: uint64(b), Layer: lk / 2, Kind: layout.Kind(lk % 2)}
+					g := len(its) * H
+					its = append(its, gpu.Item{Key: k, Dst: gputest.Base + uint64(lk*tensor+(nb-1-b)*H*gb), Heads: H, HeadStride: gb, CRCs: crcs[g : g+H]})
+				}
+			}
+			if err := r.p.Load(st, its); err != nil {
+				t.Fatal(err)
+			}
+			copyFailed := 0
+			for _, it := range its {
+				lk := 2*it.Key.Layer + int(it.Key.Kind)
+				if errors.Is(it.Err, gpu.ErrCopy) {
+					// Its tiles are undefined, every head failed.
+					if it.Failed != H || it.Bad != 1<<H-1 || !errors.Is(it.Err, gputest.ErrInjected) {
+						t.Fatalf("%v: copy failed: %d failed (%b): %v", it.Key, it.Failed, it.Bad, it.Err)
+					}
+					copyFailed++
+					continue
+				}
+				var wantBad uint64
+				for h := range H {
+					k := it.Key
+					k.Head = h
+					dst := gputest.Base + uint64(lk*tensor+(nb-1-int(k.Block))*H*gb+h*gb)
+					want := tileData(k)
+					switch {
+					case k.Block == 4 || k.Block == 2 && h >= 2:
+						want, wantBad = old[:gb], wantBad|1<<h
+					case k == bad:
+						want, wantBad = make([]byte, gb), wantBad|1<<h
+					}
+					if got := r.dev.Mem(dst, gb); !bytes.Equal(got, want) {
+						t.Fatalf("%v: wrong bytes on the device", k)
+					}
+				}
+				var wantErr error
+				switch {
+				case it.Key.Block == 4, it.Key.Block == 2:
+					wantErr = store.ErrNotFound
+				case it.Key.Block == bad.Block && it.Key.Layer == bad.Layer && it.Key.Kind == bad.Kind:
+					wantErr = store.ErrCorrupt
+				}
+				if it.Bad != wantBad || it.Failed != bits.OnesCount64(wantBad) || (wantErr == nil) != (it.Err == nil) || wantErr != nil && !errors.Is(it.Err, wantErr) {
+					t.Fatalf("%v: %d failed (%b), %v; want %b, %v", it.Key, it.Failed, it.Bad, it.Err, wantBad, wantErr)
+				}
+			}
+			if mode == "copy-fails" {
+				if copyFailed == 0 {
+					t.Fatal("an injected copy failure was not reported")
+				}
+			} else if copyFailed != 0 || r.dev.Calls() > nb {
+				// A block's tiles one 2D copy (block 2's partial tiles
+				// their first two heads each), none for the absent one.
+				t.Fatalf("%d tiles failed a copy, %d copy calls (%d 2D) for %d blocks", copyFailed, r.dev.Calls(), r.dev.Copies2D(), nb)
+			}
+			if mode == "ok" && tiles == 0 {
+				t.Fatal("Verify saw no tiles")
+			}
+			r.checkClean(t)
+		})
+	}
+}
