@@ -38,7 +38,7 @@ func tileVerify(r *rig, tiles *int) func(items []*gpu.Item) error {
 				*tiles++
 			}
 			for j := range it.Groups() {
-				if it.Heads > 1 && it.Skip(j) {
+				if it.Skip(j) {
 					continue
 				}
 				dst, crc := it.Group(j)

@@ -138,7 +138,7 @@ func (v *GPUVerifier) expand(items []*Item, f func(k int, it *Item, j int, dst u
 	k := 0
 	for i, it := range items {
 		for j := range it.Groups() {
-			if it.Heads > 1 && it.Skip(j) {
+			if it.Skip(j) {
 				continue
 			}
 			dst, crc := it.Group(j)
