@@ -413,7 +413,7 @@ func (h *held) release(finish func(*chunk)) {
 // into device scratch and landed by Land where it is set (loadLanded).
 func (p *Pipeline) Load(r Reader, items []Item) error {
 	tiles, groups, err := p.checkTiles(items)
-	if err == nil && tiles && !p.TakesTiles(r, p.anyPitched(items)) {
+	if err == nil && tiles && !p.tilesStaged(p.anyPitched(items)) {
 		err = fmt.Errorf("%w: tiles for a load that takes one group per item", ErrConfig)
 	}
 	if err != nil {

@@ -98,10 +98,15 @@ func failRank(err error) int {
 // pitched ones (pitched) landed by Land. Loads from the store's host view
 // (SetHost) and loads checked on the CPU take one group per item.
 func (p *Pipeline) TakesTiles(r Reader, pitched bool) bool {
-	if p.Verify == nil || p.hostDirect(r) {
-		return false
-	}
-	return !pitched || (p.Land != nil && p.canAllocDevice())
+	return p.tilesStaged(pitched) && !p.hostDirect(r)
+}
+
+// tilesStaged reports whether a staged load can take tiles: checked on the
+// device, the pitched ones landed by Land. Load asks only this: a host view
+// registered since the caller asked TakesTiles (SetHost runs in the
+// background) leaves its tiles on staging.
+func (p *Pipeline) tilesStaged(pitched bool) bool {
+	return p.Verify != nil && (!pitched || (p.Land != nil && p.canAllocDevice()))
 }
 
 // checkTiles validates the tiles among items, resetting their outcomes,

@@ -180,6 +180,22 @@ func TestTilesLoad(t *testing.T) {
 			if mode == "ok" && tiles == 0 {
 				t.Fatal("Verify saw no tiles")
 			}
+			if mode == "ok" {
+				// A host view registered after the caller chose tiles (it
+				// is registered in the background): loads with a host
+				// view take no tiles, but tiles already built still load,
+				// through staging.
+				r.p.SetHost(make([]byte, 1<<20))
+				if r.p.TakesTiles(st, false) {
+					t.Fatal("a load with a host view takes tiles")
+				}
+				for i := range its {
+					its[i].Err = nil
+				}
+				if err := r.p.Load(st, its[:2*L]); err != nil || its[0].Err != nil || its[0].Failed != 0 {
+					t.Fatalf("tiles after SetHost: %v, %v, %d failed", err, its[0].Err, its[0].Failed)
+				}
+			}
 			r.checkClean(t)
 		})
 	}
