@@ -524,10 +524,11 @@ func (ss *Session) gpuBatch(ents []ent, load bool) error {
 
 // gpuBlocks serves LOAD_BLOCKS and STORE_BLOCKS on a target in CUDA memory:
 // every group of the valid entries becomes one pipeline item (its tile's
-// device address and the target's row pitch), or for a load the pipeline
-// takes as tiles (tileHeads) every (layer, kind) of an entry one item of
-// its heads; the target's device pipeline moves them in one call, and each
-// entry then reports its groups' outcomes as on the host path.
+// device address and the target's row pitch) — or, for a load the
+// pipeline takes as tiles (tileHeads), every (layer, kind) of an entry one
+// item of all its heads. The target's device pipeline moves them in one
+// call, and each entry then reports its groups' outcomes as on the host
+// path.
 func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScratch) error {
 	s := ss.srv
 	n, groups := 0, 0
@@ -703,9 +704,10 @@ var partGroups = 64 << 10
 // maxParts bounds the parts (goroutines) of one call.
 const maxParts = 4
 
-// splitGroups splits the valid entries' n items (a group each, or a
-// tile's heads each when tiled) into up to maxParts parts of about equal
-// items, at entry boundaries, appended to parts.
+// splitGroups splits the valid entries' n items (one per group, or when
+// tiled one per (layer, kind) of an entry of several heads) into up to
+// maxParts parts of about equal items, at entry boundaries, appended to
+// parts.
 func splitGroups(ents []blockEnt, n int, parts []entPart, tiled bool) []entPart {
 	w := min(maxParts, max(1, n/partGroups))
 	want := (n + w - 1) / w

@@ -20,6 +20,11 @@
 // (token-major) tiles, read packed, go through device scratch, and one
 // kernel pass checks each group and writes its rows (Land; landed.go).
 //
+// A load checked on the GPU through staging may take tiles instead of
+// groups (Item.Heads; tile.go): a block's (layer, kind) heads as one item,
+// one store request and one run of staging, so a load of whole blocks
+// pays per tile, not per group; the checker expands a tile into its heads.
+//
 // The GPU is reached through the Device interface (copies on one ordered
 // queue, events, pinned allocations); CUDA implements it over package
 // gpu/cuda, and package gpu/gputest has a fake for tests without a GPU. A
