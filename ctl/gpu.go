@@ -616,9 +616,12 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 	}
 	t0 := time.Now()
 	var err error
-	if load {
+	switch {
+	case tiled:
+		err = t.dev.pipe.LoadTiles(s.st, items)
+	case load:
 		err = t.dev.pipe.Load(s.st, items)
-	} else {
+	default:
 		err = t.dev.pipe.Store(s.st, items)
 	}
 	s.m.storeNs.Add(uint64(time.Since(t0)))

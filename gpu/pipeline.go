@@ -46,8 +46,8 @@ type Item struct {
 	// head j's at Dst + j*HeadStride, each laid out as above (rows Pitch
 	// apart). A tile is one store request and one item where its heads
 	// would be Heads of each: a GPU load of whole blocks pays per tile,
-	// not per group. Only Load takes tiles, where TakesTiles says so; at
-	// most store.MaxBadHeads heads, their destinations disjoint.
+	// not per group. Only LoadTiles takes tiles, where TakesTiles says
+	// so; at most store.MaxBadHeads heads, their destinations disjoint.
 	Heads, HeadStride int
 	// CRCs, for a tile, holds its heads' recorded checksums (Load sets
 	// them; the caller provides the Heads elements), as CRC does for one
@@ -412,6 +412,23 @@ func (h *held) release(finish func(*chunk)) {
 // (loadDirect); otherwise they go through staging, pitched tiles packed
 // into device scratch and landed by Land where it is set (loadLanded).
 func (p *Pipeline) Load(r Reader, items []Item) error {
+	if l, host := p.directFor(r, items); l != nil {
+		return p.loadDirect(l, host, items) // a tile among items fails: see LoadTiles
+	}
+	return p.loadThrough(r, items)
+}
+
+// LoadTiles is Load for items among which are tiles (Item.Heads above 1),
+// where TakesTiles said the pipeline takes them: always through staging,
+// even where a host view was registered since (SetHost runs in the
+// background). Load itself does not look for tiles before a direct load
+// (a pass over half a million items of a 1 GB call), and fails any it
+// meets there.
+func (p *Pipeline) LoadTiles(r Reader, items []Item) error { return p.loadThrough(r, items) }
+
+// loadThrough is Load through staging: the tiles among items checked, then
+// pitched tiles landed from device scratch where Land is set (loadLanded).
+func (p *Pipeline) loadThrough(r Reader, items []Item) error {
 	tiles, groups, err := p.checkTiles(items)
 	if err == nil && tiles && !p.tilesStaged(p.anyPitched(items)) {
 		err = fmt.Errorf("%w: tiles for a load that takes one group per item", ErrConfig)
@@ -421,11 +438,6 @@ func (p *Pipeline) Load(r Reader, items []Item) error {
 			items[i].failAll(err)
 		}
 		return err
-	}
-	if !tiles {
-		if l, host := p.directFor(r, items); l != nil {
-			return p.loadDirect(l, host, items)
-		}
 	}
 	if p.landsStaged(items) {
 		return p.loadLanded(r, items)

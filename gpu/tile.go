@@ -93,18 +93,19 @@ func failRank(err error) int {
 	return 2
 }
 
-// TakesTiles reports whether Load takes tiles (Item.Heads above 1) from
-// r: loads checked on the device (Verify) that go through staging, the
-// pitched ones (pitched) landed by Land. Loads from the store's host view
-// (SetHost) and loads checked on the CPU take one group per item.
+// TakesTiles reports whether loads from r take tiles (Item.Heads above 1,
+// by LoadTiles): loads checked on the device (Verify) that go through
+// staging, the pitched ones (pitched) landed by Land. Loads from the
+// store's host view (SetHost) and loads checked on the CPU take one group
+// per item.
 func (p *Pipeline) TakesTiles(r Reader, pitched bool) bool {
 	return p.tilesStaged(pitched) && !p.hostDirect(r)
 }
 
 // tilesStaged reports whether a staged load can take tiles: checked on the
-// device, the pitched ones landed by Land. Load asks only this: a host view
-// registered since the caller asked TakesTiles (SetHost runs in the
-// background) leaves its tiles on staging.
+// device, the pitched ones landed by Land. LoadTiles asks only this: a
+// host view registered since the caller asked TakesTiles (SetHost runs in
+// the background) leaves its tiles on staging.
 func (p *Pipeline) tilesStaged(pitched bool) bool {
 	return p.Verify != nil && (!pitched || (p.Land != nil && p.canAllocDevice()))
 }
