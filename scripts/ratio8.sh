@@ -5,21 +5,25 @@
 # interleaved over three rounds (a shared machine drifts between rounds).
 #
 # BIN (default out/h200) holds kvfs (and fio; else fio from PATH), built
-# with CGO_ENABLED=0. Run as root from the repo root; about two minutes.
+# with CGO_ENABLED=0; BUILDS (default kvfs) the binaries in BIN measured in
+# turn each round (kvfs-prev kvfs: the build before and this one). Run as
+# root from the repo root; about two minutes per build.
 set -u
 . "$(dirname "$0")/h200-lib.sh"
 setup ratio8 /dev/shm
 FIO=$D/fio
 [ -x "$FIO" ] || FIO=fio
 fresh --zero # fio must not read never-written space (the zero page, cache-hot)
-mnt "$K"
 for r in 1 2 3; do
-	for l in hnd nhd; do
-		echo "round $r $l 8 callers: $(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 8)"
+	for b in ${BUILDS:-kvfs}; do
+		mnt "$D/$b"
+		for l in hnd nhd; do
+			echo "round $r $b $l 8 callers: $(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 8)"
+		done
+		"$D/$b" umount "$M"
 	done
 	"$FIO" --name=r --filename="$S" --rw=randread --bs=2M --ioengine=io_uring --iodepth=16 --numjobs=8 --direct=0 \
 		--time_based --runtime=3 --group_reporting --output-format=terse --terse-version=3 |
 		awk -F';' -v r=$r '{printf "round %d fio 8 jobs: %.2f GB/s\n", r, $7*1024/1e9}'
 done
-"$K" umount "$M"
 rm -f "$S"

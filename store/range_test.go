@@ -303,3 +303,60 @@ func FuzzReadRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestReadFromView: on an inline engine whose file lies in memory (a host
+// view), bounced runs are verified and landed straight from the view, with
+// no read at all: whole blocks land byte for byte into head-major and
+// token-major caches, a corrupt group is zeroed in its destination and
+// reported, never served; with NoViewReads every run is read (into the
+// chunk buffers) as before, with the same results.
+func TestReadFromView(t *testing.T) {
+	geo := nhdGeo
+	for _, noView := range []bool{false, true} {
+		for _, nhd := range []bool{false, true} {
+			t.Run(fmt.Sprintf("noview=%v/nhd=%v", noView, nhd), func(t *testing.T) {
+				s, c := nhdFixtureOn(t, false, true, store.Options{NoViewReads: noView})
+				c.Mem.SetHostView(true)
+				bad := layout.Key{Block: 1, Layer: 1, Head: 2, Kind: layout.K}
+				off := groupOnDevice(t, s, bad)
+				img := c.Mem.Image()
+				c.Mem.Poke(off+5, []byte{img[off+5] ^ 0x01})
+				rc := newRangeCache(t, nhd)
+				want := bytes.Clone(rc.mem)
+				var reqs []store.ReadReq
+				for layer := range geo.Layers {
+					for kind := range 2 {
+						reqs = append(reqs, rc.req(1, layer, layout.Kind(kind), 0, geo.KVHeads))
+						for h := range geo.KVHeads {
+							k := layout.Key{Block: 1, Layer: layer, Head: h, Kind: layout.Kind(kind)}
+							d := groupData(geo, k, 1)
+							if k == bad {
+								d = make([]byte, geo.GroupBytes())
+							}
+							rc.place(want, k, d)
+						}
+					}
+				}
+				c.mu.Lock()
+				before := c.bufRead + c.vecReads
+				c.mu.Unlock()
+				if err := s.Read(reqs); err != nil {
+					t.Fatal(err)
+				}
+				c.mu.Lock()
+				reads := c.bufRead + c.vecReads - before
+				c.mu.Unlock()
+				for _, q := range reqs {
+					isBad := q.Key.Layer == bad.Layer && q.Key.Kind == bad.Kind
+					if isBad != (q.Failed == 1) || isBad != errors.Is(q.Err, store.ErrCorrupt) || !isBad && q.Err != nil {
+						t.Fatalf("%v: %v, %d failed", q.Key, q.Err, q.Failed)
+					}
+				}
+				rc.check(t, want)
+				if (reads == 0) == noView {
+					t.Fatalf("noview %v: %d reads of the engine", noView, reads)
+				}
+			})
+		}
+	}
+}

@@ -47,6 +47,11 @@ type Options struct {
 	// groups are verified, so that the checksum reads them from the
 	// core's cache. 0 means DefaultInlineChunk.
 	InlineChunk int
+	// NoViewReads keeps an inline engine's bounced reads as copies into
+	// the chunk buffers even where the engine offers a host view of its
+	// file (HostViewer): by default they are verified and landed straight
+	// from the view (see readInlineRun).
+	NoViewReads bool
 	// Observe, when set, is called after each Read and Write batch.
 	Observe func(op Op, groups int, d time.Duration)
 	// Lease, when set (and not ReadOnly), makes Open take the store's
@@ -105,7 +110,12 @@ type Store struct {
 	// inlineChunk is the bytes an inline read moves before its groups
 	// are verified (Options.InlineChunk).
 	inlineChunk int
-	lease       *lease // the ownership lease held, nil without Options.Lease
+	// view is the inline engine's host view of its file, which bounced
+	// runs are verified and landed from (readView); made on the first
+	// read that wants it.
+	viewOnce sync.Once
+	view     []byte
+	lease    *lease // the ownership lease held, nil without Options.Lease
 
 	sbProblems []string // superblock copies found damaged at open
 

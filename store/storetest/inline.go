@@ -25,6 +25,15 @@ func (n *Inline) ReadInline(io *store.IO) error {
 	return io.Err
 }
 
+// HostView reports the inner engine's host view (store.HostViewer), nil
+// when it has none.
+func (n *Inline) HostView() []byte {
+	if v, ok := n.Engine.(store.HostViewer); ok {
+		return v.HostView()
+	}
+	return nil
+}
+
 // VectorReads reports the inner engine's answer (store.VectorReader).
 func (n *Inline) VectorReads() bool {
 	v, ok := n.Engine.(store.VectorReader)
