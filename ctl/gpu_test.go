@@ -595,30 +595,39 @@ func (c *fakeChecker) Verify(items []*gpu.Item) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	geo, dev := c.geo, c.dev
-	for _, it := range items {
+	eachGroup(items, geo, func(it *gpu.Item, _, j int, dst uint64, pitch int, crc uint32) {
+		*c.verified++
+		var b []byte
+		for r := range geo.Rows {
+			b = append(b, dev.Mem(dst+uint64(r*pitch), geo.RowBytes)...)
+		}
+		if store.CRC32C(b) != crc {
+			for r := range geo.Rows {
+				dev.Fill(dst+uint64(r*pitch), make([]byte, geo.RowBytes))
+			}
+			it.FailHead(j, fmt.Errorf("fake verify: %w", store.ErrCorrupt))
+		}
+	})
+	return nil
+}
+
+// eachGroup calls f for every group of items a checker checks (a tile's
+// heads one by one, those that failed before skipped): its item (the
+// i-th), head, address, row pitch and recorded checksum.
+func eachGroup(items []*gpu.Item, geo gpu.Geometry, f func(it *gpu.Item, i, j int, dst uint64, pitch int, crc uint32)) {
+	for i, it := range items {
 		pitch := it.Pitch
 		if pitch == 0 {
 			pitch = geo.RowBytes
 		}
-		for j := range it.Groups() { // a tile's heads one by one
+		for j := range it.Groups() {
 			if it.Skip(j) {
 				continue
 			}
-			*c.verified++
 			dst, crc := it.Group(j)
-			var b []byte
-			for r := range geo.Rows {
-				b = append(b, dev.Mem(dst+uint64(r*pitch), geo.RowBytes)...)
-			}
-			if store.CRC32C(b) != crc {
-				for r := range geo.Rows {
-					dev.Fill(dst+uint64(r*pitch), make([]byte, geo.RowBytes))
-				}
-				it.FailHead(j, fmt.Errorf("fake verify: %w", store.ErrCorrupt))
-			}
+			f(it, i, j, dst, pitch, crc)
 		}
 	}
-	return nil
 }
 
 func (c *fakeChecker) Sum(staged [][]byte, crcs []uint32) error {
@@ -1230,31 +1239,21 @@ func (c *fakeLander) Land(items []*gpu.Item, srcs []uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	geo, dev := c.geo, c.dev
-	for i, it := range items {
-		pitch := it.Pitch
-		if pitch == 0 {
-			pitch = geo.RowBytes
+	eachGroup(items, geo, func(it *gpu.Item, i, j int, dst uint64, pitch int, crc uint32) {
+		*c.verified++
+		g := dev.Mem(srcs[i]+uint64(j*geo.GroupBytes), geo.GroupBytes)
+		ok := store.CRC32C(g) == crc
+		for r := range geo.Rows {
+			b := make([]byte, geo.RowBytes)
+			if ok {
+				copy(b, g[r*geo.RowBytes:])
+			}
+			dev.Fill(dst+uint64(r*pitch), b)
 		}
-		for j := range it.Groups() {
-			if it.Skip(j) {
-				continue
-			}
-			*c.verified++
-			dst, crc := it.Group(j)
-			g := dev.Mem(srcs[i]+uint64(j*geo.GroupBytes), geo.GroupBytes)
-			ok := store.CRC32C(g) == crc
-			for r := range geo.Rows {
-				b := make([]byte, geo.RowBytes)
-				if ok {
-					copy(b, g[r*geo.RowBytes:])
-				}
-				dev.Fill(dst+uint64(r*pitch), b)
-			}
-			if !ok {
-				it.FailHead(j, fmt.Errorf("fake land: %w", store.ErrCorrupt))
-			}
+		if !ok {
+			it.FailHead(j, fmt.Errorf("fake land: %w", store.ErrCorrupt))
 		}
-	}
+	})
 	return nil
 }
 

@@ -141,9 +141,7 @@ func TestReadRangeFailures(t *testing.T) {
 		}
 		put(t, s, keys, 1)
 		bad := layout.Key{Block: 2, Layer: 1, Head: 1, Kind: layout.V}
-		off := groupOnDevice(t, s, bad)
-		img := m.Mem.Image()
-		m.Mem.Poke(off+7, []byte{img[off+7] ^ 0x10})
+		flipStored(t, s, m.Mem, bad, 7, 0x10)
 		c := newRangeCache(t, nhd)
 		want := bytes.Clone(c.mem)
 		reqs := []store.ReadReq{c.req(2, 0, layout.K, 0, geo.KVHeads), c.req(2, 1, layout.V, 0, geo.KVHeads)}
@@ -318,9 +316,7 @@ func TestReadFromView(t *testing.T) {
 				s, c := nhdFixtureOn(t, false, true, store.Options{NoViewReads: noView})
 				c.Mem.SetHostView(true)
 				bad := layout.Key{Block: 1, Layer: 1, Head: 2, Kind: layout.K}
-				off := groupOnDevice(t, s, bad)
-				img := c.Mem.Image()
-				c.Mem.Poke(off+5, []byte{img[off+5] ^ 0x01})
+				flipStored(t, s, c.Mem, bad, 5, 0x01)
 				rc := newRangeCache(t, nhd)
 				want := bytes.Clone(rc.mem)
 				var reqs []store.ReadReq
@@ -359,4 +355,12 @@ func TestReadFromView(t *testing.T) {
 			})
 		}
 	}
+}
+
+// flipStored flips the bits mask of byte at of group k's payload on m, the
+// store's device.
+func flipStored(t *testing.T, s *store.Store, m *storetest.Mem, k layout.Key, at int64, mask byte) {
+	t.Helper()
+	off := groupOnDevice(t, s, k) + at
+	m.Poke(off, []byte{m.Image()[off] ^ mask})
 }
