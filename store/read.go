@@ -752,10 +752,14 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 		ws := wants[r.lo+g0 : r.lo+g1]
 		off := ios[i].Off + int64(g0*stride)
 		if n := int64((g1 - g0) * stride); r.mode == landBounce && view != nil && off >= 0 && off <= int64(len(view))-n {
-			// Verified where the file lies in memory (the checksum
-			// brings the chunk into this core's cache) and landed from
-			// there: no copy into a chunk buffer first.
-			s.verifyFrom(runs, first, ws, view[off:off+n:off+n], r.first+g0)
+			// Verified where the file lies in memory and landed from
+			// there: no copy into a chunk buffer first. The chunk is
+			// brought into this core's cache first with one load per
+			// line, all independent, so the checksum, group by group,
+			// does not wait on memory at each page.
+			src := view[off : off+n : off+n]
+			touchLines(src)
+			s.verifyFrom(runs, first, ws, src, r.first+g0)
 			continue
 		}
 		if r.mode == landBounce && len(cb) < (g1-g0)*stride {
@@ -807,6 +811,20 @@ func (s *Store) readView() []byte {
 	})
 	return s.view
 }
+
+// touchLines loads one byte of each 64-byte line of b: the loads are
+// independent, so the core has many misses in flight and the lines arrive
+// at the memory's pace, not one page's prefetch at a time.
+func touchLines(b []byte) {
+	var x byte
+	for i := 0; i < len(b); i += 64 {
+		x += b[i]
+	}
+	touchSink.Store(uint32(x))
+}
+
+// touchSink keeps touchLines' loads from being optimized away.
+var touchSink atomic.Uint32
 
 // appendVec appends to vec the destination segments of ws (consecutive
 // groups of a run that lands by vector read): a contiguous destination, or
