@@ -64,9 +64,10 @@ type blockScratch struct {
 	srcs  [][]byte // per write request: the client tile it copies
 	owner []int32  // entry of each request (or GPU item)
 	items []gpu.Item
-	crcs  []uint32  // a GPU load's tiles' checksums (gpu.Item.CRCs)
-	parts []entPart // of a GPU call's entries (splitGroups)
-	stage []int32   // per request: staging slot, or -1 when it lands directly
+	crcs  []uint32   // a GPU load's tiles' checksums (gpu.Tile.CRCs)
+	tiles []gpu.Tile // and its tiles (gpu.Item.Tile)
+	parts []entPart  // of a GPU call's entries (splitGroups)
+	stage []int32    // per request: staging slot, or -1 when it lands directly
 	order []int32
 	cells []int32
 }

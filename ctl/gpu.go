@@ -560,14 +560,18 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 	if tiled && cap(sc.crcs) < groups {
 		sc.crcs = make([]uint32, 0, groups)
 	}
-	items, owner, crcs := sc.items[:n], sc.owner[:n], sc.crcs[:0]
+	if tiled && cap(sc.tiles) < n {
+		sc.tiles = make([]gpu.Tile, 0, n)
+	}
+	items, owner, crcs, tiles := sc.items[:n], sc.owner[:n], sc.crcs[:0], sc.tiles[:0]
 	if tiled {
-		crcs = sc.crcs[:groups]
+		crcs, tiles = sc.crcs[:groups], sc.tiles[:n]
 	}
 	// Not cleared after the call (40 MiB): the items name device
-	// addresses, the store's errors and the call's checksum scratch, no
-	// client memory, and the next call writes each one it uses whole.
-	defer func() { sc.items, sc.owner, sc.crcs = items[:0], owner[:0], crcs[:0] }()
+	// addresses, the store's errors and the call's tiles and checksum
+	// scratch, no client memory, and the next call writes each one it uses
+	// whole.
+	defer func() { sc.items, sc.owner, sc.crcs, sc.tiles = items[:0], owner[:0], crcs[:0], tiles[:0] }()
 	// Building half a million items, and reading their outcomes back,
 	// is ~10 ms of one core before the first copy and after the last (a
 	// sixth of a 1,024-block direct load on the H200): large calls do
@@ -592,7 +596,8 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 				h := int(e.e.HeadCount)
 				tilesOf(t, &e.e, func(key layout.Key, r *region, off uint64) {
 					if k < end && g+h <= len(crcs) {
-						items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr, Heads: h, HeadStride: hs, CRCs: crcs[g : g+h : g+h]}
+						tiles[k] = gpu.Tile{Heads: h, HeadStride: hs, CRCs: crcs[g : g+h : g+h]}
+						items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr, Tile: &tiles[k]}
 						owner[k] = int32(i)
 					}
 					k, g = k+1, g+h
@@ -637,16 +642,15 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 		for k := pt.first; k < pt.first+pt.items; k++ {
 			it := &items[k]
 			e := &ents[owner[k]]
-			failed := 1
-			if it.Heads > 1 {
-				failed = it.Failed
+			if t := it.Tile; t != nil {
+				failed := t.Failed
 				if it.Err != nil && failed == 0 {
-					failed = it.Heads // an outcome without a count: none landed
+					failed = t.Heads // an outcome without a count: none landed
 				}
-				e.ok += uint32(it.Heads - failed)
+				e.ok += uint32(t.Heads - failed)
 			}
 			if it.Err == nil {
-				if it.Heads <= 1 {
+				if it.Tile == nil {
 					e.ok++
 				}
 				continue
@@ -671,7 +675,7 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 var noTiles = false
 
 // tileHeads reports whether a load into t goes to its device's pipeline as
-// tiles (gpu.Item.Heads): where the pipeline takes them (checked on the
+// tiles (gpu.Item.Tile): where the pipeline takes them (checked on the
 // GPU, through staging), and the heads of a (layer, kind) lie next to each
 // other in the target: one after another (head-major, HND) or row by row
 // (token-major, NHD). Other layouts (a Hugging Face cache's heads a whole

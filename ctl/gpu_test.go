@@ -1228,7 +1228,7 @@ func (c *fakeLander) count(items []*gpu.Item) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, it := range items {
-		if it.Heads > 1 {
+		if it.Tile != nil {
 			c.tiles++
 		}
 	}

@@ -288,7 +288,7 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 		for k := range c.reqs {
 			it, q := &items[lo+k], &c.reqs[k]
 			it.Err = q.Err
-			if it.Heads > 1 {
+			if it.Tile != nil {
 				it.failAll(fmt.Errorf("%w: a tile in a direct load (LoadTiles takes tiles)", ErrConfig))
 				continue
 			}

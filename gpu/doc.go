@@ -21,7 +21,7 @@
 // kernel pass checks each group and writes its rows (Land; landed.go).
 //
 // A load checked on the GPU through staging may take tiles instead of
-// groups (Item.Heads; tile.go): a block's (layer, kind) heads as one item,
+// groups (Item.Tile; tile.go): a block's (layer, kind) heads as one item,
 // one store request and one run of staging, so a load of whole blocks
 // pays per tile, not per group; the checker expands a tile into its heads.
 //

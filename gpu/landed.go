@@ -60,7 +60,7 @@ func (p *Pipeline) landsStaged(items []Item) bool {
 // computed once. Packed tiles go straight to their places in the same
 // runs, verified there.
 //
-// Tiles of several heads (Item.Heads) are staged with their heads packed
+// Tiles of several heads (Item.Tile) are staged with their heads packed
 // one after another in scratch, and Land writes each head that landed
 // into its place.
 func (p *Pipeline) loadLanded(r Reader, items []Item) error {
@@ -105,11 +105,12 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 				if used > 0 && used+n > per {
 					break
 				}
-				tiles = append(tiles, tile{dst: it.Dst, mapping: it.Mapping, pitch: it.Pitch, headStride: it.HeadStride})
+				t := tile{dst: it.Dst, mapping: it.Mapping, pitch: it.Pitch}
 				it.Dst, it.Pitch, it.Mapping, it.landed = sc.addr+uint64(used*gb), 0, sc.addr, true
-				if it.Heads > 1 {
-					it.HeadStride = gb
+				if it.Tile != nil {
+					t.headStride, it.Tile.HeadStride = it.Tile.HeadStride, gb
 				}
+				tiles = append(tiles, t)
 				used += n
 			}
 			groups += it.Groups()
@@ -123,8 +124,9 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 			}
 			src, t := it.Dst, tiles[k]
 			k++
-			it.Dst, it.Mapping, it.Pitch, it.HeadStride, it.landed = t.dst, t.mapping, t.pitch, t.headStride, false
-			if it.Heads > 1 {
+			it.Dst, it.Mapping, it.Pitch, it.landed = t.dst, t.mapping, t.pitch, false
+			if it.Tile != nil {
+				it.Tile.HeadStride = t.headStride
 				// The heads that landed in scratch (the others are
 				// missing, or their read or copy failed: left as they
 				// are) go to Land.

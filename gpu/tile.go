@@ -7,59 +7,84 @@ import (
 	"github.com/kvfs/kvfs/store"
 )
 
-// Tiles: items of several heads (Item.Heads). A GPU load of whole blocks
+// Tiles: items of several heads (Item.Tile). A GPU load of whole blocks
 // from a disk store spent ~0.3 µs of CPU per group on the H200 (an item,
 // a store request, its outcome, a checker descriptor), which on a machine
 // with cheap I/O and CRC made its CPU per GB more than a third of a host
 // load's. As tiles, a block's (layer, kind) is one item and one store
 // request for all its heads.
 
-// Groups is how many groups the item moves: Heads for a tile, else 1.
-func (it *Item) Groups() int { return max(1, it.Heads) }
+// Tile is what makes an item (Item.Tile) a tile of several heads: the
+// groups of heads Key.Head to Key.Head+Heads-1 of one (block, layer,
+// kind), head j's at Item.Dst + j*HeadStride, each laid out as an item's
+// group is (rows Item.Pitch apart). From 2 to store.MaxBadHeads heads,
+// their destinations disjoint.
+type Tile struct {
+	Heads, HeadStride int
+	// CRCs holds the heads' recorded checksums (LoadTiles sets them; the
+	// caller provides the Heads elements), as Item.CRC does for one group.
+	CRCs []uint32
+	// Failed and Bad are the tile's outcome besides Item.Err: how many of
+	// its heads did not land, and which (bit j for head Key.Head+j).
+	// Item.Err is then the most serious of their failures (an I/O or copy
+	// error, else a corruption, else store.ErrNotFound), nil with Failed 0.
+	Failed int
+	Bad    uint64
+}
+
+// Groups is how many groups the item moves: a tile's heads, else 1.
+func (it *Item) Groups() int {
+	if it.Tile != nil {
+		return it.Tile.Heads
+	}
+	return 1
+}
 
 // Group is head j's group of the item (j 0 for a one-group item): where it
 // lies on the device (rows Pitch apart, packed for Pitch 0) and its
 // recorded checksum.
 func (it *Item) Group(j int) (dst uint64, crc uint32) {
-	if it.Heads <= 1 {
-		return it.Dst, it.CRC
+	if t := it.Tile; t != nil {
+		return it.Dst + uint64(j*t.HeadStride), t.CRCs[j]
 	}
-	return it.Dst + uint64(j*it.HeadStride), it.CRCs[j]
+	return it.Dst, it.CRC
 }
 
-// Skip reports whether head j of the item has an outcome already (did not
-// land): a checker leaves it alone.
+// Skip reports whether group j of the item has an outcome already (did
+// not land, or failed): a checker leaves it alone.
 func (it *Item) Skip(j int) bool {
-	if it.Heads <= 1 {
-		return it.Err != nil
+	if t := it.Tile; t != nil {
+		return t.Bad&(1<<j) != 0
 	}
-	return it.Bad&(1<<j) != 0
+	return it.Err != nil
 }
 
-// FailHead records that head j of the item failed with err: a checker
+// FailHead records that group j of the item failed with err: a checker
 // found it corrupt (and zeroed it).
 func (it *Item) FailHead(j int, err error) {
-	if it.Heads <= 1 {
+	t := it.Tile
+	if t == nil {
 		it.Err = err
 		return
 	}
-	if it.Bad&(1<<j) != 0 {
+	if t.Bad&(1<<j) != 0 {
 		return
 	}
-	it.Bad |= 1 << j
-	it.Failed++
+	t.Bad |= 1 << j
+	t.Failed++
 	if it.Err == nil || failRank(err) > failRank(it.Err) {
 		it.Err = err
 	}
 }
 
-// failAll fails every head of the item that has no outcome with err.
+// failAll fails every group of the item that has no outcome with err.
 func (it *Item) failAll(err error) {
-	if it.Heads <= 1 {
+	t := it.Tile
+	if t == nil {
 		it.Err = err
 		return
 	}
-	it.Failed, it.Bad = it.Heads, allHeads(it.Heads)
+	t.Failed, t.Bad = t.Heads, allHeads(t.Heads)
 	if it.Err == nil || failRank(err) >= failRank(it.Err) {
 		it.Err = err
 	}
@@ -67,10 +92,10 @@ func (it *Item) failAll(err error) {
 
 // done reports whether no group of the item is left to move or check.
 func (it *Item) done() bool {
-	if it.Heads <= 1 {
-		return it.Err != nil
+	if t := it.Tile; t != nil {
+		return t.Failed >= t.Heads
 	}
-	return it.Failed >= it.Heads
+	return it.Err != nil
 }
 
 // allHeads is Bad with all of heads set.
@@ -93,8 +118,8 @@ func failRank(err error) int {
 	return 2
 }
 
-// TakesTiles reports whether loads from r take tiles (Item.Heads above 1,
-// by LoadTiles): loads checked on the device (Verify) that go through
+// TakesTiles reports whether loads from r take tiles (Item.Tile, by
+// LoadTiles): loads checked on the device (Verify) that go through
 // staging, the pitched ones (pitched) landed by Land. Loads from the
 // store's host view (SetHost) and loads checked on the CPU take one group
 // per item.
@@ -115,15 +140,16 @@ func (p *Pipeline) tilesStaged(pitched bool) bool {
 func (p *Pipeline) checkTiles(items []Item) (tiles bool, groups int, err error) {
 	for i := range items {
 		it := &items[i]
-		if it.Heads <= 1 {
+		t := it.Tile
+		if t == nil {
 			groups++
 			continue
 		}
 		tiles = true
-		groups += it.Heads
-		it.Err, it.Failed, it.Bad = nil, 0, 0
-		if it.Heads > store.MaxBadHeads || len(it.CRCs) != it.Heads || it.HeadStride <= 0 {
-			err = fmt.Errorf("%w: a tile of %d heads %d bytes apart with %d checksums", ErrConfig, it.Heads, it.HeadStride, len(it.CRCs))
+		groups += max(1, t.Heads)
+		it.Err, t.Failed, t.Bad = nil, 0, 0
+		if t.Heads < 2 || t.Heads > store.MaxBadHeads || len(t.CRCs) != t.Heads || t.HeadStride <= 0 {
+			err = fmt.Errorf("%w: a tile of %d heads %d bytes apart with %d checksums", ErrConfig, t.Heads, t.HeadStride, len(t.CRCs))
 		}
 	}
 	return tiles, groups, err

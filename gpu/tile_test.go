@@ -34,7 +34,7 @@ func tileData(k layout.Key) []byte {
 func tileVerify(r *rig, tiles *int) func(items []*gpu.Item) error {
 	return func(items []*gpu.Item) error {
 		for _, it := range items {
-			if it.Heads > 1 {
+			if it.Tile != nil {
 				*tiles++
 			}
 			for j := range it.Groups() {
@@ -119,12 +119,14 @@ func TestTilesLoad(t *testing.T) {
 			old := bytes.Repeat([]byte{0x5A}, 2*L*tensor)
 			r.dev.Fill(gputest.Base, old)
 			crcs := make([]uint32, nb*tileGeo.GroupsPerBlock())
+			tileOf := make([]gpu.Tile, nb*2*L)
 			var its []gpu.Item
 			for b := range nb {
 				for lk := range 2 * L {
 					k := layout.Key{Block: uint64(b), Layer: lk / 2, Kind: layout.Kind(lk % 2)}
 					g := len(its) * H
-					its = append(its, gpu.Item{Key: k, Dst: gputest.Base + uint64(lk*tensor+(nb-1-b)*H*gb), Heads: H, HeadStride: gb, CRCs: crcs[g : g+H]})
+					tileOf[len(its)] = gpu.Tile{Heads: H, HeadStride: gb, CRCs: crcs[g : g+H]}
+					its = append(its, gpu.Item{Key: k, Dst: gputest.Base + uint64(lk*tensor+(nb-1-b)*H*gb), Tile: &tileOf[len(its)]})
 				}
 			}
 			if err := r.p.LoadTiles(st, its); err != nil {
@@ -135,8 +137,8 @@ func TestTilesLoad(t *testing.T) {
 				lk := 2*it.Key.Layer + int(it.Key.Kind)
 				if errors.Is(it.Err, gpu.ErrCopy) {
 					// Its tiles are undefined, every head failed.
-					if it.Failed != H || it.Bad != 1<<H-1 || !errors.Is(it.Err, gputest.ErrInjected) {
-						t.Fatalf("%v: copy failed: %d failed (%b): %v", it.Key, it.Failed, it.Bad, it.Err)
+					if it.Tile.Failed != H || it.Tile.Bad != 1<<H-1 || !errors.Is(it.Err, gputest.ErrInjected) {
+						t.Fatalf("%v: copy failed: %d failed (%b): %v", it.Key, it.Tile.Failed, it.Tile.Bad, it.Err)
 					}
 					copyFailed++
 					continue
@@ -164,8 +166,8 @@ func TestTilesLoad(t *testing.T) {
 				case it.Key.Block == bad.Block && it.Key.Layer == bad.Layer && it.Key.Kind == bad.Kind:
 					wantErr = store.ErrCorrupt
 				}
-				if it.Bad != wantBad || it.Failed != bits.OnesCount64(wantBad) || (wantErr == nil) != (it.Err == nil) || wantErr != nil && !errors.Is(it.Err, wantErr) {
-					t.Fatalf("%v: %d failed (%b), %v; want %b, %v", it.Key, it.Failed, it.Bad, it.Err, wantBad, wantErr)
+				if tl := it.Tile; tl.Bad != wantBad || tl.Failed != bits.OnesCount64(wantBad) || (wantErr == nil) != (it.Err == nil) || wantErr != nil && !errors.Is(it.Err, wantErr) {
+					t.Fatalf("%v: %d failed (%b), %v; want %b, %v", it.Key, tl.Failed, tl.Bad, it.Err, wantBad, wantErr)
 				}
 			}
 			if mode == "copy-fails" {
@@ -192,13 +194,13 @@ func TestTilesLoad(t *testing.T) {
 				for i := range its {
 					its[i].Err = nil
 				}
-				if err := r.p.LoadTiles(st, its[:2*L]); err != nil || its[0].Err != nil || its[0].Failed != 0 {
-					t.Fatalf("tiles after SetHost: %v, %v, %d failed", err, its[0].Err, its[0].Failed)
+				if err := r.p.LoadTiles(st, its[:2*L]); err != nil || its[0].Err != nil || its[0].Tile.Failed != 0 {
+					t.Fatalf("tiles after SetHost: %v, %v, %d failed", err, its[0].Err, its[0].Tile.Failed)
 				}
 				// Load, which goes direct there, fails tiles rather than
 				// moving one group of each.
-				if err := r.p.Load(st, its[:2*L]); err != nil || !errors.Is(its[0].Err, gpu.ErrConfig) || its[0].Failed != H {
-					t.Fatalf("tiles in a direct Load: %v, %v, %d failed", err, its[0].Err, its[0].Failed)
+				if err := r.p.Load(st, its[:2*L]); err != nil || !errors.Is(its[0].Err, gpu.ErrConfig) || its[0].Tile.Failed != H {
+					t.Fatalf("tiles in a direct Load: %v, %v, %d failed", err, its[0].Err, its[0].Tile.Failed)
 				}
 			}
 			r.checkClean(t)

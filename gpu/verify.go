@@ -51,7 +51,8 @@ type GPUVerifier struct {
 	dsts   []crc32c.Group
 	want   []uint32
 	got    []uint32
-	refs   []groupRef
+	refs   []groupRef     // with tiles: the group each descriptor is (expand)
+	srcs   []crc32c.Group // with tiles: Land's sources (expand)
 }
 
 // scratch returns the call's slices for n groups; v.mu is held.
@@ -83,17 +84,24 @@ func NewGPUVerifier(ordinal int, geo Geometry) (*GPUVerifier, error) {
 
 // Verify implements Pipeline.Verify: groups whose CRC32C differs from
 // Item.CRC (a tile's head's from its CRCs) are zeroed on the device by the
-// kernel and get ErrCorrupt. A tile's heads that failed before (Item.Bad)
+// kernel and get ErrCorrupt. A tile's heads that failed before (Tile.Bad)
 // are not checked.
 func (v *GPUVerifier) Verify(items []*Item) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	groups, want, got := v.scratch(groupsOf(items))
-	n := v.expand(items, func(k int, it *Item, j int, dst uint64, crc uint32) {
-		groups[k], want[k] = v.tile(it, dst), crc
-	})
+	n, tiles := groupsOf(items)
+	groups, want, got := v.scratch(n)
+	if !tiles {
+		// One group per item (a direct load's half a million): no
+		// expansion, group k is item k.
+		for i, it := range items {
+			groups[i], want[i] = v.tile(it, it.Dst), it.CRC
+		}
+	} else {
+		n = v.expand(items, nil, groups, want)
+	}
 	bad, err := v.chk.Verify(groups[:n], want[:n], got[:n])
-	return v.outcome(items, bad, want, got, err)
+	return v.outcome(items, tiles, bad, want, got, err)
 }
 
 // Land implements Pipeline.Land: each item's group, packed at srcs[i] in
@@ -102,52 +110,69 @@ func (v *GPUVerifier) Verify(items []*Item) error {
 // apart) by one kernel pass; a group that differs lands as zeros and gets
 // ErrCorrupt.
 func (v *GPUVerifier) Land(items []*Item, srcs []uint64) error {
-	g := v.geo
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	src, want, got := v.scratch(groupsOf(items))
-	dst := v.dsts[:len(src)]
-	n := v.expand(items, func(k int, it *Item, j int, d uint64, crc uint32) {
-		src[k] = crc32c.Group{Addr: srcs[v.refs[k].item] + uint64(j*g.GroupBytes), Pitch: uint64(g.RowBytes), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
-		dst[k], want[k] = v.tile(it, d), crc
-	})
+	n, tiles := groupsOf(items)
+	src, want, got := v.scratch(n)
+	dst := v.dsts[:n]
+	if !tiles {
+		for i, it := range items {
+			src[i], dst[i], want[i] = v.packed(srcs[i]), v.tile(it, it.Dst), it.CRC
+		}
+	} else {
+		n = v.expand(items, srcs, dst, want)
+		src = v.srcs[:n]
+	}
 	bad, err := v.chk.Land(src[:n], dst[:n], want[:n], got[:n])
-	return v.outcome(items, bad, want, got, err)
+	return v.outcome(items, tiles, bad, want, got, err)
 }
 
 // groupRef is a group an expand call laid out: head j of items[item].
 type groupRef struct{ item, head int32 }
 
-// groupsOf is how many groups items move.
-func groupsOf(items []*Item) int {
-	n := 0
+// groupsOf is how many groups items move, and whether any is a tile.
+func groupsOf(items []*Item) (n int, tiles bool) {
 	for _, it := range items {
-		n += it.Groups()
+		if it.Tile != nil {
+			n, tiles = n+it.Tile.Heads, true
+			continue
+		}
+		n++
 	}
-	return n
+	return n, tiles
 }
 
-// expand calls f for every group of items still to check (a tile's heads
-// that did not fail before), numbering them from 0 and noting each in
-// v.refs; it returns how many. v.mu is held.
-func (v *GPUVerifier) expand(items []*Item, f func(k int, it *Item, j int, dst uint64, crc uint32)) int {
-	if n := groupsOf(items); cap(v.refs) < n {
-		v.refs = make([]groupRef, n)
+// expand lays out the groups of items still to check (a tile's heads that
+// did not fail before) in dst and want, and with srcs (Land) their packed
+// sources in v.srcs, noting each in v.refs; it returns how many. v.mu is
+// held, dst and want hold every group of items.
+func (v *GPUVerifier) expand(items []*Item, srcs []uint64, dst []crc32c.Group, want []uint32) int {
+	if n := len(dst); cap(v.refs) < n || srcs != nil && cap(v.srcs) < n {
+		v.refs, v.srcs = make([]groupRef, n), make([]crc32c.Group, n)
 	}
-	refs := v.refs[:cap(v.refs)]
+	refs, src := v.refs[:cap(v.refs)], v.srcs[:cap(v.srcs)]
+	gb := uint64(v.geo.GroupBytes)
 	k := 0
 	for i, it := range items {
 		for j := range it.Groups() {
 			if it.Skip(j) {
 				continue
 			}
-			dst, crc := it.Group(j)
-			refs[k] = groupRef{int32(i), int32(j)}
-			f(k, it, j, dst, crc)
+			d, crc := it.Group(j)
+			dst[k], want[k], refs[k] = v.tile(it, d), crc, groupRef{int32(i), int32(j)}
+			if srcs != nil {
+				src[k] = v.packed(srcs[i] + uint64(j)*gb)
+			}
 			k++
 		}
 	}
 	return k
+}
+
+// packed is a group packed at addr in device memory (Land's sources).
+func (v *GPUVerifier) packed(addr uint64) crc32c.Group {
+	g := v.geo
+	return crc32c.Group{Addr: addr, Pitch: uint64(g.RowBytes), Rows: uint32(g.Rows), RowBytes: uint32(g.RowBytes)}
 }
 
 // tile is a group where it lies on the device, at dst: its rows
@@ -162,14 +187,17 @@ func (v *GPUVerifier) tile(it *Item, dst uint64) crc32c.Group {
 }
 
 // outcome sets ErrCorrupt on the groups the kernel found bad (Verify and
-// Land; bad indexes the last expand), or returns the kernel's failure as a
-// whole.
-func (v *GPUVerifier) outcome(items []*Item, bad []int, want, got []uint32, err error) error {
+// Land; bad indexes the groups as laid out: item k's, or with tiles the
+// last expand's), or returns the kernel's failure as a whole.
+func (v *GPUVerifier) outcome(items []*Item, tiles bool, bad []int, want, got []uint32, err error) error {
 	if err != nil {
 		return fmt.Errorf("%w: GPU checksum: %w", ErrCopy, err)
 	}
 	for _, k := range bad {
-		r := v.refs[k]
+		r := groupRef{int32(k), 0}
+		if tiles {
+			r = v.refs[k]
+		}
 		it := items[r.item]
 		key := it.Key
 		key.Head += int(r.head)
