@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"sync"
@@ -1257,6 +1258,65 @@ func (c *fakeLander) Land(items []*gpu.Item, srcs []uint64) error {
 	return nil
 }
 
+// tileLoad runs one LOAD_BLOCKS of es into an HND or NHD target of nb
+// cache blocks on a fake device whose memory starts as 0x5A, checked on
+// the "GPU" (fakeLander) through staging, after put stored the blocks;
+// with tiles off, one group per item. It returns the answered entries,
+// the device memory and how many tiles the checker was given.
+func tileLoad(t *testing.T, nb int, nhd, tiles bool, put func(f *fixture), es []abi.BlockEntry) ([]abi.BlockEntry, []byte, int) {
+	t.Helper()
+	defer func(v bool) { noTiles = v }(noTiles)
+	noTiles = !tiles
+	geo := testGeo
+	size := uint64(2 * geo.Layers * nb * geo.BlockTokens * geo.KVHeads * geo.RowBytes())
+	verified := 0
+	var chk *fakeLander
+	// Room for a landing batch's device scratch (128 MiB) above the
+	// target.
+	f, fakes := gpuFixtureSized(t, 1, 16, int(size)+129<<20, func(o *GPUOptions, fakes []*fakeGPU) {
+		o.VerifyOnGPU = true
+		o.NewVerifier = func(ordinal int, geo gpu.Geometry) (gpu.Checker, error) {
+			chk = &fakeLander{fakeChecker: fakeChecker{dev: fakes[ordinal], geo: geo, verified: &verified}}
+			return chk, nil
+		}
+	})
+	dev := fakes[0]
+	ss := f.open(0, 0)
+	id := mustRegisterCUDA(t, ss, 0, gputest.Base, size, 0, size)
+	dev.Fill(gputest.Base, bytes.Repeat([]byte{0x5A}, int(size)))
+	put(f)
+	tid, errno := registerTarget(ss, testTarget(id, nb, nhd))
+	if errno != 0 {
+		t.Fatalf("register target: %v", errno)
+	}
+	got := blocksInline(t, ss, tid, abi.CmdLoadBlocksInline, es)
+	if v := dev.Violations(); len(v) != 0 {
+		t.Fatal(v)
+	}
+	return got, dev.Mem(gputest.Base, int(size)), chk.tiles
+}
+
+// sameAsGroups fails t unless a load as tiles gave exactly what the same
+// load a group per item gave: statuses, group counts and GPU memory. It
+// returns the entries and how many tiles the checker was given.
+func sameAsGroups(t *testing.T, nb int, nhd bool, put func(f *fixture), es []abi.BlockEntry) ([]abi.BlockEntry, int) {
+	t.Helper()
+	want, wmem, wt := tileLoad(t, nb, nhd, false, put, es)
+	got, gmem, gt := tileLoad(t, nb, nhd, true, put, es)
+	if wt != 0 {
+		t.Fatalf("nhd %v: %d tiles checked with tiles off", nhd, wt)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("nhd %v: entry %d: %+v as tiles, %+v a group per item", nhd, i, got[i], want[i])
+		}
+	}
+	if !bytes.Equal(gmem, wmem) {
+		t.Fatalf("nhd %v: GPU memory differs between tiles and a group per item", nhd)
+	}
+	return want, gt
+}
+
 // TestGPUBlocksTiles: a GPU load checked on the GPU through staging moves
 // each (layer, kind) of an entry as one tile of its heads, into
 // head-major (HND) and token-major (NHD, landed from device scratch)
@@ -1267,27 +1327,8 @@ func (c *fakeLander) Land(items []*gpu.Item, srcs []uint64) error {
 // heads.
 func TestGPUBlocksTiles(t *testing.T) {
 	geo := testGeo
-	rb, T, H, L := geo.RowBytes(), geo.BlockTokens, geo.KVHeads, geo.Layers
-	const nb = 8
-	size := uint64(2 * L * nb * T * H * rb)
-	run := func(nhd, tiles bool) ([]abi.BlockEntry, []byte, int) {
-		defer func(v bool) { noTiles = v }(noTiles)
-		noTiles = !tiles
-		verified := 0
-		var chk *fakeLander
-		// Room for a landing batch's device scratch (128 MiB) above the
-		// target.
-		f, fakes := gpuFixtureSized(t, 1, 16, int(size)+129<<20, func(o *GPUOptions, fakes []*fakeGPU) {
-			o.VerifyOnGPU = true
-			o.NewVerifier = func(ordinal int, geo gpu.Geometry) (gpu.Checker, error) {
-				chk = &fakeLander{fakeChecker: fakeChecker{dev: fakes[ordinal], geo: geo, verified: &verified}}
-				return chk, nil
-			}
-		})
-		dev := fakes[0]
-		ss := f.open(0, 0)
-		id := mustRegisterCUDA(t, ss, 0, gputest.Base, size, 0, size)
-		dev.Fill(gputest.Base, bytes.Repeat([]byte{0x5A}, int(size)))
+	H, L := geo.KVHeads, geo.Layers
+	put := func(f *fixture) {
 		for _, b := range []uint64{1, 2, 5} {
 			f.put(blockKeys(b), int(b))
 		}
@@ -1301,35 +1342,17 @@ func TestGPUBlocksTiles(t *testing.T) {
 			}
 		}
 		f.put(part, 3)
-		tid, errno := registerTarget(ss, testTarget(id, nb, nhd))
-		if errno != 0 {
-			t.Fatalf("register target: %v", errno)
-		}
-		es := []abi.BlockEntry{
-			wholeBlock(1, 0), wholeBlock(2, 1), wholeBlock(3, 2), wholeBlock(4, 3),
-			{Block: 5, CacheBlock: 4, LayerCount: uint16(L), HeadFirst: 1, HeadCount: 2, Kinds: abi.KindsBoth},
-			{Block: 5, CacheBlock: 5, LayerFirst: 1, LayerCount: 1, HeadFirst: 3, HeadCount: 1, Kinds: abi.KindsV},
-			{Block: 3, CacheBlock: 6, LayerCount: uint16(L), HeadFirst: 2, HeadCount: 2, Kinds: abi.KindsK},
-		}
-		got := blocksInline(t, ss, tid, abi.CmdLoadBlocksInline, es)
-		if v := dev.Violations(); len(v) != 0 {
-			t.Fatal(v)
-		}
-		return got, dev.Mem(gputest.Base, int(size)), chk.tiles
+	}
+	es := []abi.BlockEntry{
+		wholeBlock(1, 0), wholeBlock(2, 1), wholeBlock(3, 2), wholeBlock(4, 3),
+		{Block: 5, CacheBlock: 4, LayerCount: uint16(L), HeadFirst: 1, HeadCount: 2, Kinds: abi.KindsBoth},
+		{Block: 5, CacheBlock: 5, LayerFirst: 1, LayerCount: 1, HeadFirst: 3, HeadCount: 1, Kinds: abi.KindsV},
+		{Block: 3, CacheBlock: 6, LayerCount: uint16(L), HeadFirst: 2, HeadCount: 2, Kinds: abi.KindsK},
 	}
 	for _, nhd := range []bool{false, true} {
-		want, wmem, wt := run(nhd, false)
-		got, gmem, gt := run(nhd, true)
-		if wt != 0 || gt == 0 {
-			t.Fatalf("nhd %v: %d tiles checked with tiles off, %d with them on", nhd, wt, gt)
-		}
-		for i := range want {
-			if got[i] != want[i] {
-				t.Fatalf("nhd %v: entry %d: %+v as tiles, %+v a group per item", nhd, i, got[i], want[i])
-			}
-		}
-		if !bytes.Equal(gmem, wmem) {
-			t.Fatalf("nhd %v: GPU memory differs between tiles and a group per item", nhd)
+		want, tiles := sameAsGroups(t, 8, nhd, put, es)
+		if tiles == 0 {
+			t.Fatalf("nhd %v: the checker was given no tiles", nhd)
 		}
 		// What a group per item gives is right.
 		gpb := uint32(geo.GroupsPerBlock())
@@ -1340,5 +1363,55 @@ func TestGPUBlocksTiles(t *testing.T) {
 				t.Fatalf("nhd %v: entry %d: %v, %d groups, want %v, %d", nhd, i, want[i].Status, want[i].GroupsOK, st[i], ok[i])
 			}
 		}
+	}
+}
+
+// TestGPUBlocksTilesRandom: tiles give what a group per item gives for
+// random stores (each group of 8 blocks stored or not, some corrupt) and
+// random entries (layer, head and kind ranges of those blocks and absent
+// ones), into HND and NHD targets.
+func TestGPUBlocksTilesRandom(t *testing.T) {
+	geo := testGeo
+	H, L := geo.KVHeads, geo.Layers
+	const nb = 8
+	tiles := 0
+	for seed := range uint64(6) {
+		r := rand.New(rand.NewPCG(seed, 27))
+		var stored, bad []layout.Key
+		for b := range uint64(nb) {
+			p := r.IntN(4) // 0: absent, 1: whole, else about half its groups
+			for _, k := range blockKeys(b) {
+				if p == 1 || p > 1 && r.IntN(2) == 0 {
+					stored = append(stored, k)
+					if r.IntN(40) == 0 {
+						bad = append(bad, k)
+					}
+				}
+			}
+		}
+		put := func(f *fixture) {
+			f.put(stored, 1)
+			for _, k := range bad {
+				f.corrupt(k)
+			}
+		}
+		es := make([]abi.BlockEntry, nb)
+		for i := range es {
+			lf, hf := r.IntN(L), r.IntN(H)
+			es[i] = abi.BlockEntry{Block: uint64(r.IntN(nb + 2)), CacheBlock: uint32(i), LayerFirst: uint16(lf), LayerCount: uint16(1 + r.IntN(L-lf)),
+				HeadFirst: uint16(hf), HeadCount: uint16(1 + r.IntN(H-hf)), Kinds: abi.KindsBoth}
+			if k := r.IntN(3); k < 2 {
+				es[i].Kinds = 1 << k
+			}
+		}
+		for _, nhd := range []bool{false, true} {
+			t.Run(fmt.Sprintf("seed=%d/nhd=%v", seed, nhd), func(t *testing.T) {
+				_, n := sameAsGroups(t, nb, nhd, put, es)
+				tiles += n
+			})
+		}
+	}
+	if tiles == 0 {
+		t.Fatal("no load moved a tile")
 	}
 }
