@@ -4,6 +4,7 @@ import (
 	"errors"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/ctl/abi"
@@ -85,4 +86,17 @@ func TestRegisterCUDAThroughMount(t *testing.T) {
 		t.Fatalf("host registration after a refused GPU one: %v", err)
 	}
 	b.Close()
+}
+
+// TestMountStoreOptions: --view-reads=false reaches the store (reads of a
+// store file in memory go through the chunk buffers), the lease flags too.
+func TestMountStoreOptions(t *testing.T) {
+	o := mountOptions{viewReads: true, hostID: "h1", leaseTTL: time.Minute}
+	if s := o.storeOptions(nil, nil, 1<<20); s.NoViewReads || s.MaxIO != 1<<20 || s.Lease == nil || s.Lease.Host != "h1" || s.Lease.TTL != time.Minute {
+		t.Fatalf("store options %+v", s)
+	}
+	o.viewReads = false
+	if s := o.storeOptions(nil, nil, 1<<20); !s.NoViewReads {
+		t.Fatalf("--view-reads=false: store options %+v", s)
+	}
 }

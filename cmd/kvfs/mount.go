@@ -67,6 +67,7 @@ type mountOptions struct {
 	hostID                   string
 	leaseTTL                 time.Duration
 	forceTakeover            bool
+	viewReads                bool
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -139,8 +140,15 @@ As root the mount is made with mount(2); other users need fusermount3
 	f.StringVar(&o.gpuVerify, "gpu-verify", "auto", "where loads into GPU memory are checksummed: gpu (the CRC32C kernel, where the groups land; STOREs summed over staging by it too), cpu (the store, in staging), or auto: gpu where the kernel loads, else cpu")
 	f.BoolVar(&o.gpuDirect, "gpu-direct", true, "with the checksums on the GPU and a store file in memory (tmpfs, ramfs): register the file with the GPUs (page-locking it) and copy packed tiles straight from it, with no staging")
 	f.IntVar(&o.gpuDirectWorkers, "gpu-direct-workers", 4, "goroutines that queue the copies of one direct GPU load (1..64)")
+	f.BoolVar(&o.viewReads, "view-reads", true, "with a store file in memory (tmpfs, ramfs) on the uring engine: check and land host reads straight from the daemon's mapping of the file instead of reading them into a chunk buffer first")
 	f.StringVar(&o.gpuScratch, "gpu-scratch", "512MiB", "GPU memory per device that direct loads of token-major (NHD) tiles keep as scratch (past it each load reuses its own)")
 	addCommand(c)
+}
+
+// storeOptions is the store's options from the mount's flags.
+func (o *mountOptions) storeOptions(log *zap.Logger, observe func(store.Op, int, time.Duration), maxIO int) store.Options {
+	return store.Options{Logger: log, Observe: observe, MaxIO: maxIO, NoViewReads: !o.viewReads,
+		Lease: &store.LeaseOptions{Host: o.hostID, TTL: o.leaseTTL, Force: o.forceTakeover}}
 }
 
 // gpuOptions checks the --gpu flags.
@@ -476,9 +484,7 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	if err != nil || maxIO < 4<<10 || maxIO > 64<<20 {
 		return usageErrorf("--max-io %q: want a size from 4KiB to 64MiB", o.maxIO)
 	}
-	s, closeAll, err := engine.OpenStore(storePath, eo,
-		store.Options{Logger: log, Observe: pm.observe, MaxIO: int(maxIO),
-			Lease: &store.LeaseOptions{Host: o.hostID, TTL: o.leaseTTL, Force: o.forceTakeover}})
+	s, closeAll, err := engine.OpenStore(storePath, eo, o.storeOptions(log, pm.observe, int(maxIO)))
 	if err != nil {
 		return err
 	}
