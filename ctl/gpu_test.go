@@ -353,12 +353,7 @@ func TestLoadStoreCUDA(t *testing.T) {
 	for _, k := range skeys {
 		k2 := k
 		k2.Block = 9
-		buf := make([]byte, gb)
-		rr := []store.ReadReq{{Key: k2, Buf: buf}}
-		if err := f.st.Read(rr); err != nil || rr[0].Err != nil {
-			t.Fatal(err, rr[0].Err)
-		}
-		if !bytes.Equal(buf, groupData(k, 1)) {
+		if !bytes.Equal(f.get(k2), groupData(k, 1)) {
 			t.Fatalf("stored group %v differs from the device tile", k)
 		}
 	}
@@ -525,14 +520,9 @@ func TestBlocksCUDA(t *testing.T) {
 		t.Fatalf("store-blocks: %+v", got[0])
 	}
 	for _, k := range blockKeys(7) {
-		buf := make([]byte, f.gb)
-		rr := []store.ReadReq{{Key: k, Buf: buf}}
-		if err := f.st.Read(rr); err != nil || rr[0].Err != nil {
-			t.Fatal(err, rr[0].Err)
-		}
 		k1 := k
 		k1.Block = 1
-		if !bytes.Equal(buf, groupData(k1, 1)) {
+		if !bytes.Equal(f.get(k), groupData(k1, 1)) {
 			t.Fatalf("stored %v differs", k)
 		}
 	}
@@ -1085,14 +1075,9 @@ func TestGPUBlocksInParts(t *testing.T) {
 		})
 		stored := call(abi.CmdStoreBlocksInline, []abi.BlockEntry{whole(11, 0), whole(12, nb+1), whole(13, 3), whole(14, 4)})
 		for _, k := range blockKeys(13) {
-			buf := make([]byte, f.gb)
-			rr := []store.ReadReq{{Key: k, Buf: buf}}
-			if err := f.st.Read(rr); err != nil || rr[0].Err != nil {
-				t.Fatal(err, rr[0].Err)
-			}
 			k3 := k
 			k3.Block = 3
-			if !bytes.Equal(buf, groupData(k3, 3)) {
+			if !bytes.Equal(f.get(k), groupData(k3, 3)) {
 				t.Fatalf("stored %v differs from the block it came from", k)
 			}
 		}

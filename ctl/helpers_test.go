@@ -107,6 +107,17 @@ func (f *fixture) corrupt(k layout.Key) {
 	f.mem.Poke(off+7, []byte{img[off+7] ^ 0xff})
 }
 
+// get reads group k from the store, failing the test unless it reads.
+func (f *fixture) get(k layout.Key) []byte {
+	f.t.Helper()
+	buf := make([]byte, f.gb)
+	rr := []store.ReadReq{{Key: k, Buf: buf}}
+	if err := f.st.Read(rr); err != nil || rr[0].Err != nil {
+		f.t.Fatal(err, rr[0].Err)
+	}
+	return buf
+}
+
 func blockKeys(block uint64) []layout.Key {
 	keys := make([]layout.Key, testGeo.GroupsPerBlock())
 	for i := range keys {
