@@ -18,14 +18,7 @@ import (
 // the bytes are the same, and a bad value is refused. The posix engine
 // offers inline reads on tmpfs too.
 func TestInlineReads(t *testing.T) {
-	if err := uring.Available(); err != nil {
-		t.Skipf("skipping: io_uring is not usable here: %v", err)
-	}
-	dir, err := os.MkdirTemp("/dev/shm", "kvfs-inline-test-")
-	if err != nil {
-		t.Skipf("skipping: no /dev/shm: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := shmDir(t, "kvfs-inline-test-")
 	path := filepath.Join(dir, "store")
 	if err := store.PrepareFile(path, store.SizeFor(testGeo, 4)); err != nil {
 		t.Fatal(err)
@@ -97,4 +90,20 @@ func TestInlineReads(t *testing.T) {
 	if _, err := Open(path, Options{Kind: KindUring, InlineReads: "sometimes"}); err == nil {
 		t.Fatal("InlineReads \"sometimes\" accepted")
 	}
+}
+
+// shmDir is a directory in /dev/shm (tmpfs) for a store file read through
+// the uring engine, removed after the test; the test is skipped where
+// io_uring or /dev/shm is not usable.
+func shmDir(t *testing.T, prefix string) string {
+	t.Helper()
+	if err := uring.Available(); err != nil {
+		t.Skipf("skipping: io_uring is not usable here: %v", err)
+	}
+	dir, err := os.MkdirTemp("/dev/shm", prefix)
+	if err != nil {
+		t.Skipf("skipping: no /dev/shm: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

@@ -3,7 +3,6 @@ package engine
 import (
 	"encoding/binary"
 	"errors"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
-	"github.com/kvfs/kvfs/uring"
 )
 
 // viewData is group k's payload at version v: its key and version in
@@ -32,15 +30,7 @@ func viewData(k layout.Key, v uint64) []byte {
 // writer wrote — never a mix of two, never a group reported corrupt — and
 // misses only for blocks not yet written.
 func TestViewReadsWhileWriting(t *testing.T) {
-	if err := uring.Available(); err != nil {
-		t.Skipf("skipping: io_uring is not usable here: %v", err)
-	}
-	dir, err := os.MkdirTemp("/dev/shm", "kvfs-view-test-")
-	if err != nil {
-		t.Skipf("skipping: no /dev/shm: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	path := filepath.Join(dir, "store")
+	path := filepath.Join(shmDir(t, "kvfs-view-test-"), "store")
 	const blocks = 6
 	eo := Options{Kind: KindUring}
 	if _, err := Format(path, FormatOptions{Geometry: testGeo, Size: store.SizeFor(testGeo, 3*blocks), Engine: eo}); err != nil {
