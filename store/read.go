@@ -164,7 +164,7 @@ func (s *Store) Read(reqs []ReadReq) error {
 		r.Err, r.Failed, r.Bad = err, 0, 0
 		if err != nil {
 			r.Failed = max(1, r.Heads)
-			r.Bad = allHeads(r.Heads)
+			r.Bad = AllBad(r.Heads)
 			continue
 		}
 		if r.Heads <= 1 {
@@ -744,9 +744,6 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 		return cb
 	}
 	view := s.readView()
-	if r.mode == landBounce && view == nil {
-		cb = s.chunkBuf(cb, min(per, r.n)*stride)
-	}
 	for g0 := 0; g0 < r.n; g0 += per {
 		g1 := min(g0+per, r.n)
 		ws := wants[r.lo+g0 : r.lo+g1]
@@ -762,8 +759,8 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 			s.verifyFrom(runs, first, ws, src, r.first+g0)
 			continue
 		}
-		if r.mode == landBounce && len(cb) < (g1-g0)*stride {
-			cb = s.chunkBuf(cb, min(per, r.n)*stride)
+		if r.mode == landBounce {
+			cb = s.chunkBuf(cb, min(per, r.n)*stride) // cb itself once it has the room
 		}
 		*io = IO{Op: OpRead, Off: off, Stream: ios[i].Stream}
 		switch r.mode {
@@ -921,7 +918,7 @@ func (s *Store) verifyFrom(runs []run, first int, ws []want, src []byte, srcFirs
 			if q.Heads <= 1 {
 				q.CRC = w.crc
 			} else {
-				q.CRCs[w.idx-s.geo.Index(q.Key)] = w.crc // heads are consecutive groups
+				q.CRCs[s.head(w)] = w.crc
 			}
 			if r.mode == landBounce {
 				s.land(w, b)
@@ -1027,7 +1024,7 @@ func (s *Store) dst(w *want) []byte {
 	if q.Heads <= 1 {
 		return q.Buf
 	}
-	off := (w.idx - s.geo.Index(q.Key)) * q.HeadStride // heads are consecutive groups
+	off := s.head(w) * q.HeadStride
 	return q.Buf[off : off+len(q.Buf)-(q.Heads-1)*q.HeadStride]
 }
 
@@ -1052,7 +1049,7 @@ func (s *Store) fail(w *want, err error) {
 	defer s.failMu.Unlock()
 	q.Failed++
 	q.Bad |= s.headBit(w)
-	if q.Err == nil || failRank(err) > failRank(q.Err) {
+	if q.Err == nil || FailRank(err) > FailRank(q.Err) {
 		q.Err = err
 	}
 }
@@ -1063,24 +1060,31 @@ func (s *Store) headBit(w *want) uint64 {
 	if w.r.Heads <= 1 {
 		return 1
 	}
-	if j := w.idx - s.geo.Index(w.r.Key); j < MaxBadHeads {
+	if j := s.head(w); j < MaxBadHeads {
 		return 1 << j
 	}
 	return 0
 }
 
-// allHeads is Bad with every head of a request of heads heads set.
-func allHeads(heads int) uint64 {
+// head is w's head in its request: j for head Key.Head+j (0 for a
+// one-group request). A range's heads are consecutive groups of its slot.
+func (s *Store) head(w *want) int { return w.idx - s.geo.Index(w.r.Key) }
+
+// AllBad is ReadReq.Bad with every head of a request of heads heads set
+// (the first MaxBadHeads).
+func AllBad(heads int) uint64 {
 	if heads >= MaxBadHeads {
 		return ^uint64(0)
 	}
 	return 1<<max(1, heads) - 1
 }
 
-// failRank orders the failures of a range's groups, the one reported
+// FailRank orders the failures of a range's groups, the one reported
 // ranking highest: a missing group, then a corrupt one, then an I/O
-// error (the order in which a caller must not overlook them).
-func failRank(err error) int {
+// error (the order in which a caller must not overlook them). A caller
+// that reports several groups' failures as one (a GPU tile) ranks them
+// the same way.
+func FailRank(err error) int {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return 0
