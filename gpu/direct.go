@@ -80,6 +80,17 @@ type directChunk struct {
 // directFor returns the host view when items can be loaded directly from
 // r: a Locator, Verify set, a host view, and every tile packed.
 func (p *Pipeline) directFor(r Reader, items []Item) (Locator, []byte) {
+	l, h := p.hostView(r)
+	if l == nil || (p.Land == nil || !p.canAllocDevice()) && p.anyPitched(items) {
+		return nil, nil
+	}
+	return l, h
+}
+
+// hostView returns r as a Locator and the store's host view when loads
+// from r may go straight from the view (directFor, tiles aside): r a
+// Locator, Verify set and a host view; else nil, nil.
+func (p *Pipeline) hostView(r Reader) (Locator, []byte) {
 	l, ok := r.(Locator)
 	if !ok || p.Verify == nil {
 		return nil, nil
@@ -88,18 +99,7 @@ func (p *Pipeline) directFor(r Reader, items []Item) (Locator, []byte) {
 	if h == nil {
 		return nil, nil
 	}
-	if (p.Land == nil || !p.canAllocDevice()) && p.anyPitched(items) {
-		return nil, nil
-	}
 	return l, *h
-}
-
-// hostDirect reports whether loads from r may go straight from the
-// store's host view (directFor, tiles aside): r a Locator, Verify set and
-// a host view.
-func (p *Pipeline) hostDirect(r Reader) bool {
-	_, ok := r.(Locator)
-	return ok && p.Verify != nil && p.host.Load() != nil
 }
 
 // pitched reports whether the item's tile has its rows apart (NHD): a
@@ -312,11 +312,7 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 			}
 			it.CRC = q.CRC
 			c.copied[k] = true
-			if n := len(runs); n > 0 && runs[n-1].m == m && runs[n-1].src+runs[n-1].n == int(q.Off) && runs[n-1].dst+uint64(runs[n-1].n) == dst {
-				runs[n-1].n += gb
-				continue
-			}
-			runs = append(runs, run{src: int(q.Off), dst: dst, n: gb, m: m})
+			runs = addRun(runs, run{src: int(q.Off), dst: dst, n: gb, m: m})
 		}
 		c.runs = runs
 		p.bind(dev, func(q Device) {

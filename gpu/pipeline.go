@@ -441,7 +441,8 @@ func (p *Pipeline) loadThrough(r Reader, items []Item) error {
 func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 	gb := p.Geo.GroupBytes
 	per := p.chunkGroups(ngroups)
-	if ngroups > len(items) {
+	tiled := ngroups > len(items) // tiles among items (each at least 2 groups)
+	if tiled {
 		// A chunk takes whole tiles: at least the largest.
 		for i := range items {
 			per = max(per, items[i].Groups())
@@ -497,7 +498,6 @@ func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 				break
 			}
 			hi := min(lo+per, len(items))
-			tiled := ngroups > len(items)
 			if tiled {
 				// Whole tiles up to per groups; their places in staging
 				// (pos) follow from their heads.
@@ -782,11 +782,17 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 // addRun appends r to runs, or extends the last run when r follows it on
 // both sides.
 func addRun(runs []run, r run) []run {
-	if n := len(runs); n > 0 && runs[n-1].m == r.m && runs[n-1].src+runs[n-1].n == r.src && runs[n-1].dst+uint64(runs[n-1].n) == r.dst {
+	if n := len(runs); n > 0 && runs[n-1].joins(r) {
 		runs[n-1].n += r.n
 		return runs
 	}
 	return append(runs, r)
+}
+
+// joins reports whether b follows a on both sides, in the same mapping:
+// the two are one copy.
+func (a run) joins(b run) bool {
+	return a.m == b.m && a.src+a.n == b.src && a.dst+uint64(a.n) == b.dst
 }
 
 // queueTile sets the outcome of tile item i from its read, q, and adds the
@@ -1016,8 +1022,8 @@ func (p *Pipeline) copyRuns(q Device, mem []byte, bt *copyBatch, runs []run, c2 
 		// order by sortStaging, queued in item order) are one copy.
 		k := 0
 		for _, r := range runs[1:] {
-			if last := &runs[k]; last.m == r.m && last.src+last.n == r.src && last.dst+uint64(last.n) == r.dst {
-				last.n += r.n
+			if runs[k].joins(r) {
+				runs[k].n += r.n
 				continue
 			}
 			k++

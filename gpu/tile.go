@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/kvfs/kvfs/store"
@@ -72,7 +71,7 @@ func (it *Item) FailHead(j int, err error) {
 	}
 	t.Bad |= 1 << j
 	t.Failed++
-	if it.Err == nil || failRank(err) > failRank(it.Err) {
+	if it.Err == nil || store.FailRank(err) > store.FailRank(it.Err) {
 		it.Err = err
 	}
 }
@@ -84,8 +83,8 @@ func (it *Item) failAll(err error) {
 		it.Err = err
 		return
 	}
-	t.Failed, t.Bad = t.Heads, allHeads(t.Heads)
-	if it.Err == nil || failRank(err) >= failRank(it.Err) {
+	t.Failed, t.Bad = t.Heads, store.AllBad(t.Heads)
+	if it.Err == nil || store.FailRank(err) >= store.FailRank(it.Err) {
 		it.Err = err
 	}
 }
@@ -98,33 +97,14 @@ func (it *Item) done() bool {
 	return it.Err != nil
 }
 
-// allHeads is Bad with all of heads set.
-func allHeads(heads int) uint64 {
-	if heads >= 64 {
-		return ^uint64(0)
-	}
-	return 1<<heads - 1
-}
-
-// failRank orders a tile's failures as the store orders a range's: a
-// missing group, then a corrupt one, then an I/O or copy error.
-func failRank(err error) int {
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return 0
-	case errors.Is(err, store.ErrCorrupt):
-		return 1
-	}
-	return 2
-}
-
 // TakesTiles reports whether loads from r take tiles (Item.Tile, by
 // LoadTiles): loads checked on the device (Verify) that go through
 // staging, the pitched ones (pitched) landed by Land. Loads from the
 // store's host view (SetHost) and loads checked on the CPU take one group
 // per item.
 func (p *Pipeline) TakesTiles(r Reader, pitched bool) bool {
-	return p.tilesStaged(pitched) && !p.hostDirect(r)
+	l, _ := p.hostView(r)
+	return p.tilesStaged(pitched) && l == nil
 }
 
 // tilesStaged reports whether a staged load can take tiles: checked on the
