@@ -353,21 +353,13 @@ func tilesOf(t *target, e *abi.BlockEntry, f func(k layout.Key, r *region, off u
 // region's buffer.
 func groupsOf(t *target, e *abi.BlockEntry, f func(k layout.Key, r *region, off uint64)) {
 	hs := t.lay.HeadStride
-	for layer := uint32(e.LayerFirst); layer < uint32(e.LayerFirst)+uint32(e.LayerCount); layer++ {
-		for kind := range 2 {
-			if e.Kinds&(1<<kind) == 0 {
-				continue
-			}
-			r := t.region(layer, kind)
-			off := r.off + t.lay.TileOffset(e.CacheBlock, uint32(e.HeadFirst))
-			k := layout.Key{Block: e.Block, Layer: int(layer), Kind: layout.Kind(kind)}
-			for h := int(e.HeadFirst); h < int(e.HeadFirst)+int(e.HeadCount); h++ {
-				k.Head = h
-				f(k, r, off)
-				off += hs
-			}
+	tilesOf(t, e, func(k layout.Key, r *region, off uint64) {
+		for range e.HeadCount {
+			f(k, r, off)
+			k.Head++
+			off += hs
 		}
-	}
+	})
 }
 
 // window is the valid entries [lo, hi) of one store call and its staging.
