@@ -37,3 +37,122 @@ next:
 done:
 	SFENCE
 	RET
+
+// func crcCopyNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32)
+// Copies four segments of seg bytes (src+k*seg, packed) to dst+k*dseg,
+// each as rows rows of rowBytes (a multiple of 64) whose starts are
+// rowBytes+skip apart, with non-temporal stores, while taking the raw
+// CRC32C (no inversions) of each segment: crcs[0] starts at 0xFFFFFFFF, the
+// others at 0, four chains in step. Prefetches 256 bytes per 64-byte step
+// from src+ahead on. Ends with SFENCE.
+TEXT ·crcCopyNT4(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ seg+16(FP), R8
+	MOVQ dseg+24(FP), R9
+	MOVQ rows+32(FP), R13
+	MOVQ skip+48(FP), R15
+	MOVQ ahead+56(FP), R14
+	ADDQ SI, R14
+	LEAQ (R8)(R8*2), R10
+	LEAQ (R9)(R9*2), R11
+	MOVL $0xffffffff, AX
+	XORL BX, BX
+	XORL CX, CX
+	XORL DX, DX
+	TESTQ R13, R13
+	JZ out
+
+row:
+	MOVQ rowBytes+40(FP), R12
+	SHRQ $6, R12
+	JZ next
+
+line:
+	MOVOU 0(SI), X0
+	MOVOU 16(SI), X1
+	MOVOU 32(SI), X2
+	MOVOU 48(SI), X3
+	MOVOU 0(SI)(R8*1), X4
+	MOVOU 16(SI)(R8*1), X5
+	MOVOU 32(SI)(R8*1), X6
+	MOVOU 48(SI)(R8*1), X7
+	MOVOU 0(SI)(R8*2), X8
+	MOVOU 16(SI)(R8*2), X9
+	MOVOU 32(SI)(R8*2), X10
+	MOVOU 48(SI)(R8*2), X11
+	MOVOU 0(SI)(R10*1), X12
+	MOVOU 16(SI)(R10*1), X13
+	MOVOU 32(SI)(R10*1), X14
+	MOVOU 48(SI)(R10*1), X15
+	PREFETCHT0 0(R14)
+	PREFETCHT0 64(R14)
+	PREFETCHT0 128(R14)
+	PREFETCHT0 192(R14)
+	CRC32Q 0(SI), AX
+	CRC32Q 0(SI)(R8*1), BX
+	CRC32Q 0(SI)(R8*2), CX
+	CRC32Q 0(SI)(R10*1), DX
+	CRC32Q 8(SI), AX
+	CRC32Q 8(SI)(R8*1), BX
+	CRC32Q 8(SI)(R8*2), CX
+	CRC32Q 8(SI)(R10*1), DX
+	CRC32Q 16(SI), AX
+	CRC32Q 16(SI)(R8*1), BX
+	CRC32Q 16(SI)(R8*2), CX
+	CRC32Q 16(SI)(R10*1), DX
+	CRC32Q 24(SI), AX
+	CRC32Q 24(SI)(R8*1), BX
+	CRC32Q 24(SI)(R8*2), CX
+	CRC32Q 24(SI)(R10*1), DX
+	CRC32Q 32(SI), AX
+	CRC32Q 32(SI)(R8*1), BX
+	CRC32Q 32(SI)(R8*2), CX
+	CRC32Q 32(SI)(R10*1), DX
+	CRC32Q 40(SI), AX
+	CRC32Q 40(SI)(R8*1), BX
+	CRC32Q 40(SI)(R8*2), CX
+	CRC32Q 40(SI)(R10*1), DX
+	CRC32Q 48(SI), AX
+	CRC32Q 48(SI)(R8*1), BX
+	CRC32Q 48(SI)(R8*2), CX
+	CRC32Q 48(SI)(R10*1), DX
+	CRC32Q 56(SI), AX
+	CRC32Q 56(SI)(R8*1), BX
+	CRC32Q 56(SI)(R8*2), CX
+	CRC32Q 56(SI)(R10*1), DX
+	MOVNTO X0, 0(DI)
+	MOVNTO X1, 16(DI)
+	MOVNTO X2, 32(DI)
+	MOVNTO X3, 48(DI)
+	MOVNTO X4, 0(DI)(R9*1)
+	MOVNTO X5, 16(DI)(R9*1)
+	MOVNTO X6, 32(DI)(R9*1)
+	MOVNTO X7, 48(DI)(R9*1)
+	MOVNTO X8, 0(DI)(R9*2)
+	MOVNTO X9, 16(DI)(R9*2)
+	MOVNTO X10, 32(DI)(R9*2)
+	MOVNTO X11, 48(DI)(R9*2)
+	MOVNTO X12, 0(DI)(R11*1)
+	MOVNTO X13, 16(DI)(R11*1)
+	MOVNTO X14, 32(DI)(R11*1)
+	MOVNTO X15, 48(DI)(R11*1)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $256, R14
+	DECQ R12
+	JNZ line
+
+next:
+	ADDQ R15, DI
+	DECQ R13
+	JNZ row
+
+out:
+	SFENCE
+	MOVQ crcs+64(FP), R12
+	MOVL AX, 0(R12)
+	MOVL BX, 4(R12)
+	MOVL CX, 8(R12)
+	MOVL DX, 12(R12)
+	RET

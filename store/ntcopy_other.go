@@ -9,3 +9,9 @@ func copyRowsNT(dst, src unsafe.Pointer, rows, rowBytes, pitch int) {
 }
 
 const haveNT = false
+
+func crcCopyNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32) {
+	panic("store: crcCopyNT4 without amd64")
+}
+
+const haveCRCCopy = false

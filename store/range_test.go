@@ -315,8 +315,13 @@ func TestReadFromView(t *testing.T) {
 			t.Run(fmt.Sprintf("noview=%v/nhd=%v", noView, nhd), func(t *testing.T) {
 				s, c := nhdFixtureOn(t, false, true, store.Options{NoViewReads: noView})
 				c.Mem.SetHostView(true)
+				// Two corrupt heads of one range: a bit at the start of one
+				// and at the end of the other (the one-pass copy checksums
+				// a group in four segments and joins them).
 				bad := layout.Key{Block: 1, Layer: 1, Head: 2, Kind: layout.K}
+				bad2 := layout.Key{Block: 1, Layer: 1, Head: 0, Kind: layout.K}
 				flipStored(t, s, c.Mem, bad, 5, 0x01)
+				flipStored(t, s, c.Mem, bad2, int64(geo.GroupBytes()-3), 0x80)
 				rc := newRangeCache(t, nhd)
 				want := bytes.Clone(rc.mem)
 				var reqs []store.ReadReq
@@ -326,7 +331,7 @@ func TestReadFromView(t *testing.T) {
 						for h := range geo.KVHeads {
 							k := layout.Key{Block: 1, Layer: layer, Head: h, Kind: layout.Kind(kind)}
 							d := groupData(geo, k, 1)
-							if k == bad {
+							if k == bad || k == bad2 {
 								d = make([]byte, geo.GroupBytes())
 							}
 							rc.place(want, k, d)
@@ -344,7 +349,7 @@ func TestReadFromView(t *testing.T) {
 				c.mu.Unlock()
 				for _, q := range reqs {
 					isBad := q.Key.Layer == bad.Layer && q.Key.Kind == bad.Kind
-					if isBad != (q.Failed == 1) || isBad != errors.Is(q.Err, store.ErrCorrupt) || !isBad && q.Err != nil {
+					if isBad != (q.Failed == 2) || isBad != errors.Is(q.Err, store.ErrCorrupt) || !isBad && q.Err != nil {
 						t.Fatalf("%v: %v, %d failed", q.Key, q.Err, q.Failed)
 					}
 				}

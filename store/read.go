@@ -750,12 +750,17 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 		off := ios[i].Off + int64(g0*stride)
 		if n := int64((g1 - g0) * stride); r.mode == landBounce && view != nil && off >= 0 && off <= int64(len(view))-n {
 			// Verified where the file lies in memory and landed from
-			// there: no copy into a chunk buffer first. The chunk is
-			// brought into this core's cache first with one load per
+			// there: no copy into a chunk buffer first. Where the
+			// one-pass checksum copy (crcLand) does not run, the chunk
+			// is brought into this core's cache first with one load per
 			// line, all independent, so the checksum, group by group,
-			// does not wait on memory at each page.
+			// does not wait on memory at each page; the one-pass copy
+			// prefetches ahead itself, and is faster without (H200 and
+			// VM, docs/performance.md, stop 28).
 			src := view[off : off+n : off+n]
-			touchLines(src)
+			if s.shift4 == nil || !ntRows {
+				touchLines(src)
+			}
 			s.verifyFrom(runs, first, ws, src, r.first+g0)
 			continue
 		}
@@ -928,13 +933,12 @@ func (s *Store) verifyFrom(runs []run, first int, ws []want, src []byte, srcFirs
 			continue
 		}
 		if r.mode == landBounce {
-			// Verify in the bounce buffer, which only the store writes,
-			// then copy.
-			if got := CRC32C(b); got != w.crc {
+			// Verify the bytes in the bounce buffer or the file's
+			// mapping, which only the store writes, as they are copied.
+			if got := s.crcLand(w, b); got != w.crc {
 				s.fail(w, s.corruptReq(w, got))
 				continue
 			}
-			s.land(w, b)
 			bounced += uint64(gb)
 		} else if got := s.destCRC(w); got != w.crc {
 			// The group landed in the caller's memory, which another

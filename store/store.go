@@ -115,7 +115,11 @@ type Store struct {
 	// read that wants it.
 	viewOnce sync.Once
 	view     []byte
-	lease    *lease // the ownership lease held, nil without Options.Lease
+	// shift4 joins the four checksums crcLand takes of a group as it
+	// copies it; nil where that copy does not run (crcLand then checksums,
+	// then copies).
+	shift4 *crcShift
+	lease  *lease // the ownership lease held, nil without Options.Lease
 
 	sbProblems []string // superblock copies found damaged at open
 
@@ -247,6 +251,9 @@ func Open(e Engine, o Options) (*Store, error) {
 	}
 	s.sb = *sb
 	s.geo = sb.Geometry
+	if gb := s.geo.GroupBytes(); haveNT && haveCRCCopy && gb%256 == 0 {
+		s.shift4 = newCRCShift(gb / 4)
+	}
 	if o.Expect != nil && *o.Expect != s.geo {
 		return nil, fmt.Errorf("%w: store has %v, expected %v", ErrGeometry, s.geo, *o.Expect)
 	}

@@ -1,0 +1,81 @@
+package store
+
+import (
+	"hash/crc32"
+	"unsafe"
+)
+
+// crcShift advances a raw CRC32C register (no inversions) over n zero
+// bytes, for one fixed n, by table: a linear map of the register's 32
+// bits, one 256-entry table per byte of it. It joins checksums taken of
+// consecutive segments apart: raw(s, A‖B) = shift(raw(s, A)) ^ raw(0, B)
+// for |B| = n.
+type crcShift [4][256]uint32
+
+// newCRCShift builds the shift over n zero bytes from the images of the
+// register's 32 single bits.
+func newCRCShift(n int) *crcShift {
+	zeros := make([]byte, n)
+	var bit [32]uint32
+	for i := range bit {
+		// raw(s, p) = ^crc32.Update(^s, p)
+		bit[i] = ^crc32.Update(^(uint32(1) << i), castagnoli, zeros)
+	}
+	t := new(crcShift)
+	for k := range t {
+		for b := range 256 {
+			var v uint32
+			for j := range 8 {
+				if b&(1<<j) != 0 {
+					v ^= bit[8*k+j]
+				}
+			}
+			t[k][b] = v
+		}
+	}
+	return t
+}
+
+func (t *crcShift) apply(x uint32) uint32 {
+	return t[0][x&0xff] ^ t[1][x>>8&0xff] ^ t[2][x>>16&0xff] ^ t[3][x>>24]
+}
+
+// combine4 is the CRC32C of four consecutive segments of t's length from
+// their raw checksums as crcCopyNT4 takes them.
+func (t *crcShift) combine4(c *[4]uint32) uint32 {
+	x := c[0]
+	for _, ck := range c[1:] {
+		x = t.apply(x) ^ ck
+	}
+	return ^x
+}
+
+// crcLand lands a bounced group b into w's destination and returns b's
+// CRC32C, taken as the bytes go by: one pass over the source, which comes
+// from memory once (the store file's mapping, or a chunk buffer) instead of
+// once for the checksum and again, from cache, for the copy. Checked after
+// landing, a corrupt group is zeroed in the destination (corruptReq), as a
+// group landed straight there by a read is. Groups whose size or
+// destination the four-chain copy does not fit take the checksum, then
+// the copy.
+func (s *Store) crcLand(w *want, b []byte) uint32 {
+	if s.shift4 != nil && ntRows {
+		q, dst := w.r, s.dst(w)
+		n := len(b)
+		seg := n / 4
+		rows, rb, pitch := w.rows, q.RowBytes, q.Pitch
+		if rows == 0 { // contiguous: each segment one row
+			rows, rb, pitch = 4, seg, seg
+		}
+		if rows%4 == 0 && rb%64 == 0 && rb*rows == n && pitch >= rb && pitch%16 == 0 &&
+			uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%16 == 0 && len(dst) >= (rows-1)*pitch+rb {
+			var c [4]uint32
+			crcCopyNT4(unsafe.Pointer(unsafe.SliceData(dst)), unsafe.Pointer(unsafe.SliceData(b)),
+				seg, rows/4*pitch, rows/4, rb, pitch-rb, int(s.geo.GroupStride()), &c)
+			return s.shift4.combine4(&c)
+		}
+	}
+	got := CRC32C(b)
+	s.land(w, b)
+	return got
+}

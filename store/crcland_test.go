@@ -1,0 +1,74 @@
+package store
+
+import (
+	"bytes"
+	"hash/crc32"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+)
+
+// TestCRCCopyNT4: the one-pass copy lands every row at its pitch, nothing
+// between or around them, and its four joined checksums are the group's
+// CRC32C, for contiguous and pitched destinations of several sizes.
+func TestCRCCopyNT4(t *testing.T) {
+	if !haveNT || !haveCRCCopy {
+		t.Skip("skipping: no one-pass checksum copy on this machine")
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []struct{ n, rows, rb, pitch int }{
+		{256, 0, 0, 0}, {768, 0, 0, 0}, {4096, 0, 0, 0}, {65536, 0, 0, 0},
+		{4096, 16, 256, 2048}, {4096, 16, 256, 256}, {1024, 4, 256, 272}, {256, 4, 64, 80}, {8192, 32, 256, 8192},
+	} {
+		src := make([]byte, c.n+64)
+		for i := range src {
+			src[i] = byte(rng.Uint32())
+		}
+		src = src[:c.n]
+		rows, rb, pitch := c.rows, c.rb, c.pitch
+		if rows == 0 {
+			rows, rb, pitch = 4, c.n/4, c.n/4
+		}
+		mem := bytes.Repeat([]byte{0xA5}, 64+(rows-1)*pitch+rb+64)
+		base := 64 - int(uintptr(unsafe.Pointer(&mem[0]))%16)
+		sh := newCRCShift(c.n / 4)
+		var crcs [4]uint32
+		crcCopyNT4(unsafe.Pointer(&mem[base]), unsafe.Pointer(&src[0]), c.n/4, rows/4*pitch, rows/4, rb, pitch-rb, c.n, &crcs)
+		if got, want := sh.combine4(&crcs), CRC32C(src); got != want {
+			t.Fatalf("%+v: crc %08x, want %08x", c, got, want)
+		}
+		want := bytes.Repeat([]byte{0xA5}, len(mem))
+		for r := range rows {
+			copy(want[base+r*pitch:], src[r*rb:(r+1)*rb])
+		}
+		if !bytes.Equal(mem, want) {
+			t.Fatalf("%+v: memory differs", c)
+		}
+	}
+}
+
+// TestCRCShift: joining by table the checksums of consecutive segments
+// gives the checksum of the whole, for random segments of several lengths.
+func TestCRCShift(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{1, 8, 64, 100, 1024, 4096} {
+		sh := newCRCShift(n)
+		b := make([]byte, 4*n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		var c [4]uint32
+		for k := range c {
+			s := uint32(0)
+			if k == 0 {
+				s = 0xFFFFFFFF
+			}
+			c[k] = ^crc32Update(^s, b[k*n:(k+1)*n])
+		}
+		if got, want := sh.combine4(&c), CRC32C(b); got != want {
+			t.Fatalf("n=%d: %08x, want %08x", n, got, want)
+		}
+	}
+}
+
+func crc32Update(c uint32, p []byte) uint32 { return crc32.Update(c, castagnoli, p) }
