@@ -7,10 +7,11 @@
 # BIN (default out/h200) holds kvfs (and fio; else fio from PATH), built
 # with CGO_ENABLED=0; BUILDS (default kvfs) the binaries in BIN measured in
 # turn each round (kvfs-prev kvfs: the build before and this one). Run as
-# root from the repo root; about two minutes per build.
+# root from the repo root; about two minutes per build. STORE_DIR (default
+# /dev/shm) is the tmpfs the store file lies in.
 set -u
 . "$(dirname "$0")/h200-lib.sh"
-setup ratio8 /dev/shm
+setup ratio8 "${STORE_DIR:-/dev/shm}"
 FIO=$D/fio
 [ -x "$FIO" ] || FIO=fio
 fresh --zero # fio must not read never-written space (the zero page, cache-hot)
