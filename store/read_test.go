@@ -589,6 +589,9 @@ func TestReadFaultPanicsInCaller(t *testing.T) {
 	// cut short (else the store would stop reading inline once the faults
 	// outnumber the slots).
 	t.Run("inline", func(t *testing.T) { readFaultPanicsInCaller(t, false, false, true, 3) })
+	// Aligned, inline: the fault is taken in the one-pass checksum copy
+	// (crcCopyNT4).
+	t.Run("inline-aligned", func(t *testing.T) { readFaultPanicsInCaller(t, false, true, true, 3) })
 }
 
 func readFaultPanicsInCaller(t *testing.T, notify, aligned, inline bool, blocks int) {
