@@ -15,15 +15,8 @@ import (
 func memStore(t *testing.T, slots int64) *store.Store {
 	t.Helper()
 	g := layout.Geometry{Layers: 2, KVHeads: 2, HeadDim: 16, BlockTokens: 16, DType: layout.BF16, Align: 512}
-	m := storetest.NewMem(store.SizeFor(g, slots), 512)
-	if _, err := store.Format(m, g, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := store.Open(m, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	m := storetest.Formatted(t, g, slots, 512)
+	s := storetest.Open(t, m, store.Options{})
 	return s
 }
 

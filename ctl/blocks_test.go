@@ -41,14 +41,8 @@ type blocksFixture struct {
 func newBlocksFixture(tb testing.TB, geo layout.Geometry, stored, nb int, nhd bool) *blocksFixture {
 	tb.Helper()
 	needShm(tb)
-	m := storetest.NewMem(store.SizeFor(geo, int64(stored)+2), 4096)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		tb.Fatal(err)
-	}
-	st, err := store.Open(m, store.Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	m := storetest.Formatted(tb, geo, int64(stored)+2, 4096)
+	st := storetest.Open(tb, m, store.Options{})
 	gb := geo.GroupBytes()
 	for b := range stored {
 		reqs := make([]store.WriteReq, geo.GroupsPerBlock())

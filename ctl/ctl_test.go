@@ -747,15 +747,8 @@ func (r *recEngine) Do(ios []store.IO) error {
 // straight into the registered mapping, in one I/O, with no bounce buffer.
 func TestDirectLanding(t *testing.T) {
 	needShm(t)
-	m := &recEngine{Mem: storetest.NewMem(store.SizeFor(testGeo, 4), 512)}
-	if _, err := store.Format(m, testGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(m, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	m := &recEngine{Mem: storetest.Formatted(t, testGeo, 4, 512)}
+	st := storetest.Open(t, m, store.Options{})
 	srv := NewServer(st, Options{})
 	defer srv.Close()
 	ss, _ := srv.Open(0, 0)

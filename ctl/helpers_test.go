@@ -33,14 +33,8 @@ type fixture struct {
 
 func newFixture(t testing.TB, slots int, o Options) *fixture {
 	t.Helper()
-	m := storetest.NewMem(store.SizeFor(testGeo, int64(slots)), 512)
-	if _, err := store.Format(m, testGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(m, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, testGeo, int64(slots), 512)
+	st := storetest.Open(t, m, store.Options{})
 	srv := NewServer(st, o)
 	t.Cleanup(func() {
 		if n := srv.Sessions(); n != 0 {

@@ -65,17 +65,10 @@ func (l *landing) Do(ios []store.IO) error {
 // same for LOAD_BLOCKS (ABI v2) into an NHD target.
 func TestLoadNHDNoBounce(t *testing.T) {
 	geo := layout.Geometry{Layers: 2, KVHeads: 4, HeadDim: 256, BlockTokens: 16, DType: layout.BF16, Align: 512}
-	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
+	m := storetest.Formatted(t, geo, 4, 512)
 	m.SetVectorReads(true)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	eng := &landing{Mem: m}
-	st, err := store.Open(eng, store.Options{ScatterMin: 512})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := storetest.Open(t, eng, store.Options{ScatterMin: 512})
 	n, gb, rb := geo.GroupsPerBlock(), geo.GroupBytes(), geo.RowBytes()
 	data := make([][]byte, n)
 	w := make([]store.WriteReq, n)

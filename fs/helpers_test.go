@@ -46,14 +46,8 @@ type env struct {
 
 func newStore(t testing.TB, geo layout.Geometry, slots int64) (*storetest.Mem, *store.Store) {
 	t.Helper()
-	mem := storetest.NewMem(store.SizeFor(geo, slots), 4096)
-	if _, err := store.Format(mem, geo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(mem, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem := storetest.Formatted(t, geo, slots, 4096)
+	st := storetest.Open(t, mem, store.Options{})
 	return mem, st
 }
 

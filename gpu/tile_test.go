@@ -67,15 +67,8 @@ func TestTilesLoad(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			H, L := tileGeo.KVHeads, tileGeo.Layers
 			const nb = 6
-			m := storetest.NewMem(store.SizeFor(tileGeo, 16), 512)
-			if _, err := store.Format(m, tileGeo, store.FormatOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			st, err := store.Open(m, store.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
+			m := storetest.Formatted(t, tileGeo, 16, 512)
+			st := storetest.Open(t, m, store.Options{})
 			var w []store.WriteReq
 			for b := range uint64(nb) {
 				for i := range tileGeo.GroupsPerBlock() {

@@ -18,10 +18,7 @@ import (
 // geometry, 512 groups of 4 KiB, into one contiguous buffer.
 func BenchmarkReadWholeBlock(b *testing.B) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
-	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		b.Fatal(err)
-	}
+	m := storetest.Formatted(b, geo, 4, 4096)
 	s := openStore(b, m, store.Options{})
 	n := geo.GroupsPerBlock()
 	w := make([]store.WriteReq, n)
@@ -52,10 +49,7 @@ func BenchmarkReadWholeBlock(b *testing.B) {
 // store's control cost per miss.
 func BenchmarkReadMissBatch(b *testing.B) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
-	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		b.Fatal(err)
-	}
+	m := storetest.Formatted(b, geo, 4, 4096)
 	s := openStore(b, m, store.Options{})
 	const n = 256
 	buf := make([]byte, n*geo.GroupBytes())

@@ -223,10 +223,7 @@ func (w *writeLanding) Do(ios []store.IO) error {
 // aligned buffer is written straight from it (no bounce copy); groups
 // scattered in memory are copied once into bounce memory. Both read back.
 func TestWriteDirectFromData(t *testing.T) {
-	m := storetest.NewMem(store.SizeFor(testGeo, 4), 512)
-	if _, err := store.Format(m, testGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, testGeo, 4, 512)
 	wl := &writeLanding{Mem: m}
 	s := openStore(t, wl, store.Options{})
 	n, gb := testGeo.GroupsPerBlock(), testGeo.GroupBytes()

@@ -13,14 +13,8 @@ import (
 // check at Close (its test breaks it on purpose).
 func brokenStore(t *testing.T) (*store.Store, *storetest.Mem) {
 	t.Helper()
-	m := storetest.NewMem(store.SizeFor(testGeo, 4), 512)
-	if _, err := store.Format(m, testGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := store.Open(m, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, testGeo, 4, 512)
+	s := storetest.Open(t, m, store.Options{})
 	put(t, s, keysOf(1, 0, 1), 1) // slot 0
 	put(t, s, keysOf(2, 3), 1)    // slot 1
 	put(t, s, keysOf(1, 0), 2)    // copy-on-write to slot 2: slot 0 becomes a free tombstone

@@ -45,10 +45,7 @@ func writeOne(s *store.Store, block uint64) error {
 // lease is live, takes over with Force (the first then refuses to write),
 // and gets the store without Force once the lease expired or was released.
 func TestLeaseTwoHosts(t *testing.T) {
-	m := storetest.NewMem(store.SizeFor(testGeo, 16), 512)
-	if _, err := store.Format(m, testGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, testGeo, 16, 512)
 	c := &fakeClock{t: time.Unix(1_800_000_000, 0)}
 	a, err := leased(m, c, "host-a", false)
 	if err != nil {
@@ -136,10 +133,7 @@ func TestLeaseTwoHosts(t *testing.T) {
 // TestLeaseOfFormerStore: a live record of a store since reformatted
 // (another UUID) holds nothing.
 func TestLeaseOfFormerStore(t *testing.T) {
-	m := storetest.NewMem(store.SizeFor(testGeo, 16), 512)
-	if _, err := store.Format(m, testGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, testGeo, 16, 512)
 	c := &fakeClock{t: time.Unix(1_800_000_000, 0)}
 	a, err := leased(m, c, "host-a", false)
 	if err != nil {

@@ -232,14 +232,8 @@ func TestReadRangeFailures(t *testing.T) {
 // reaches further.
 func FuzzReadRequest(f *testing.F) {
 	geo := nhdGeo
-	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		f.Fatal(err)
-	}
-	s, err := store.Open(m, store.Options{ScatterMin: 512})
-	if err != nil {
-		f.Fatal(err)
-	}
+	m := storetest.Formatted(f, geo, 4, 512)
+	s := storetest.Open(f, m, store.Options{ScatterMin: 512})
 	f.Cleanup(func() { s.Close() })
 	w := make([]store.WriteReq, geo.GroupsPerBlock())
 	for i := range w {

@@ -293,10 +293,7 @@ func TestReadPitchedInvalid(t *testing.T) {
 // groups in the call.
 func TestReadAllocs(t *testing.T) {
 	geo := layout.Geometry{Layers: 16, KVHeads: 8, HeadDim: 16, BlockTokens: 16, DType: layout.BF16, Align: 512}
-	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, geo, 4, 512)
 	s := openStore(t, m, store.Options{})
 	n := geo.GroupsPerBlock() // 256
 	gb := geo.GroupBytes()
@@ -381,10 +378,7 @@ func (a *allocCounter) FreeBuffer(b []byte) {
 // run (that was 511 MiB); so does the write of 512 such groups.
 func TestBounceSizedToData(t *testing.T) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 64, BlockTokens: 16, DType: layout.BF16, Align: 512}
-	m := storetest.NewMem(store.SizeFor(geo, 4), 512)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, geo, 4, 512)
 	a := &allocCounter{Mem: m}
 	s := openStore(t, a, store.Options{})
 	gb, per := geo.GroupBytes(), geo.GroupsPerBlock()
@@ -521,10 +515,7 @@ func TestReadWindowsOverlap(t *testing.T) {
 		t.Run(map[bool]string{false: "do", true: "notify"}[notify], func(t *testing.T) {
 			geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
 			const blocks = 20
-			m := storetest.NewMem(store.SizeFor(geo, blocks+1), 4096)
-			if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			m := storetest.Formatted(t, geo, blocks+1, 4096)
 			ac := &allocCounter{Mem: m}
 			oe := &overlapEngine{allocCounter: ac}
 			var e store.Engine = oe
@@ -596,10 +587,7 @@ func TestReadFaultPanicsInCaller(t *testing.T) {
 
 func readFaultPanicsInCaller(t *testing.T, notify, aligned, inline bool, blocks int) {
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
-	m := storetest.NewMem(store.SizeFor(geo, int64(blocks)+1), 4096)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, geo, int64(blocks)+1, 4096)
 	var e store.Engine = m
 	if notify {
 		e = storetest.NewNotifying(m)
@@ -707,10 +695,7 @@ func TestReadLargeCorrupt(t *testing.T) {
 func readLargeCorrupt(t *testing.T, mode string) {
 	notify := mode != "do"
 	geo := layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 4096}
-	m := storetest.NewMem(store.SizeFor(geo, 4), 4096)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, geo, 4, 4096)
 	var e store.Engine = m
 	var faulty *storetest.Faulty
 	var nt *storetest.Notifying
@@ -891,10 +876,7 @@ func TestReadUnverified(t *testing.T) {
 func TestReadOrderings(t *testing.T) {
 	geo := layout.Geometry{Layers: 4, KVHeads: 4, HeadDim: 64, BlockTokens: 16, DType: layout.BF16, Align: 512}
 	const blocks = 24
-	m := storetest.NewMem(store.SizeFor(geo, blocks+2), 512)
-	if _, err := store.Format(m, geo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	m := storetest.Formatted(t, geo, blocks+2, 512)
 	s := openStore(t, m, store.Options{})
 	per, gb := geo.GroupsPerBlock(), geo.GroupBytes()
 	writeBlocks(t, s, geo, int(blocks), 1)

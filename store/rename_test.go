@@ -126,10 +126,7 @@ func TestRenameBlockFailure(t *testing.T) {
 		{"sync", func(_ *storetest.Faulty, syncFail *bool) { *syncFail = true }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			mem := storetest.NewMem(store.SizeFor(testGeo, 4), 512)
-			if _, err := store.Format(mem, testGeo, store.FormatOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			mem := storetest.Formatted(t, testGeo, 4, 512)
 			syncFail := false
 			f := storetest.NewFaulty(mem, nil, func() bool {
 				if syncFail {

@@ -32,14 +32,8 @@ func mountForLoad(t *testing.T) (string, *store.Store) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("skipping: /dev/fuse is missing")
 	}
-	mem := storetest.NewMem(store.SizeFor(testGeo, 16), 4096)
-	if _, err := store.Format(mem, testGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(mem, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem := storetest.Formatted(t, testGeo, 16, 4096)
+	st := storetest.Open(t, mem, store.Options{})
 	dir := t.TempDir()
 	srv, err := fs.Mount(dir, st, fs.Options{Ctl: fs.Handler(ctl.NewServer(st, ctl.Options{}).Open)})
 	if err != nil {

@@ -424,15 +424,8 @@ var _ store.MemoryRegistrar = (*pinEngine)(nil)
 // ENOMEM and nothing is pinned; a file with holes is registered without
 // pinning, so the daemon allocates none of it; INFO reports the limits.
 func TestPinLimits(t *testing.T) {
-	pe := &pinEngine{Mem: storetest.NewMem(store.SizeFor(testGeo, 8), 4096)}
-	if _, err := store.Format(pe, testGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(pe, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	pe := &pinEngine{Mem: storetest.Formatted(t, testGeo, 8, 4096)}
+	st := storetest.Open(t, pe, store.Options{})
 	const mib = 1 << 20
 	e := mountEnv(t, envOptions{st: st, public: true, ctl: ctl.Options{MaxPinnedBytes: 16 * mib, MaxPinnedPerUID: 8 * mib}})
 	c := openClient(t, e)

@@ -100,14 +100,8 @@ func mountEnv(t testing.TB, o envOptions) *env {
 		if o.slots == 0 {
 			o.slots = 64
 		}
-		e.mem = storetest.NewMem(store.SizeFor(testGeo, o.slots), 4096)
-		if _, err := store.Format(e.mem, testGeo, store.FormatOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		st, err := store.Open(e.mem, store.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		e.mem = storetest.Formatted(t, testGeo, o.slots, 4096)
+		st := storetest.Open(t, e.mem, store.Options{})
 		e.st = st
 		t.Cleanup(func() {
 			if err := st.CheckInvariants(); err != nil {

@@ -44,15 +44,8 @@ func TestMeasureFUSEWakeup(t *testing.T) {
 		t.Skip("set KVFS_MEASURE=1 to measure")
 	}
 	requireMount(t)
-	mem := storetest.NewMem(store.SizeFor(testGeo, 2), 4096)
-	if _, err := store.Format(mem, testGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(mem, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	mem := storetest.Formatted(t, testGeo, 2, 4096)
+	st := storetest.Open(t, mem, store.Options{})
 	var spin time.Duration
 	dir := t.TempDir()
 	srv, err := fs.Mount(dir, st, fs.Options{Logger: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), Ctl: spinHandler{&spin}})
