@@ -22,11 +22,11 @@ const haveNT = true
 // dst (segment k at dst + k*dseg, as rows rows of rowBytes whose starts are
 // rowBytes+skip apart) with non-temporal stores, and returns in crcs the
 // raw CRC32C of each segment (crcs[0] from an initial 0xFFFFFFFF, the
-// others from 0; combineCRC4 makes them the group's CRC32C): one pass over
-// the source, four checksum chains in step. It prefetches the source from
-// src+ahead on, 256 bytes per 64-byte step (a prefetch never faults).
-// rowBytes must be a multiple of 64, dst, dseg and rowBytes+skip multiples
-// of 16. Needs SSE4.2. Ends with SFENCE.
+// others from 0; crcShift.combine4 joins them into the group's CRC32C):
+// one pass over the source, four checksum chains in step. It prefetches
+// the source from src+ahead on, 256 bytes per 64-byte step (a prefetch
+// never faults). rowBytes must be a multiple of 64, dst, dseg and
+// rowBytes+skip multiples of 16. Needs SSE4.2. Ends with SFENCE.
 //
 //go:noescape
 func crcCopyNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32)
