@@ -38,13 +38,8 @@ done:
 	SFENCE
 	RET
 
-// The four segments of crcCopyNT4: source k at SI + k*R8 (R10 = 3*R8),
-// destination k at DI + k*R9 (R11 = 3*R9), checksum k in AX, BX, CX, DX.
-// LOAD4 loads 16 bytes at offset o of each source, STORE4 stores them at
-// offset o of each destination, CRC4 folds 8 bytes at offset o of each
-// source into its checksum.
-#define LOAD4(o, a, b, c, d) MOVOU o(SI), a; MOVOU o(SI)(R8*1), b; MOVOU o(SI)(R8*2), c; MOVOU o(SI)(R10*1), d
-#define STORE4(o, a, b, c, d) MOVNTO a, o(DI); MOVNTO b, o(DI)(R9*1); MOVNTO c, o(DI)(R9*2); MOVNTO d, o(DI)(R11*1)
+// CRC4 folds the 8 bytes at offset o of each of crcCopyNT4's four source
+// segments (SI + k*R8; R10 = 3*R8) into its checksum (AX, BX, CX, DX).
 #define CRC4(o) CRC32Q o(SI), AX; CRC32Q o(SI)(R8*1), BX; CRC32Q o(SI)(R8*2), CX; CRC32Q o(SI)(R10*1), DX
 
 // func crcCopyNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32)
@@ -53,7 +48,11 @@ done:
 // rowBytes+skip apart, with non-temporal stores, while taking the raw
 // CRC32C (no inversions) of each segment: crcs[0] starts at 0xFFFFFFFF, the
 // others at 0, four chains in step. Prefetches 256 bytes per 64-byte step
-// from src+ahead on. Ends with SFENCE. Uses R14, R15 and X15, scratch
+// from src+ahead on. Ends with SFENCE. Each segment's line is loaded, and
+// stored, whole before the next segment's: non-temporal stores that fill a
+// line one after another leave the write-combining buffer whole (stored
+// interleaved across the four segments, offset by offset, the H200 lost a
+// fifth: docs/performance.md, stop 28). Uses R14, R15 and X15, scratch
 // registers in ABI0 (the wrapper that calls it restores them).
 TEXT ·crcCopyNT4(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
@@ -79,10 +78,22 @@ row:
 	JZ next
 
 line:
-	LOAD4(0, X0, X4, X8, X12)
-	LOAD4(16, X1, X5, X9, X13)
-	LOAD4(32, X2, X6, X10, X14)
-	LOAD4(48, X3, X7, X11, X15)
+	MOVOU 0(SI), X0
+	MOVOU 16(SI), X1
+	MOVOU 32(SI), X2
+	MOVOU 48(SI), X3
+	MOVOU 0(SI)(R8*1), X4
+	MOVOU 16(SI)(R8*1), X5
+	MOVOU 32(SI)(R8*1), X6
+	MOVOU 48(SI)(R8*1), X7
+	MOVOU 0(SI)(R8*2), X8
+	MOVOU 16(SI)(R8*2), X9
+	MOVOU 32(SI)(R8*2), X10
+	MOVOU 48(SI)(R8*2), X11
+	MOVOU 0(SI)(R10*1), X12
+	MOVOU 16(SI)(R10*1), X13
+	MOVOU 32(SI)(R10*1), X14
+	MOVOU 48(SI)(R10*1), X15
 	PREFETCHT0 0(R14)
 	PREFETCHT0 64(R14)
 	PREFETCHT0 128(R14)
@@ -95,10 +106,22 @@ line:
 	CRC4(40)
 	CRC4(48)
 	CRC4(56)
-	STORE4(0, X0, X4, X8, X12)
-	STORE4(16, X1, X5, X9, X13)
-	STORE4(32, X2, X6, X10, X14)
-	STORE4(48, X3, X7, X11, X15)
+	MOVNTO X0, 0(DI)
+	MOVNTO X1, 16(DI)
+	MOVNTO X2, 32(DI)
+	MOVNTO X3, 48(DI)
+	MOVNTO X4, 0(DI)(R9*1)
+	MOVNTO X5, 16(DI)(R9*1)
+	MOVNTO X6, 32(DI)(R9*1)
+	MOVNTO X7, 48(DI)(R9*1)
+	MOVNTO X8, 0(DI)(R9*2)
+	MOVNTO X9, 16(DI)(R9*2)
+	MOVNTO X10, 32(DI)(R9*2)
+	MOVNTO X11, 48(DI)(R9*2)
+	MOVNTO X12, 0(DI)(R11*1)
+	MOVNTO X13, 16(DI)(R11*1)
+	MOVNTO X14, 32(DI)(R11*1)
+	MOVNTO X15, 48(DI)(R11*1)
 	ADDQ $64, SI
 	ADDQ $64, DI
 	ADDQ $256, R14
