@@ -59,7 +59,7 @@ func (t *crcShift) combine4(c *[4]uint32) uint32 {
 // destination the four-chain copy does not fit take the checksum, then
 // the copy.
 func (s *Store) crcLand(w *want, b []byte) uint32 {
-	if s.shift4 != nil && ntRows {
+	if s.onePass() {
 		q, dst := w.r, s.dst(w)
 		n := len(b)
 		seg := n / 4
@@ -67,8 +67,7 @@ func (s *Store) crcLand(w *want, b []byte) uint32 {
 		if rows == 0 { // contiguous: each segment one row
 			rows, rb, pitch = 4, seg, seg
 		}
-		if rows%4 == 0 && rb%64 == 0 && rb*rows == n && pitch >= rb && pitch%16 == 0 &&
-			uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%16 == 0 && len(dst) >= (rows-1)*pitch+rb {
+		if rows%4 == 0 && rb*rows == n && pitch >= rb && ntFits(dst, rows, rb, pitch) {
 			var c [4]uint32
 			crcCopyNT4(unsafe.Pointer(unsafe.SliceData(dst)), unsafe.Pointer(unsafe.SliceData(b)),
 				seg, rows/4*pitch, rows/4, rb, pitch-rb, int(s.geo.GroupStride()), &c)
@@ -79,3 +78,8 @@ func (s *Store) crcLand(w *want, b []byte) uint32 {
 	s.land(w, b)
 	return got
 }
+
+// onePass reports whether crcLand copies groups in one pass here (this
+// store's group size, the machine and ntRows allow it); where it does, a
+// chunk read from the host view is not touched first (readInlineRun).
+func (s *Store) onePass() bool { return s.shift4 != nil && ntRows }

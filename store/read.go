@@ -758,7 +758,7 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 			// prefetches ahead itself, and is faster without (H200 and
 			// VM, docs/performance.md, stop 28).
 			src := view[off : off+n : off+n]
-			if s.shift4 == nil || !ntRows {
+			if !s.onePass() {
 				touchLines(src)
 			}
 			s.verifyFrom(runs, first, ws, src, r.first+g0)
@@ -986,14 +986,21 @@ func (s *Store) land(w *want, src []byte) {
 	if rows == 0 { // contiguous: one row
 		rows, rb, pitch = 1, len(dst), 0
 	}
-	if haveNT && ntRows && rb%64 == 0 && pitch%16 == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%16 == 0 &&
-		len(src) >= rows*rb && len(dst) >= (rows-1)*pitch+rb {
+	if ntFits(dst, rows, rb, pitch) && len(src) >= rows*rb {
 		copyRowsNT(unsafe.Pointer(unsafe.SliceData(dst)), unsafe.Pointer(unsafe.SliceData(src)), rows, rb, pitch)
 		return
 	}
 	for row := range rows {
 		copy(dst[row*pitch:row*pitch+rb], src[row*rb:(row+1)*rb])
 	}
+}
+
+// ntFits reports whether rows of rb bytes, pitch apart from dst's start,
+// lie within dst and may be written with non-temporal stores (ntRows, and
+// the sizes and alignment copyRowsNT and crcCopyNT4 need).
+func ntFits(dst []byte, rows, rb, pitch int) bool {
+	return haveNT && ntRows && rb%64 == 0 && pitch%16 == 0 &&
+		uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%16 == 0 && len(dst) >= (rows-1)*pitch+rb
 }
 
 // ntRows: groups copied out of store memory into callers' destinations
