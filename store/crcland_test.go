@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"hash/crc32"
 	"math/rand/v2"
 	"testing"
@@ -29,19 +28,14 @@ func TestCRCCopyNT4(t *testing.T) {
 		if rows == 0 {
 			rows, rb, pitch = 4, c.n/4, c.n/4
 		}
-		mem := bytes.Repeat([]byte{0xA5}, 64+(rows-1)*pitch+rb+64)
-		base := 64 - int(uintptr(unsafe.Pointer(&mem[0]))%16)
+		mem, dst := guardedRows(rows, rb, pitch)
 		sh := newCRCShift(c.n / 4)
 		var crcs [4]uint32
-		crcCopyNT4(unsafe.Pointer(&mem[base]), unsafe.Pointer(&src[0]), c.n/4, rows/4*pitch, rows/4, rb, pitch-rb, c.n, &crcs)
+		crcCopyNT4(dst, unsafe.Pointer(&src[0]), c.n/4, rows/4*pitch, rows/4, rb, pitch-rb, c.n, &crcs)
 		if got, want := sh.combine4(&crcs), CRC32C(src); got != want {
 			t.Fatalf("%+v: crc %08x, want %08x", c, got, want)
 		}
-		want := bytes.Repeat([]byte{0xA5}, len(mem))
-		for r := range rows {
-			copy(want[base+r*pitch:], src[r*rb:(r+1)*rb])
-		}
-		if !bytes.Equal(mem, want) {
+		if !rowsPlaced(mem, src, rows, rb, pitch) {
 			t.Fatalf("%+v: memory differs", c)
 		}
 	}

@@ -17,16 +17,29 @@ func TestCopyRowsNT(t *testing.T) {
 		for i := range src {
 			src[i] = byte(i*7 + 3)
 		}
-		mem := bytes.Repeat([]byte{0xA5}, 64+max(0, c.rows-1)*c.pitch+c.rb+64)
-		base := 64 - int(uintptr(unsafe.Pointer(&mem[0]))%16) // a 16-byte aligned start past a guard
-		dst := mem[base:]
-		copyRowsNT(unsafe.Pointer(&dst[0]), unsafe.Pointer(unsafe.SliceData(src)), c.rows, c.rb, c.pitch)
-		want := bytes.Repeat([]byte{0xA5}, len(mem))
-		for r := range c.rows {
-			copy(want[base+r*c.pitch:], src[r*c.rb:(r+1)*c.rb])
-		}
-		if !bytes.Equal(mem, want) {
+		mem, dst := guardedRows(c.rows, c.rb, c.pitch)
+		copyRowsNT(dst, unsafe.Pointer(unsafe.SliceData(src)), c.rows, c.rb, c.pitch)
+		if !rowsPlaced(mem, src, c.rows, c.rb, c.pitch) {
 			t.Fatalf("%+v: memory differs", c)
 		}
 	}
+}
+
+// guardedRows returns memory for rows rows of rb bytes, pitch apart, with
+// a guard of 0xA5 bytes around them, and the 16-byte aligned start of the
+// rows in it, past a guard of 49 to 64 bytes.
+func guardedRows(rows, rb, pitch int) ([]byte, unsafe.Pointer) {
+	mem := bytes.Repeat([]byte{0xA5}, 64+max(0, rows-1)*pitch+rb+64)
+	return mem, unsafe.Pointer(&mem[64-int(uintptr(unsafe.Pointer(&mem[0]))%16)])
+}
+
+// rowsPlaced reports whether mem (from guardedRows) holds the packed rows
+// of src, pitch apart, at its aligned start and 0xA5 everywhere else.
+func rowsPlaced(mem, src []byte, rows, rb, pitch int) bool {
+	base := 64 - int(uintptr(unsafe.Pointer(&mem[0]))%16)
+	want := bytes.Repeat([]byte{0xA5}, len(mem))
+	for r := range rows {
+		copy(want[base+r*pitch:], src[r*rb:(r+1)*rb])
+	}
+	return bytes.Equal(mem, want)
 }
