@@ -94,7 +94,7 @@ func TestReadRange(t *testing.T) {
 		for _, inline := range []bool{false, true} {
 			for _, nhd := range []bool{false, true} {
 				t.Run(fmt.Sprintf("vec=%v/inline=%v/nhd=%v", vec, inline, nhd), func(t *testing.T) {
-					s, _ := nhdFixtureOn(t, vec, inline, store.Options{ScatterMin: 512})
+					s, _ := nhdFixtureOn(t, vec, inline, false, store.Options{ScatterMin: 512})
 					c := newRangeCache(t, nhd)
 					want := bytes.Clone(c.mem)
 					var reqs []store.ReadReq
@@ -307,8 +307,7 @@ func TestReadFromView(t *testing.T) {
 	for _, noView := range []bool{false, true} {
 		for _, nhd := range []bool{false, true} {
 			t.Run(fmt.Sprintf("noview=%v/nhd=%v", noView, nhd), func(t *testing.T) {
-				s, c := nhdFixtureOn(t, false, true, store.Options{NoViewReads: noView})
-				c.Mem.SetHostView(true)
+				s, c := nhdFixtureOn(t, false, true, true, store.Options{NoViewReads: noView})
 				// Two corrupt heads of one range: a bit at the start of one
 				// and at the end of the other (the one-pass copy checksums
 				// a group in four segments and joins them).

@@ -72,15 +72,17 @@ func (c *counting) contains(v []byte) bool {
 // nhdFixture writes one block of nhdGeo and returns a store on a counting
 // engine.
 func nhdFixture(t *testing.T, vec bool, o store.Options) (*store.Store, *counting) {
-	return nhdFixtureOn(t, vec, false, o)
+	return nhdFixtureOn(t, vec, false, false, o)
 }
 
 // nhdFixtureOn is nhdFixture, with inline on an engine that offers inline
-// reads (storetest.Inline around the counting engine).
-func nhdFixtureOn(t *testing.T, vec, inline bool, o store.Options) (*store.Store, *counting) {
+// reads (storetest.Inline around the counting engine), and view on one
+// whose file lies in memory (a host view, from before the store opens).
+func nhdFixtureOn(t *testing.T, vec, inline, view bool, o store.Options) (*store.Store, *counting) {
 	t.Helper()
 	m := storetest.NewMem(store.SizeFor(nhdGeo, 4), 512)
 	m.SetVectorReads(vec)
+	m.SetHostView(view)
 	if _, err := store.Format(m, nhdGeo, store.FormatOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +177,7 @@ func TestReadPitchedNoBounce(t *testing.T) {
 }
 
 func readPitchedNoBounce(t *testing.T, inline bool) {
-	s, c := nhdFixtureOn(t, true, inline, store.Options{ScatterMin: 512, InlineChunk: 1})
+	s, c := nhdFixtureOn(t, true, inline, false, store.Options{ScatterMin: 512, InlineChunk: 1})
 	before := s.Metrics().Bounced
 	nhdLoad(t, s, c)
 	gb := nhdGeo.GroupBytes()

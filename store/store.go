@@ -275,6 +275,10 @@ func Open(e Engine, o Options) (*Store, error) {
 		_ = s.releaseLease()
 		return nil, err
 	}
+	// The view loads read through, made now: its engine maps its pages in
+	// the background (engine/uring populateView) before the first load
+	// would fault them in.
+	s.readView()
 	return s, nil
 }
 

@@ -147,6 +147,7 @@ type Engine struct {
 	inMemory bool
 	size     int64
 	view     []byte
+	bg       sync.WaitGroup // populateView, which Close waits for
 
 	closeOnce sync.Once
 }
@@ -471,6 +472,7 @@ func (e *Engine) Close() error {
 		e.unmap() // once: the range may be another mapping's afterwards
 	}
 	e.inl.Unlock()
+	e.bg.Wait()
 	e.closeOnce.Do(func() {
 		_ = unix.Close(e.fd)
 		e.fd = -1 // Size after Close fails instead of asking a reused fd

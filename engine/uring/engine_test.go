@@ -2,6 +2,7 @@ package uring
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/sys/unix"
@@ -1190,4 +1192,96 @@ func TestEngineHostView(t *testing.T) {
 	if !inMemoryDir(t.TempDir()) && openEngineT(t, newFile(t, t.TempDir(), size), EngineOptions{}).HostView() != nil {
 		t.Error("a file on a disk: a host view")
 	}
+}
+
+// TestHostViewPopulated: the host view of a file in memory has the pages
+// that hold data mapped in the background once it is made (a load's first
+// pass over them takes no page faults), and only those: never-written
+// space stays unallocated. Close stops the background pass and waits for
+// it.
+func TestHostViewPopulated(t *testing.T) {
+	const size, page = 8 << 20, 4096
+	path := newFile(t, shmDir(t), size)
+	data := [][2]int{{1 << 20, 3 << 20}, {6 << 20, 6<<20 + page}}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range data {
+		if _, err := f.WriteAt(pattern(d[1]-d[0], uint64(d[0])), int64(d[0])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	blocks := func() int64 {
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks
+	}
+	before := blocks()
+	e := openEngineT(t, path, EngineOptions{})
+	v := e.HostView()
+	if len(v) != size {
+		t.Fatalf("host view of %d bytes", len(v))
+	}
+	e.bg.Wait() // the background pass is done
+	present := viewPresent(t, v, page)
+	inData := func(p int) bool {
+		for _, d := range data {
+			if p*page >= d[0] && p*page < d[1] {
+				return true
+			}
+		}
+		return false
+	}
+	for p, ok := range present {
+		if ok != inData(p) {
+			t.Fatalf("page %d (byte %d) mapped %v, holds data %v", p, p*page, ok, inData(p))
+		}
+	}
+	if after := blocks(); after != before {
+		t.Fatalf("the file's blocks went from %d to %d: never-written space was allocated", before, after)
+	}
+
+	// Close while a pass runs over a larger file: it stops, and Close
+	// returns with nothing left running.
+	big := newFile(t, shmDir(t), 256<<20)
+	if err := os.WriteFile(big, pattern(256<<20, 7), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e2 := openEngineT(t, big, EngineOptions{})
+	if e2.HostView() == nil {
+		t.Fatal("no host view")
+	}
+	if err := e2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e2.bg.Wait() // returns at once: Close waited for the pass
+	if e2.HostView() != nil {
+		t.Fatal("a host view after Close")
+	}
+}
+
+// viewPresent reports, page by page, whether v's pages are mapped in this
+// process (the present bit of /proc/self/pagemap).
+func viewPresent(t *testing.T, v []byte, page int) []bool {
+	t.Helper()
+	pm, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	defer pm.Close()
+	n := len(v) / page
+	raw := make([]byte, 8*n)
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(v))) / uintptr(page)
+	if _, err := pm.ReadAt(raw, int64(base)*8); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]bool, n)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint64(raw[8*i:])>>63 == 1
+	}
+	return out
 }
