@@ -9,7 +9,11 @@
 # turn each round (kvfs-prev kvfs: the build before and this one). Run as
 # root from the repo root; about two minutes per build. STORE_DIR (default
 # /dev/shm) is the tmpfs the store file lies in; FIO_EACH=1 runs fio after
-# each build instead of once a round; ROUNDS (default 3) the rounds.
+# each build instead of once a round; ROUNDS (default 3) the rounds;
+# WARMUP (default 1) the unmeasured calls per caller before each load (4:
+# every block of the store loaded twice first, as in a daemon in service;
+# on the PVM development VM the first pass over memory after a mount pays
+# the hypervisor's shadow page tables, docs/performance.md, stop 29).
 set -u
 . "$(dirname "$0")/h200-lib.sh"
 setup ratio8 "${STORE_DIR:-/dev/shm}"
@@ -26,7 +30,7 @@ for r in $(seq "${ROUNDS:-3}"); do
 	for b in ${BUILDS:-kvfs}; do
 		mnt "$D/$b"
 		for l in hnd nhd; do
-			echo "round $r $b $l 8 callers: $(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 8)"
+			echo "round $r $b $l 8 callers: $(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 8 --warmup "${WARMUP:-1}")"
 		done
 		"$D/$b" umount "$M"
 		# With FIO_EACH=1, fio right after each build, not once a round:
