@@ -743,7 +743,7 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 		done = true
 		return cb
 	}
-	view := s.readView()
+	view := s.view
 	for g0 := 0; g0 < r.n; g0 += per {
 		g1 := min(g0+per, r.n)
 		ws := wants[r.lo+g0 : r.lo+g1]
@@ -792,26 +792,6 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 	}
 	done = true
 	return cb
-}
-
-// readView returns the host view bounced inline runs are verified and
-// landed from (Options.NoViewReads), or nil: an inline engine's file in
-// memory, mapped read-only (HostViewer). On the 2-core VM an inline read
-// into a chunk buffer was a third of the daemon's CPU in a load by 8
-// callers: the kernel's copy of every byte, which reading through the
-// view leaves out (the checksum reads the page cache itself). The view
-// lives as long as the engine; the store is closed first. The bytes
-// checked are the bytes landed, as from a chunk buffer, unless something
-// other than the store writes the file between the two (the checksum
-// guards against corruption at rest, not against a writer of the store
-// file: one could rewrite the headers' checksums too).
-func (s *Store) readView() []byte {
-	s.viewOnce.Do(func() {
-		if s.inline != nil && !s.opts.NoViewReads {
-			s.view = s.HostView()
-		}
-	})
-	return s.view
 }
 
 // touchLines loads one byte of each 64-byte line of b: the loads are

@@ -110,11 +110,21 @@ type Store struct {
 	// inlineChunk is the bytes an inline read moves before its groups
 	// are verified (Options.InlineChunk).
 	inlineChunk int
-	// view is the inline engine's host view of its file, which bounced
-	// runs are verified and landed from (readView); made on the first
-	// read that wants it.
-	viewOnce sync.Once
-	view     []byte
+	// view is the host view bounced inline runs are verified and landed
+	// from, or nil (no inline engine, Options.NoViewReads): an inline
+	// engine's file in memory, mapped read-only (HostViewer), made at
+	// open, when its engine starts mapping its pages in the background
+	// (engine/uring populateView). On the 2-core VM an inline read into a
+	// chunk buffer was a third of the daemon's CPU in a load by 8
+	// callers: the kernel's copy of every byte, which reading through the
+	// view leaves out (the checksum reads the page cache itself). The
+	// view lives as long as the engine; the store is closed first. The
+	// bytes checked are the bytes landed, as from a chunk buffer, unless
+	// something other than the store writes the file between the two
+	// (the checksum guards against corruption at rest, not against a
+	// writer of the store file: one could rewrite the headers' checksums
+	// too).
+	view []byte
 	// shift4 joins the four checksums crcLand takes of a group as it
 	// copies it; nil where that copy does not run (crcLand then checksums,
 	// then copies).
@@ -275,10 +285,9 @@ func Open(e Engine, o Options) (*Store, error) {
 		_ = s.releaseLease()
 		return nil, err
 	}
-	// The view loads read through, made now: its engine maps its pages in
-	// the background (engine/uring populateView) before the first load
-	// would fault them in.
-	s.readView()
+	if s.inline != nil && !o.NoViewReads {
+		s.view = s.HostView()
+	}
 	return s, nil
 }
 
