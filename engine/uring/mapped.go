@@ -92,12 +92,12 @@ const populateChunk = 64 << 20
 // KiB on their first pass after a mount. On the 2-core VM, 8 callers
 // loading right after a mount took 78,000 faults over a store file of 4
 // GiB of blocks, 0.8 s of the daemon's system time (docs/performance.md,
-// stop 29). Loads racing
-// it map the same pages; either way each is mapped once. It stops at
-// Close, on a kernel without MADV_POPULATE_READ (5.14), or at the first
-// error, leaving the rest to the faults. What it costs: the view's page
-// tables for all of the file's data (2 MiB per GiB) from the mount on,
-// where they used to grow as loads touched the pages.
+// stop 29). Loads racing it map the same pages; either way each is
+// mapped once. It stops at Close, on a kernel without MADV_POPULATE_READ
+// (5.14), or at the first error, leaving the rest to the faults. What it
+// costs: the view's page tables for all of the file's data (2 MiB per
+// GiB) from the mount on, where they used to grow as loads touched the
+// pages.
 func (e *Engine) populateView() {
 	defer e.bg.Done()
 	for off := int64(0); off < e.size; {
