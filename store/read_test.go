@@ -80,12 +80,9 @@ func nhdFixture(t *testing.T, vec bool, o store.Options) (*store.Store, *countin
 // whose file lies in memory (a host view, from before the store opens).
 func nhdFixtureOn(t *testing.T, vec, inline, view bool, o store.Options) (*store.Store, *counting) {
 	t.Helper()
-	m := storetest.NewMem(store.SizeFor(nhdGeo, 4), 512)
+	m := storetest.Formatted(t, nhdGeo, 4, 512)
 	m.SetVectorReads(vec)
 	m.SetHostView(view)
-	if _, err := store.Format(m, nhdGeo, store.FormatOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	c := &counting{Mem: m}
 	var e store.Engine = c
 	if inline {
