@@ -18,15 +18,18 @@ func copyRowsNT(dst, src unsafe.Pointer, rows, rowBytes, pitch int)
 
 const haveNT = true
 
-// crcCopyNT4 copies four segments of seg bytes each from the packed src to
-// dst (segment k at dst + k*dseg, as rows rows of rowBytes whose starts are
-// rowBytes+skip apart) with non-temporal stores, and returns in crcs the
-// raw CRC32C of each segment (crcs[0] from an initial 0xFFFFFFFF, the
-// others from 0; crcShift.combine4 joins them into the group's CRC32C):
-// one pass over the source, four checksum chains in step. It prefetches
-// the source from src+ahead on, 256 bytes per 64-byte step (a prefetch
-// never faults). rowBytes must be a multiple of 64, dst, dseg and
-// rowBytes+skip multiples of 16. Needs SSE4.2. Ends with SFENCE.
+// crcCopyNT4 copies four segments of rows*rowBytes bytes each, segment k
+// from src + k*seg, to dst + k*dseg (as rows rows of rowBytes whose starts
+// are rowBytes+skip apart) with non-temporal stores, and takes the raw
+// CRC32C (no inversions) of each segment, chain k from crcs[k] on, the
+// results back in crcs: one pass over the source, four checksum chains in
+// step. The four segments are the quarters of one group (seg = rows *
+// rowBytes; crcs {0xFFFFFFFF, 0, 0, 0}, joined by crcShift.combine4), or
+// four groups, one each (seg the group stride; crcs all 0xFFFFFFFF, each
+// inverted at the end): crcLand and crcLand4. It prefetches the source
+// from src+ahead on, 256 bytes per 64-byte step (a prefetch never faults).
+// rowBytes must be a multiple of 64, dst, dseg and rowBytes+skip multiples
+// of 16. Needs SSE4.2. Ends with SFENCE.
 //
 //go:noescape
 func crcCopyNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32)

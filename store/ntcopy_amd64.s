@@ -43,12 +43,12 @@ done:
 #define CRC4(o) CRC32Q o(SI), AX; CRC32Q o(SI)(R8*1), BX; CRC32Q o(SI)(R8*2), CX; CRC32Q o(SI)(R10*1), DX
 
 // func crcCopyNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32)
-// Copies four segments of seg bytes (src+k*seg, packed) to dst+k*dseg,
+// Copies four segments of rows*rowBytes bytes (src+k*seg) to dst+k*dseg,
 // each as rows rows of rowBytes (a multiple of 64) whose starts are
 // rowBytes+skip apart, with non-temporal stores, while taking the raw
-// CRC32C (no inversions) of each segment: crcs[0] starts at 0xFFFFFFFF, the
-// others at 0, four chains in step. Prefetches 256 bytes per 64-byte step
-// from src+ahead on. Ends with SFENCE. Each segment's line is loaded, and
+// CRC32C (no inversions) of each segment: four chains in step, chain k
+// from crcs[k] on, the results back in crcs. Prefetches 256 bytes per
+// 64-byte step from src+ahead on. Ends with SFENCE. Each segment's line is loaded, and
 // stored, whole before the next segment's: non-temporal stores that fill a
 // line one after another leave the write-combining buffer whole (stored
 // interleaved across the four segments, offset by offset, the H200 lost a
@@ -65,10 +65,11 @@ TEXT ·crcCopyNT4(SB), NOSPLIT, $0-72
 	ADDQ SI, R14
 	LEAQ (R8)(R8*2), R10
 	LEAQ (R9)(R9*2), R11
-	MOVL $0xffffffff, AX
-	XORL BX, BX
-	XORL CX, CX
-	XORL DX, DX
+	MOVQ crcs+64(FP), R12
+	MOVL 0(R12), AX
+	MOVL 4(R12), BX
+	MOVL 8(R12), CX
+	MOVL 12(R12), DX
 	TESTQ R13, R13
 	JZ out
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvfs/kvfs/layout"
@@ -361,4 +362,105 @@ func flipStored(t *testing.T, s *store.Store, m *storetest.Mem, k layout.Key, at
 	t.Helper()
 	off := groupOnDevice(t, s, k) + at
 	m.Poke(off, []byte{m.Image()[off] ^ mask})
+}
+
+// TestReadFourInStep: groups read from the store file's mapping land four
+// at a time where they can (consecutive groups whose destinations are
+// alike and equally far apart: head-major and token-major tiles, groups in
+// reverse order) and one by one where they cannot (shuffled tiles from
+// mid-tile on: fours that span two tiles; every group placed at random),
+// with source groups apart (an 8 KiB stride
+// for 4 KiB groups) or packed: every group lands where asked and nowhere
+// else, and only the corrupt groups (at each place in a four) are zeroed
+// and reported.
+func TestReadFourInStep(t *testing.T) {
+	for _, align := range []int{4096, 8192} {
+		geo := layout.Geometry{Layers: 2, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: align}
+		for _, order := range []string{"hnd", "nhd", "reverse", "tiles", "scatter"} {
+			t.Run(fmt.Sprintf("align=%d/%s", align, order), func(t *testing.T) {
+				m := storetest.Formatted(t, geo, 2, 4096)
+				m.SetHostView(true)
+				s := openStore(t, storetest.NewInline(m), store.Options{})
+				writeBlocks(t, s, geo, 1, 1)
+				per, gb, rb := geo.GroupsPerBlock(), geo.GroupBytes(), geo.RowBytes()
+				bad := map[int]bool{1: true, 6: true, 11: true, 12: true} // places 1, 2, 3, 0 of a four
+				for i := range bad {
+					flipStored(t, s, m, geo.KeyAt(1, i), int64(i*97%gb), 0x10)
+				}
+				const guard = 0xA5
+				mem, err := store.AllocAligned((per + 2) * gb)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { store.FreeAligned(mem) })
+				for i := range mem {
+					mem[i] = guard
+				}
+				want := bytes.Clone(mem)
+				rng := rand.New(rand.NewPCG(7, 8))
+				tiles, groups := rng.Perm(per/geo.KVHeads), rng.Perm(per)
+				first := 0
+				if order == "tiles" {
+					first = 3 // heads 3..7 of the first tile, then whole tiles
+				}
+				var reqs []store.ReadReq
+				for i := first; i < per; i++ {
+					k := geo.KeyAt(1, i)
+					tile := i / geo.KVHeads
+					if order == "tiles" {
+						tile = tiles[tile]
+					}
+					off := gb + tile*geo.KVHeads*gb // a guard group first
+					q := store.ReadReq{Key: k}
+					d := groupData(geo, k, 1)
+					if bad[i] {
+						d = make([]byte, gb)
+					}
+					if order == "nhd" {
+						pitch := geo.KVHeads * rb
+						off += k.Head * rb
+						q.Buf, q.Pitch, q.RowBytes = mem[off:off+(geo.BlockTokens-1)*pitch+rb], pitch, rb
+						for r := range geo.BlockTokens {
+							copy(want[off+r*pitch:], d[r*rb:(r+1)*rb])
+						}
+					} else {
+						off += k.Head * gb
+						switch order {
+						case "reverse":
+							off = gb + (per-1-i)*gb
+						case "scatter":
+							off = gb + groups[i]*gb
+						}
+						q.Buf = mem[off : off+gb]
+						copy(want[off:], d)
+					}
+					reqs = append(reqs, q)
+				}
+				if err := s.Read(reqs); err != nil {
+					t.Fatal(err)
+				}
+				for j, q := range reqs {
+					if i := first + j; bad[i] != errors.Is(q.Err, store.ErrCorrupt) || !bad[i] && q.Err != nil {
+						t.Fatalf("%v: %v", q.Key, q.Err)
+					}
+				}
+				if !bytes.Equal(mem, want) {
+					for i := range mem {
+						if mem[i] != want[i] {
+							t.Fatalf("byte %d (a guard group first): %#x, want %#x", i, mem[i], want[i])
+						}
+					}
+				}
+				asked := 0
+				for i := range bad {
+					if i >= first {
+						asked++
+					}
+				}
+				if c := s.Metrics().Corrupt; c != uint64(asked) {
+					t.Fatalf("%d corrupt groups counted, want %d", c, asked)
+				}
+			})
+		}
+	}
 }

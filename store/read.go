@@ -877,27 +877,35 @@ func (s *Store) verifyRange(runs []run, first int, ws []want) { s.verifyFrom(run
 
 // verifyFrom is verifyRange, with the bounced groups of ws read from src
 // (group g of their slot at (g-srcFirst)*GroupStride) when src is not nil,
-// else from their run's bounce memory.
+// else from their run's bounce memory. Four bounced groups in a row are
+// landed at once where crcLand4 can.
 func (s *Store) verifyFrom(runs []run, first int, ws []want, src []byte, srcFirst int) {
 	gb := s.geo.GroupBytes()
-	stride := int(s.geo.GroupStride())
 	var hits, bounced uint64
-	for i := range ws {
+	var four [4][]byte
+	var got [4]uint32
+	for i := 0; i < len(ws); i++ {
 		w := &ws[i]
 		q := w.r
 		if q == nil {
 			continue // its I/O failed
 		}
 		r := &runs[w.run-first]
+		if i+4 <= len(ws) && s.bounced4(runs, first, ws[i:i+4], src, srcFirst, &four) && s.crcLand4(ws[i:i+4], &four, &got) {
+			for k := range 4 {
+				if v := &ws[i+k]; got[k] != v.crc {
+					s.fail(v, s.corruptReq(v, got[k]))
+					continue
+				}
+				hits++
+				bounced += uint64(gb)
+			}
+			i += 3
+			continue
+		}
 		var b []byte // a bounced group's bytes
 		if r.mode == landBounce {
-			if src != nil {
-				g := w.idx - srcFirst
-				b = src[g*stride : g*stride+gb]
-			} else {
-				g := w.idx - r.first
-				b = r.buf[g*stride : g*stride+gb]
-			}
+			b = s.bouncedSrc(r, w, src, srcFirst)
 		}
 		if q.Unverified {
 			if q.Heads <= 1 {
@@ -941,6 +949,35 @@ func (s *Store) verifyFrom(runs []run, first int, ws []want, src []byte, srcFirs
 	if bounced > 0 {
 		s.m.bounced.Add(bounced)
 	}
+}
+
+// bouncedSrc is the bytes of w, a group of bounced run r: in src (see
+// verifyFrom) when it is not nil, else in r's bounce memory.
+func (s *Store) bouncedSrc(r *run, w *want, src []byte, srcFirst int) []byte {
+	stride, gb := int(s.geo.GroupStride()), s.geo.GroupBytes()
+	if src != nil {
+		g := w.idx - srcFirst
+		return src[g*stride : g*stride+gb]
+	}
+	g := w.idx - r.first
+	return r.buf[g*stride : g*stride+gb]
+}
+
+// bounced4 reports whether the four groups of ws are all bounced, still
+// wanted and verified (not Unverified), and puts their bytes in four.
+func (s *Store) bounced4(runs []run, first int, ws []want, src []byte, srcFirst int, four *[4][]byte) bool {
+	for k := range four {
+		w := &ws[k]
+		if w.r == nil || w.r.Unverified {
+			return false
+		}
+		r := &runs[w.run-first]
+		if r.mode != landBounce {
+			return false
+		}
+		four[k] = s.bouncedSrc(r, w, src, srcFirst)
+	}
+	return true
 }
 
 // destCRC is the CRC32C of the group as it lies in w's destination.
