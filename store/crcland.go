@@ -86,10 +86,11 @@ func (s *Store) crcLand(w *want, b []byte) uint32 {
 // (consecutive groups of a slot), their destinations of one shape, each
 // fit for the one-pass copy, and equally far apart (consecutive heads of
 // a tile in every cache layout kvfs knows); it reports whether it did,
-// and the caller lands the groups one by one where it did not. Four whole
-// groups in step run 6-40 % faster than four quarters of one
-// (docs/performance.md, stop 30): the memory system sees four streams of
-// a group's length instead of a quarter's. Their checksums go to got.
+// and the caller lands the groups one by one where it did not. Into
+// head-major tiles, four whole groups in step moved 38 % more than a
+// group's quarters in step on the VM (two goroutines) and 6-20 % more on
+// the H200; token-major rows gained on the H200, within noise on the VM
+// (docs/performance.md, stop 30). Their checksums go to got.
 func (s *Store) crcLand4(ws []want, b *[4][]byte, got *[4]uint32) bool {
 	if !s.onePass() {
 		return false
