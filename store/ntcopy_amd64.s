@@ -48,8 +48,8 @@ done:
 // rowBytes+skip apart, with non-temporal stores, while taking the raw
 // CRC32C (no inversions) of each segment: four chains in step, chain k
 // from crcs[k] on, the results back in crcs. Prefetches 256 bytes per
-// 64-byte step from src+ahead on. Ends with SFENCE. Each segment's line is loaded, and
-// stored, whole before the next segment's: non-temporal stores that fill a
+// 64-byte step from src+ahead on. Ends with SFENCE. Each segment's line is
+// loaded, and stored, whole before the next segment's: non-temporal stores that fill a
 // line one after another leave the write-combining buffer whole (stored
 // interleaved across the four segments, offset by offset, the H200 lost a
 // fifth: docs/performance.md, stop 28). Uses R14, R15 and X15, scratch
