@@ -49,11 +49,12 @@ done:
 // CRC32C (no inversions) of each segment: four chains in step, chain k
 // from crcs[k] on, the results back in crcs. Prefetches 256 bytes per
 // 64-byte step from src+ahead on. Ends with SFENCE. Each segment's line is
-// loaded, and stored, whole before the next segment's: non-temporal stores that fill a
-// line one after another leave the write-combining buffer whole (stored
-// interleaved across the four segments, offset by offset, the H200 lost a
-// fifth: docs/performance.md, stop 28). Uses R14, R15 and X15, scratch
-// registers in ABI0 (the wrapper that calls it restores them).
+// loaded, and stored, whole before the next segment's: non-temporal stores
+// that fill a line one after another leave the write-combining buffer
+// whole (stored interleaved across the four segments, offset by offset,
+// the H200 lost a fifth: docs/performance.md, stop 28). Uses R14, R15 and
+// X15, scratch registers in ABI0 (the wrapper that calls it restores
+// them).
 TEXT ·crcCopyNT4(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
