@@ -77,11 +77,7 @@ func (c *rangeCache) place(want []byte, k layout.Key, d []byte) {
 
 func (c *rangeCache) check(t *testing.T, want []byte) {
 	t.Helper()
-	for i := range c.mem {
-		if c.mem[i] != want[i] {
-			t.Fatalf("byte %d of the cache (guard tile first): %#x, want %#x", i, c.mem[i], want[i])
-		}
-	}
+	checkBytes(t, c.mem, want, "of the cache (guard tile first)")
 }
 
 // TestReadRange: a request for a range of heads lands each head's group
@@ -444,13 +440,7 @@ func TestReadFourInStep(t *testing.T) {
 						t.Fatalf("%v: %v", q.Key, q.Err)
 					}
 				}
-				if !bytes.Equal(mem, want) {
-					for i := range mem {
-						if mem[i] != want[i] {
-							t.Fatalf("byte %d (a guard group first): %#x, want %#x", i, mem[i], want[i])
-						}
-					}
-				}
+				checkBytes(t, mem, want, "(a guard group first)")
 				asked := 0
 				for i := range bad {
 					if i >= first {

@@ -153,14 +153,22 @@ func nhdLoad(t *testing.T, s *store.Store, c *counting) []byte {
 			copy(want[off+r*pitch:], d[r*rb:(r+1)*rb])
 		}
 	}
-	if !bytes.Equal(mem, want) {
-		for i := range mem {
-			if mem[i] != want[i] {
-				t.Fatalf("byte %d of the cache (guard tile first): %#x, want %#x", i, mem[i], want[i])
-			}
+	checkBytes(t, mem, want, "of the cache (guard tile first)")
+	return cache
+}
+
+// checkBytes fails t at the first byte where got differs from want (or
+// if their lengths do); where says what the byte's index counts from.
+func checkBytes(t *testing.T, got, want []byte, where string) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d bytes %s, want %d", len(got), where, len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("byte %d %s: %#x, want %#x", i, where, got[i], want[i])
 		}
 	}
-	return cache
 }
 
 // TestReadPitchedNoBounce proves that a pitched (NHD) read whose rows are
