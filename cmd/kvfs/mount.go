@@ -101,7 +101,11 @@ once it answers and STOPPING=1 when it unmounts; see dist/kvfs@.service.
 
 As root the mount is made with mount(2); other users need fusermount3
 (Debian: apt-get install fuse3) and, for --allow-other, user_allow_other in
-/etc/fuse.conf.`,
+/etc/fuse.conf.
+
+The daemon runs its Go scheduler with two Ps (GOMAXPROCS) more than the
+usable cores, for the goroutines that wait in system calls (a FUSE reader
+always does); the GOMAXPROCS environment variable sets it instead.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 2 || args[0] == "" || args[1] == "" {
 				return usageErrorf("mount takes STORE and MOUNTPOINT, got %d arguments", len(args))
@@ -415,6 +419,32 @@ func checkMountpoint(mountpoint string) (stale bool, err error) {
 }
 
 // serve mounts in this process and serves until a signal or an unmount.
+// syscallProcs is how many Ps (GOMAXPROCS) the daemon runs above the
+// runtime's default, the usable cores. A goroutine blocked in a system
+// call keeps its P until the runtime's monitor takes it back, 20 µs to
+// 10 ms later, and the daemon always has one: go-fuse keeps a reader
+// waiting in read(2) on /dev/fuse, and a second one starts while a
+// request is handled. With GOMAXPROCS at the core count, the cores of the
+// 2-core development VM sat idle 11 % of an 8-caller load while calls
+// waited to run; with one P more 3–4 %, with two 1 % (docs/performance.md,
+// stop 31).
+const syscallProcs = 2
+
+// raiseProcs sets GOMAXPROCS to the runtime's default plus syscallProcs,
+// unless the GOMAXPROCS environment variable sets it, and returns it.
+// A second mount in the same process (the tests) sets the same value.
+func raiseProcs() int {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return runtime.GOMAXPROCS(0)
+	}
+	n := defaultProcs() + syscallProcs
+	runtime.GOMAXPROCS(n)
+	return n
+}
+
+// defaultProcs is the runtime's GOMAXPROCS before raiseProcs changed it.
+var defaultProcs = sync.OnceValue(func() int { return runtime.GOMAXPROCS(0) })
+
 func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (err error) {
 	sink := logsink.Stream(cmd.ErrOrStderr())
 	if o.logFile != "" {
@@ -448,6 +478,7 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	if err != nil {
 		return err
 	}
+	procs := raiseProcs()
 	if o.cpuProfile != "" {
 		stop, err := startCPUProfile(o.cpuProfile)
 		if err != nil {
@@ -514,7 +545,7 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 		fuseConn = unix.Minor(st.Dev)
 	}
 	log.Info("mount: serving", zap.String("store", abs), zap.String("mountpoint", mountpoint),
-		zap.String("engine", s.Engine().Name()), zap.Int("pid", os.Getpid()))
+		zap.String("engine", s.Engine().Name()), zap.Int("pid", os.Getpid()), zap.Int("procs", procs))
 
 	var httpSrv *http.Server
 	if o.metricsAddr != "" {
