@@ -1,6 +1,9 @@
 package bench
 
 import (
+	"os"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -36,4 +39,30 @@ func PerGB(cpu float64, bytes int64) float64 {
 		return 0
 	}
 	return cpu / (float64(bytes) / 1e9)
+}
+
+// MachineJiffies is the idle and total CPU time of the whole machine so
+// far, in clock ticks (/proc/stat's cpu line: user to steal, iowait
+// counted idle); ok is false where it cannot be read.
+func MachineJiffies() (idle, total uint64, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0, false
+	}
+	for k := 1; k <= 8; k++ { // user nice system idle iowait irq softirq steal
+		v, err := strconv.ParseUint(f[k], 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		total += v
+		if k == 4 || k == 5 {
+			idle += v
+		}
+	}
+	return idle, total, true
 }

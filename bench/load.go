@@ -110,6 +110,10 @@ type LoadResult struct {
 	CPUs       float64 `json:"cpu_s"`
 	CPUsPerGB  float64 `json:"cpu_s_per_gb"`
 	ClientCPUs float64 `json:"client_cpu_s"`
+	// MachineIdle is the share of the whole machine's CPU time that was
+	// idle over the run (0 to 1, /proc/stat; -1 where unreadable): cores
+	// the daemon left unused while calls waited.
+	MachineIdle float64 `json:"machine_idle"`
 	// LOAD_BLOCKS runs (BlocksPerCall > 0).
 	BlocksPerCall int     `json:"blocks_per_call,omitempty"`
 	Layout        string  `json:"layout,omitempty"`
@@ -227,6 +231,7 @@ type callers struct {
 	clientCPU float64
 	daemonCPU float64
 	daemonOK  bool
+	idle      float64 // the machine's idle share, -1 when unknown
 }
 
 // runCallers runs c.Jobs concurrent callers. Each gets its call from
@@ -269,12 +274,18 @@ func runCallers(c LoadConfig, newCall func(j int) func() (int, error)) (callers,
 	ready.Wait()
 	d0, dok0 := daemonCPU(c)
 	cpu0 := CPUSeconds()
+	i0, t0, jok0 := MachineJiffies()
 	start := time.Now()
 	close(gate)
 	wg.Wait()
 	m.wall = time.Since(start)
+	i1, t1, jok1 := MachineJiffies()
 	m.clientCPU = CPUSeconds() - cpu0
 	d1, dok1 := daemonCPU(c)
+	m.idle = -1
+	if jok0 && jok1 && t1 > t0 {
+		m.idle = float64(i1-i0) / float64(t1-t0)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return callers{}, err
 	}
@@ -301,6 +312,7 @@ func (m callers) fill(r *LoadResult, callBytes int64) {
 	r.P50us, r.P99us = Micros(Percentile(all, 50)), Micros(Percentile(all, 99))
 	r.UsPerGroup = r.UsPerCall / float64(r.GroupsPerCall)
 	r.ClientCPUs = m.clientCPU
+	r.MachineIdle = m.idle
 	if m.daemonOK {
 		r.CPUs = m.daemonCPU
 		r.CPUsPerGB = PerGB(r.CPUs, r.Bytes)
@@ -324,6 +336,9 @@ func (r LoadResult) String() string {
 		s += fmt.Sprintf("   %.2f µs/block", r.UsPerBlock)
 	}
 	s += fmt.Sprintf("\n  daemon cpu %.2f s (%.3f s/GB), callers' cpu %.2f s", r.CPUs, r.CPUsPerGB, r.ClientCPUs)
+	if r.MachineIdle >= 0 {
+		s += fmt.Sprintf(", machine idle %.1f %%", 100*r.MachineIdle)
+	}
 	if r.NotOK > 0 {
 		s += fmt.Sprintf("\n  %d groups not ok (absent, corrupt or evicted while measuring)", r.NotOK)
 	}

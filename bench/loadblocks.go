@@ -306,13 +306,16 @@ func SweepTable(rs []LoadResult) string {
 	}
 	fmt.Fprintf(&b, "bench-load %s (engine %s): %s, %d calls per caller, %d blocks in the store\n",
 		r0.Mountpoint, r0.Engine, what, r0.Calls, r0.Blocks)
-	fmt.Fprintf(&b, "%8s %9s %12s %10s %10s %12s %14s\n", "callers", "GB/s", "µs/call", "p50 µs", "p99 µs", "µs/group", "core-s/GB")
+	fmt.Fprintf(&b, "%8s %9s %12s %10s %10s %12s %14s %6s\n", "callers", "GB/s", "µs/call", "p50 µs", "p99 µs", "µs/group", "core-s/GB", "idle")
 	for _, r := range rs {
-		cpu := "-"
+		cpu, idle := "-", "-"
 		if r.CPUs > 0 {
 			cpu = fmt.Sprintf("%.3f", r.CPUsPerGB)
 		}
-		fmt.Fprintf(&b, "%8d %9.2f %12.1f %10.1f %10.1f %12.3f %14s\n", r.Jobs, r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, cpu)
+		if r.MachineIdle >= 0 {
+			idle = fmt.Sprintf("%.0f%%", 100*r.MachineIdle)
+		}
+		fmt.Fprintf(&b, "%8d %9.2f %12.1f %10.1f %10.1f %12.3f %14s %6s\n", r.Jobs, r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, cpu, idle)
 		for _, d := range r.PerDevice {
 			fmt.Fprintf(&b, "%8s cuda:%d %.2f GB/s (%d jobs), pinned H2D %.2f GB/s at %d B\n", "", d.Device, d.GBps, d.Jobs, d.H2DGBps, d.H2DChunk)
 		}

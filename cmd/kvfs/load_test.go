@@ -148,6 +148,9 @@ func TestBenchLoad(t *testing.T) {
 	if !bytes.Contains(r.stdout, []byte(`"cpu_s":`)) || !bytes.Contains(r.stdout, []byte(`"cpu_s_per_gb":`)) || rep.CPUs < 0 {
 		t.Fatalf("bench-load --json lacks the daemon's cpu: %s", r.stdout)
 	}
+	if !bytes.Contains(r.stdout, []byte(`"machine_idle":`)) || rep.MachineIdle > 1 || (rep.MachineIdle < 0 && rep.MachineIdle != -1) {
+		t.Fatalf("bench-load --json: machine_idle %v: %s", rep.MachineIdle, r.stdout)
+	}
 	r = kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "8", "--calls", "5")
 	r.want(t, 0)
 	if !strings.Contains(string(r.stdout), "µs/group") || !strings.Contains(string(r.stdout), "daemon cpu") {
