@@ -26,19 +26,11 @@ fio8() {
 		--time_based --runtime=3 --group_reporting --output-format=terse --terse-version=3 |
 		awk -F';' -v l="$1" '{printf "%s fio 8 jobs: %.2f GB/s\n", l, $7*1024/1e9}'
 }
-# cpuidle [BEFORE]: the idle and all jiffies of all CPUs (/proc/stat user to
-# steal, iowait counted idle); with BEFORE, the idle share since then.
-cpuidle() {
-	awk -v b="${1:-}" '/^cpu / {i = $5 + $6; t = 0; for (k = 2; k <= 9; k++) t += $k
-		if (b == "") print i ":" t; else { split(b, o, ":"); printf "%.1f %%\n", 100 * (i - o[1]) / (t - o[2]) } }' /proc/stat
-}
 for r in $(seq "${ROUNDS:-3}"); do
 	for b in ${BUILDS:-kvfs}; do
 		mnt "$D/$b"
 		for l in hnd nhd; do
-			c0=$(cpuidle)
-			x=$(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 8 --warmup "${WARMUP:-1}")
-			echo "round $r $b $l 8 callers: $x machine idle $(cpuidle "$c0")"
+			echo "round $r $b $l 8 callers: $(bl --blocks-per-call 128 --layout $l --calls 20 --jobs 8 --warmup "${WARMUP:-1}")"
 		done
 		"$D/$b" umount "$M"
 		# With FIO_EACH=1, fio right after each build, not once a round:
