@@ -418,16 +418,14 @@ func checkMountpoint(mountpoint string) (stale bool, err error) {
 	return stale, nil
 }
 
-// serve mounts in this process and serves until a signal or an unmount.
 // syscallProcs is how many Ps (GOMAXPROCS) the daemon runs above the
 // runtime's default, the usable cores. A goroutine blocked in a system
 // call keeps its P until the runtime's monitor takes it back, 20 µs to
 // 10 ms later, and the daemon always has one: go-fuse keeps a reader
-// waiting in read(2) on /dev/fuse, and a second one starts while a
-// request is handled. With GOMAXPROCS at the core count, the cores of the
-// 2-core development VM sat idle 11 % of an 8-caller load while calls
-// waited to run; with one P more 3–4 %, with two 1 % (docs/performance.md,
-// stop 31).
+// waiting in read(2) on /dev/fuse while others handle requests. With
+// GOMAXPROCS at the core count, the cores of the 2-core development VM sat
+// idle 11 % of an 8-caller load while calls waited to run; with one P more
+// 2–4 %, with two 1 % (docs/performance.md, stop 31).
 const syscallProcs = 2
 
 // raiseProcs sets GOMAXPROCS to the runtime's default plus syscallProcs,
@@ -445,6 +443,7 @@ func raiseProcs() int {
 // defaultProcs is the runtime's GOMAXPROCS before raiseProcs changed it.
 var defaultProcs = sync.OnceValue(func() int { return runtime.GOMAXPROCS(0) })
 
+// serve mounts in this process and serves until a signal or an unmount.
 func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (err error) {
 	sink := logsink.Stream(cmd.ErrOrStderr())
 	if o.logFile != "" {
