@@ -13,7 +13,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/uring"
 )
 
@@ -92,11 +91,11 @@ func (d *Device) identify() error {
 		return fmt.Errorf("nvme: %s: NVME_IOCTL_ID: %w", d.Path, errno)
 	}
 	d.NSID = uint32(nsid)
-	buf, err := store.AllocAligned(IdentifySize)
+	buf, err := allocPages(IdentifySize)
 	if err != nil {
 		return err
 	}
-	defer store.FreeAligned(buf)
+	defer freePages(buf)
 	if _, err := d.Admin(IdentifyCmd(CNSController, 0, addrOf(buf)), buf); err != nil {
 		return fmt.Errorf("nvme: %s: identify controller: %w", d.Path, permission(err))
 	}
@@ -251,7 +250,7 @@ func (d *Device) IO(c Command, buf []byte) (uint32, error) {
 
 func (d *Device) passthru(req uintptr, c Command, buf []byte, admin bool) (uint32, error) {
 	if d.fd < 0 {
-		return 0, fmt.Errorf("nvme: %s: %w", d.Path, store.ErrEngineClosed)
+		return 0, fmt.Errorf("nvme: %s: %w", d.Path, ErrClosed)
 	}
 	r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(d.fd), req, uintptr(unsafe.Pointer(&c)))
 	runtime.KeepAlive(buf)
@@ -366,11 +365,11 @@ func (d *Device) fdpConfigs(endgid uint16) ([]FDPConfig, error) {
 }
 
 func (d *Device) logPage(lid uint8, lsi uint16, n int) ([]byte, error) {
-	buf, err := store.AllocAligned(n)
+	buf, err := allocPages(n)
 	if err != nil {
 		return nil, err
 	}
-	defer store.FreeAligned(buf)
+	defer freePages(buf)
 	if _, err := d.Admin(GetLogPageCmd(lid, lsi, 0, 0, addrOf(buf), uint32(n)), buf); err != nil {
 		return nil, fmt.Errorf("nvme: %s: log page %#x: %w", d.Path, lid, permission(err))
 	}
@@ -401,11 +400,11 @@ func (d *Device) RUHStatus() ([]RUHStatus, error) {
 }
 
 func (d *Device) ioMgmtRecv(n int) ([]byte, error) {
-	buf, err := store.AllocAligned(n)
+	buf, err := allocPages(n)
 	if err != nil {
 		return nil, err
 	}
-	defer store.FreeAligned(buf)
+	defer freePages(buf)
 	if _, err := d.IO(IOMgmtRecvCmd(IOMgmtRUHS, d.NSID, addrOf(buf), uint32(n)), buf); err != nil {
 		return nil, fmt.Errorf("nvme: %s: reclaim unit handle status: %w", d.Path, permission(err))
 	}

@@ -1,9 +1,11 @@
 package nvme
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // Tests named TestDevice* and TestEngine* need a real (or emulated) NVMe
@@ -100,5 +102,35 @@ func TestDeviceFDP(t *testing.T) {
 		if info.Enabled || info.Supported {
 			t.Fatalf("want no FDP, got %+v", info)
 		}
+	}
+}
+
+// A closed Device refuses commands with ErrClosed (which engine/nvme maps to
+// store.ErrEngineClosed) and a second Close is harmless. Needs no device:
+// the closed state is the fd alone.
+func TestClosedDevice(t *testing.T) {
+	d := &Device{Path: "/dev/ng-test", fd: -1}
+	if _, err := d.Admin(IdentifyCmd(CNSController, 0, 0), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Admin after Close = %v, want ErrClosed", err)
+	}
+	if _, err := d.RUHStatus(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("RUHStatus after Close = %v, want ErrClosed", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatalf("second Close = %v", err)
+	}
+}
+
+func TestAllocPages(t *testing.T) {
+	b, err := allocPages(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer freePages(b)
+	if len(b) != 100 || cap(b)%os.Getpagesize() != 0 || uintptr(unsafe.Pointer(&b[0]))%uintptr(os.Getpagesize()) != 0 {
+		t.Fatalf("allocPages(100): len %d cap %d at %p", len(b), cap(b), &b[0])
+	}
+	if _, err := allocPages(0); err == nil {
+		t.Fatal("allocPages(0) succeeded")
 	}
 }

@@ -17,8 +17,13 @@
 //   - Device failures come back as *StatusError (status code type and code
 //     decoded; errors.Is matches ErrMedia, ErrPath, ErrRange,
 //     ErrInvalidCommand) or as the errno the kernel returned.
-//   - A Device used after Close fails with an error wrapping
-//     store.ErrEngineClosed; a second Close returns nil.
+//   - A Device used after Close fails with an error wrapping ErrClosed
+//     (engine/nvme maps it to store.ErrEngineClosed); a second Close
+//     returns nil.
+//
+// The package imports nothing of kvfs but uring (Available asks it whether
+// io_uring can be used): the engine above it adapts its errors to the
+// store's.
 //
 // Lock order: the package has no locks. Device's ioctls may run
 // concurrently; Close must not race with them.

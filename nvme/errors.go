@@ -31,6 +31,8 @@ var (
 	ErrRange = errors.New("nvme: IO out of namespace range")
 	// ErrAlign: an IO's offset, length or buffer address is not aligned.
 	ErrAlign = errors.New("nvme: misaligned IO")
+	// ErrClosed: the Device was used after Close.
+	ErrClosed = errors.New("nvme: device closed")
 
 	// Classes of device status, matched by *StatusError.Is.
 	ErrMedia          = errors.New("nvme: media or data integrity error")

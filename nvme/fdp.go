@@ -143,7 +143,7 @@ func DecodeRUHStatus(b []byte) ([]RUHStatus, error) {
 }
 
 // Placement maps the store's streams onto FDP placement identifiers.
-// Stream 0 (store.StreamMeta) gets the first handle to itself; data streams
+// Stream 0 (the store's metadata stream) gets the first handle to itself; data streams
 // 1..n are spread round-robin over the remaining handles. With a single
 // handle every stream shares it.
 type Placement struct {

@@ -297,6 +297,9 @@ func (e *Engine) FDPInfo() (*nvmedev.FDPInfo, error) {
 		return &info, nil
 	}
 	h, err := e.dev.RUHStatus()
+	if errors.Is(err, nvmedev.ErrClosed) {
+		return nil, fmt.Errorf("%w: %w", store.ErrEngineClosed, err)
+	}
 	if err != nil {
 		return nil, err
 	}
