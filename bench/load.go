@@ -62,7 +62,7 @@ type LoadConfig struct {
 	Devices  []int
 	H2DChunk int
 	// Pinned, with Devices, keeps the targets in host memory that the
-	// client pins for CUDA (HostBuffer.PinCUDA) and copies to an
+	// client pins for CUDA (cudaclient.PinHost) and copies to an
 	// allocation on its device after each call, inside the measured call:
 	// the path where the client drives its own H2D copies.
 	Pinned bool

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvfs/kvfs/client"
+	"github.com/kvfs/kvfs/client/cudaclient"
 	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/gpu/cuda"
 )
@@ -92,7 +93,7 @@ func blocksTarget(c *client.Client, lay string, n, dev int, pinned bool) (client
 		}
 		bufID, free = buf.ID, func() { buf.Close() }
 		if pinned {
-			if err := buf.PinCUDA(dev); err != nil {
+			if err := cudaclient.PinHost(buf, dev); err != nil {
 				free()
 				return 0, t, nil, nil, err
 			}

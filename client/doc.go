@@ -10,6 +10,11 @@
 // It also owns the requests-file format of kvfs load (ParseRequests,
 // PlaceRequests; the format is described in requests.go).
 //
+// The package does not link the CUDA binding: the calls that need the CUDA
+// driver in the client's process (page-locking a HostBuffer) are in
+// client/cudaclient. Registering GPU memory (RegisterCUDA, RegisterTarget)
+// takes IPC handles the caller got from its own CUDA, and needs none here.
+//
 // Invariants:
 //
 //   - Open refuses a daemon of another ABI version (ErrVersion) before any

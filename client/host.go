@@ -10,7 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/ctl/abi"
-	"github.com/kvfs/kvfs/gpu/cuda"
 )
 
 // HostBuffer is shared memory mapped into this process and registered with
@@ -27,34 +26,26 @@ type HostBuffer struct {
 	Pinned bool
 
 	c     *Client
-	unpin func() error // PinCUDA's undoing
+	unpin func() error // Pin's undoing
 }
 
-// PinCUDA page-locks the buffer for CUDA device ordinal (cuMemHostRegister,
-// portable), so this process's host-to-device copies from it run at DMA
-// speed: the simplest GPU path, where the daemon reads into the buffer and
-// the client drives its own copies. Close unpins it. It loads the CUDA
-// driver in this process (an error wrapping cuda.ErrNoDriver without one).
-func (b *HostBuffer) PinCUDA(ordinal int) error {
+// Pin page-locks the buffer's memory through pin, once: pin receives the
+// mapping and returns the undoing, which Close runs before it unmaps the
+// memory; Pin on a buffer already pinned does nothing. client/cudaclient's
+// PinHost pins for CUDA this way, so that a program using only this package
+// does not link the CUDA binding.
+func (b *HostBuffer) Pin(pin func(mem []byte) (unpin func() error, err error)) error {
 	if b.unpin != nil {
 		return nil
 	}
 	if len(b.Mem) == 0 {
-		return &Error{Op: "pin-cuda", Errno: unix.EBADF}
+		return &Error{Op: "pin", Errno: unix.EBADF}
 	}
-	d, ctx, err := cuda.RetainPrimary(ordinal)
+	unpin, err := pin(b.Mem)
 	if err != nil {
 		return err
 	}
-	mem := b.Mem
-	if err := ctx.Do(func() error { return cuda.MemHostRegister(mem, cuda.MemHostRegisterPortable) }); err != nil {
-		_ = d.PrimaryCtxRelease()
-		return err
-	}
-	b.unpin = func() error {
-		err := ctx.Do(func() error { return cuda.MemHostUnregister(mem) })
-		return errors.Join(err, d.PrimaryCtxRelease())
-	}
+	b.unpin = unpin
 	return nil
 }
 
