@@ -9,16 +9,16 @@ import (
 	"github.com/kvfs/kvfs/store"
 )
 
-// ErrNeedSize is returned by Format for a file that does not exist yet and
-// no size to create it with.
+// ErrNeedSize is returned by FormatPath for a file that does not exist yet
+// and no size to create it with.
 var ErrNeedSize = errors.New("engine: a size is needed to create a store file")
 
-// ErrZeroDevice is returned by Format for FormatOptions.Zero on a block
-// device.
+// ErrZeroDevice is returned by FormatPath for FormatPathOptions.Zero on a
+// block device.
 var ErrZeroDevice = errors.New("engine: only a store file can be zeroed")
 
-// FormatOptions control Format.
-type FormatOptions struct {
+// FormatPathOptions control FormatPath.
+type FormatPathOptions struct {
 	// Geometry of the new store.
 	Geometry layout.Geometry
 	// Size is the bytes the store uses. It is required to create a file;
@@ -38,16 +38,17 @@ type FormatOptions struct {
 	Engine Options
 }
 
-// Format creates an empty store at path: a file (created, or resized to
-// o.Size) or a block device. It takes the store's lock first, so a mounted
+// FormatPath creates an empty store at path: a file (created, or resized to
+// o.Size) or a block device. It opens an engine on path and writes the
+// store through store.Format. It takes the store's lock first, so a mounted
 // store is never formatted under its daemon.
 //
 // Refusals change nothing on disk: a geometry the device cannot align to
 // (wrapping layout.ErrGeometry), a size below one slot of the geometry
 // (store.ErrTooSmall, naming the minimum), an existing store without
 // o.Force (store.ErrExists), a store in use (*LockedError), ErrNeedSize. A
-// file Format created is removed again when a later step fails.
-func Format(path string, o FormatOptions) (_ *store.Superblock, err error) {
+// file FormatPath created is removed again when a later step fails.
+func FormatPath(path string, o FormatPathOptions) (_ *store.Superblock, err error) {
 	g := o.Geometry
 	if err := g.Validate(); err != nil {
 		return nil, err

@@ -15,20 +15,20 @@ func TestFormat(t *testing.T) {
 	g := layout.Geometry{Layers: 2, KVHeads: 2, HeadDim: 16, BlockTokens: 16, DType: layout.BF16, Align: 4096}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "s.kvfs")
-	fo := FormatOptions{Geometry: g, Engine: Options{Kind: KindPosix}}
+	fo := FormatPathOptions{Geometry: g, Engine: Options{Kind: KindPosix}}
 
-	if _, err := Format(path, fo); !errors.Is(err, ErrNeedSize) {
+	if _, err := FormatPath(path, fo); !errors.Is(err, ErrNeedSize) {
 		t.Fatalf("no size for a new file: %v", err)
 	}
 	fo.Size = store.MinSize(g) - 1
-	if _, err := Format(path, fo); !errors.Is(err, store.ErrTooSmall) {
+	if _, err := FormatPath(path, fo); !errors.Is(err, store.ErrTooSmall) {
 		t.Fatalf("below one slot: %v", err)
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatalf("a refusal created %s: %v", path, err)
 	}
 	fo.Size = 1 << 20
-	sb, err := Format(path, fo)
+	sb, err := FormatPath(path, fo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestFormat(t *testing.T) {
 	}
 	// In use: refused without a change.
 	before, _ := os.ReadFile(path)
-	if _, err := Format(path, FormatOptions{Geometry: g, Force: true, Engine: Options{Kind: KindPosix}}); !errors.As(err, new(*LockedError)) {
+	if _, err := FormatPath(path, FormatPathOptions{Geometry: g, Force: true, Engine: Options{Kind: KindPosix}}); !errors.As(err, new(*LockedError)) {
 		t.Fatalf("format of an open store: %v", err)
 	}
 	if err := closeAll(); err != nil {
@@ -52,14 +52,14 @@ func TestFormat(t *testing.T) {
 	}
 	// Exists: refused without Force, the same size kept with it.
 	fo.Size = 0
-	if _, err := Format(path, fo); !errors.Is(err, store.ErrExists) {
+	if _, err := FormatPath(path, fo); !errors.Is(err, store.ErrExists) {
 		t.Fatalf("existing store without force: %v", err)
 	}
 	if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
 		t.Fatal("a refusal changed the store")
 	}
 	fo.Force = true
-	sb2, err := Format(path, fo)
+	sb2, err := FormatPath(path, fo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestFormat(t *testing.T) {
 	fresh := filepath.Join(dir, "fresh.kvfs")
 	odd := g
 	odd.Align = 512
-	if _, err := Format(fresh, FormatOptions{Geometry: odd, Size: 1 << 20, Engine: Options{Kind: KindPosix}}); err != nil {
+	if _, err := FormatPath(fresh, FormatPathOptions{Geometry: odd, Size: 1 << 20, Engine: Options{Kind: KindPosix}}); err != nil {
 		// posix on this file system may do 512-byte I/O; only a refusal
 		// must leave nothing behind.
 		if !errors.Is(err, layout.ErrGeometry) {
@@ -83,7 +83,7 @@ func TestFormat(t *testing.T) {
 	}
 	bad := g
 	bad.Layers = 0
-	if _, err := Format(filepath.Join(dir, "bad"), FormatOptions{Geometry: bad, Size: 1 << 20}); !errors.Is(err, layout.ErrGeometry) {
+	if _, err := FormatPath(filepath.Join(dir, "bad"), FormatPathOptions{Geometry: bad, Size: 1 << 20}); !errors.Is(err, layout.ErrGeometry) {
 		t.Fatalf("invalid geometry: %v", err)
 	}
 }

@@ -33,7 +33,7 @@ func TestViewReadsWhileWriting(t *testing.T) {
 	path := filepath.Join(shmDir(t, "kvfs-view-test-"), "store")
 	const blocks = 6
 	eo := Options{Kind: KindUring}
-	if _, err := Format(path, FormatOptions{Geometry: testGeo, Size: store.SizeFor(testGeo, 3*blocks), Engine: eo}); err != nil {
+	if _, err := FormatPath(path, FormatPathOptions{Geometry: testGeo, Size: store.SizeFor(testGeo, 3*blocks), Engine: eo}); err != nil {
 		t.Fatal(err)
 	}
 	s, closeAll, err := OpenStore(path, eo, store.Options{})

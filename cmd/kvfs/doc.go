@@ -6,7 +6,7 @@
 // fs and ctl serve the mount, zap logs, Prometheus exports), signals, the
 // mount lifecycle (foreground serving, --daemon, stale mounts, unmount on
 // SIGINT/SIGTERM, kvfs umount), and the exit status. The work itself is
-// done by library calls: engine.Format (format), store (put, get, ls, rm,
+// done by library calls: engine.FormatPath (format), store (put, get, ls, rm,
 // info, fsck), bench.Run/RunFio/RunBlocks/RunLoad (bench, bench-load),
 // client.ParseRequests and Client.Batch (load).
 //

@@ -13,7 +13,7 @@ import (
 	"github.com/kvfs/kvfs/store"
 )
 
-// kvfs format: flags and messages; engine.Format does the work.
+// kvfs format: flags and messages; engine.FormatPath does the work.
 
 // formatOptions are the flags of kvfs format.
 type formatOptions struct {
@@ -100,13 +100,13 @@ func (o *formatOptions) run(cmd *cobra.Command, path string) error {
 			return usageErrorf("--size %q: want a positive size like 256MiB or 4GiB", o.size)
 		}
 	}
-	fo := engine.FormatOptions{Geometry: g, Size: size, Force: o.force, Zero: o.zero, Engine: engine.Options{Kind: kind, Logger: log}}
+	fo := engine.FormatPathOptions{Geometry: g, Size: size, Force: o.force, Zero: o.zero, Engine: engine.Options{Kind: kind, Logger: log}}
 	var m *progress.Meter // nil: draws nothing
 	if o.zero {
 		m = progress.New(cmd.ErrOrStderr(), "format: zero", "", progress.Bytes, 0)
 		fo.ZeroProgress = m.Update
 	}
-	sb, err := engine.Format(path, fo)
+	sb, err := engine.FormatPath(path, fo)
 	if err != nil {
 		m.Clear()
 	} else {

@@ -92,7 +92,7 @@ func mount(t *testing.T, nblocks int, verifyOnGPU, trustHandles bool) *env {
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		e.path = filepath.Join(dir, "store.kvfs")
 		eo := engine.Options{Kind: engine.KindUring}
-		if _, err := engine.Format(e.path, engine.FormatOptions{Geometry: geo, Size: size, Engine: eo}); err != nil {
+		if _, err := engine.FormatPath(e.path, engine.FormatPathOptions{Geometry: geo, Size: size, Engine: eo}); err != nil {
 			t.Fatal(err)
 		}
 		if st, closeStore, err = engine.OpenStore(e.path, eo, store.Options{}); err != nil {
