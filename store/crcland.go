@@ -132,6 +132,6 @@ func (s *Store) crcLand4(ws []want, b *[4][]byte, got *[4]uint32) bool {
 }
 
 // onePass reports whether crcLand copies groups in one pass here (this
-// store's group size, the machine and ntRows allow it); where it does, a
+// store's group size and the machine allow it); where it does, a
 // chunk read from the host view is not touched first (readInlineRun).
-func (s *Store) onePass() bool { return s.shift4 != nil && ntRows }
+func (s *Store) onePass() bool { return s.shift4 != nil }

@@ -996,8 +996,11 @@ func (s *Store) destCRC(w *want) uint32 {
 	return c
 }
 
-// land copies a group's bytes into w's destination (with non-temporal
-// stores where ntRows allows).
+// land copies a group's bytes into w's destination, with non-temporal
+// stores (copyRowsNT) where sizes and alignment allow: the destination is
+// cold, and a whole-line write need not read it first, which halves the
+// memory traffic of scattering pitched rows (see docs/performance.md,
+// 'Store batched reads').
 func (s *Store) land(w *want, src []byte) {
 	q, dst := w.r, s.dst(w)
 	rows, rb, pitch := w.rows, q.RowBytes, q.Pitch
@@ -1014,20 +1017,12 @@ func (s *Store) land(w *want, src []byte) {
 }
 
 // ntFits reports whether rows of rb bytes, pitch apart from dst's start,
-// lie within dst and may be written with non-temporal stores (ntRows, and
-// the sizes and alignment copyRowsNT and crcCopyNT4 need).
+// lie within dst and may be written with non-temporal stores (the machine
+// has them, and the sizes and alignment suit copyRowsNT and crcCopyNT4).
 func ntFits(dst []byte, rows, rb, pitch int) bool {
-	return haveNT && ntRows && rb%64 == 0 && pitch%16 == 0 &&
+	return haveNT && rb%64 == 0 && pitch%16 == 0 &&
 		uintptr(unsafe.Pointer(unsafe.SliceData(dst)))%16 == 0 && len(dst) >= (rows-1)*pitch+rb
 }
-
-// ntRows: groups copied out of store memory into callers' destinations
-// (bounced runs: pitched NHD rows, or tiles apart under O_DIRECT) are
-// written with non-temporal stores (copyRowsNT) where sizes and alignment
-// allow: the destination is cold, and a whole-line write need not read it
-// first. On the VM, NHD loads from tmpfs went from 3.3-3.7 to 4.8-5.0 GB/s
-// (0.53 to 0.38 daemon core-s/GB).
-var ntRows = true
 
 // corruptReq zeroes w's destination, counts the group corrupt and returns
 // its error.
