@@ -205,15 +205,50 @@ func (s *Store) commit(calls []*writeCall) {
 	s.m.commits.Add(1)
 }
 
-// writePlans runs the write protocol. Called with wmu held.
+// writePlans runs the write protocol, step by step. Called with wmu held.
 func (s *Store) writePlans(plans []*plan) error {
-	n := s.geo.GroupsPerBlock()
-	var victims []int64
-	var writerPins []int64
-	defer func() { s.unpin(writerPins, false) }()
-
 	// 1. Decide, per block, where its groups go; take slots, evicting the
 	// least recently used blocks that no one is using.
+	victims, evicted, writerPins := s.placePlans(plans)
+	defer func() { s.unpin(writerPins, false) }()
+
+	// 2. Tombstone evicted slots and make that durable before their payloads
+	// are overwritten.
+	if len(evicted) > 0 {
+		writerPins = s.tombstoneEvicted(plans, evicted, victims, writerPins)
+	}
+
+	// 3. Copy-on-write: read the groups the new slot keeps from the old one.
+	s.carryGroups(plans)
+
+	// 4. Payloads, then sync. An error returned here (no memory for a
+	// bounce buffer) comes before any payload I/O: it fails every plan
+	// still live, and step 6 gives their slots back.
+	var batchErr error
+	if err := s.writePayloads(plans); err != nil {
+		failAll(plans, err)
+		batchErr = err
+	}
+
+	// 5. Headers, then sync. An error returned here (no memory for the
+	// headers) comes before any header I/O, as in step 4.
+	if err := s.writeHeaders(plans); err != nil {
+		batchErr = err
+	}
+
+	// 6. Commit in memory; tombstone the slots that copy-on-write replaced.
+	s.commitPlans(plans)
+	return batchErr
+}
+
+// placePlans is step 1 of writePlans: it gives each plan its target slot
+// (in place when the block's slot holds none of the plan's groups and no
+// reader pins it; otherwise a free slot, or one evicted from the least
+// recently used blocks outside the batch) and its placement stream. It
+// returns the evicted slots, those of them no plan took, and the slots this
+// writer pinned (evicted ones, and old slots that copy-on-write replaces),
+// which writePlans unpins when it returns.
+func (s *Store) placePlans(plans []*plan) (victims, evicted, writerPins []int64) {
 	s.mu.Lock()
 	inBatch := map[uint64]bool{}
 	for _, p := range plans {
@@ -260,7 +295,7 @@ func (s *Store) writePlans(plans []*plan) error {
 		s.m.evictions.Add(1)
 		need--
 	}
-	evicted := append([]int64(nil), victims...)
+	evicted = append([]int64(nil), victims...)
 	for _, p := range plans {
 		if p.target >= 0 || p.err != nil {
 			continue
@@ -288,103 +323,103 @@ func (s *Store) writePlans(plans []*plan) error {
 		}
 	}
 	s.mu.Unlock()
+	return victims, evicted, writerPins
+}
 
-	// 2. Tombstone evicted slots and make that durable before their payloads
-	// are overwritten.
-	if len(evicted) > 0 {
-		slots := evicted
-		err := s.tombstone(slots)
-		if err == nil {
-			err = s.sync()
-		}
-		s.mu.Lock()
-		for _, v := range slots {
-			st := &s.mu.slots[v]
-			st.hdr = nil
-			st.pins--
-			writerPins = removeOne(writerPins, v)
-			if err != nil {
-				st.quarantined = true
-			}
-		}
-		// Victims no plan took go back to the free list.
-		for _, v := range victims {
-			if err == nil {
-				s.mu.free = append(s.mu.free, v)
-			}
-		}
-		s.mu.Unlock()
+// tombstoneEvicted is step 2 of writePlans: it tombstones the evicted slots
+// and syncs before any payload overwrites them, unpins them from writerPins
+// (returned), and gives back to the free list the victims no plan took. If
+// that fails, the slots are quarantined and the plans that were to reuse
+// them fail.
+func (s *Store) tombstoneEvicted(plans []*plan, evicted, victims, writerPins []int64) []int64 {
+	err := s.tombstone(evicted)
+	if err == nil {
+		err = s.sync()
+	}
+	s.mu.Lock()
+	for _, v := range evicted {
+		st := &s.mu.slots[v]
+		st.hdr = nil
+		st.pins--
+		writerPins = removeOne(writerPins, v)
 		if err != nil {
-			for _, p := range plans {
-				if p.fresh && slices.Contains(evicted, p.target) {
-					p.fail(err)
-				}
+			st.quarantined = true
+		}
+	}
+	// Victims no plan took go back to the free list.
+	for _, v := range victims {
+		if err == nil {
+			s.mu.free = append(s.mu.free, v)
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		for _, p := range plans {
+			if p.fresh && slices.Contains(evicted, p.target) {
+				p.fail(err)
 			}
 		}
 	}
+	return writerPins
+}
 
-	// 3. Copy-on-write: read the groups the new slot keeps from the old one.
-	s.carryGroups(plans)
-
-	// 4. Payloads, then sync. An error returned here (no memory for a
-	// bounce buffer) comes before any payload I/O: it fails every plan
-	// still live, and step 6 gives their slots back.
-	var batchErr error
-	if err := s.writePayloads(plans); err != nil {
-		failAll(plans, err)
-		batchErr = err
-	}
-
-	// 5. Headers, then sync.
+// writeHeaders is step 5 of writePlans: it builds each live plan's new
+// header (the old slot's groups it keeps, the carried ones, the written
+// ones, a new generation), writes it to the header copy not in use, and
+// syncs. It returns an error only when the headers' buffer could not be
+// had; then no header was written and the live plans are failed.
+func (s *Store) writeHeaders(plans []*plan) error {
+	n := s.geo.GroupsPerBlock()
 	now := s.now().UnixNano()
 	hb := int(s.sb.HeaderBytes)
 	live := livePlans(plans)
-	var buf []byte
-	if len(live) > 0 {
-		var err error
-		if buf, err = s.alloc(len(live) * hb); err != nil {
-			// No header was written: as in step 4.
-			failAll(live, err)
-			batchErr = err
-			live = nil
-		} else {
-			defer s.freeBuf(buf)
-		}
+	if len(live) == 0 {
+		return nil
 	}
-	if len(live) > 0 {
-		ios := make([]IO, len(live))
-		s.mu.Lock()
-		for i, p := range live {
-			h := newHeader(n)
-			if p.base != nil {
-				if p.target == p.old || p.old < 0 {
-					h = p.base.clone()
-				}
-				for idx := range p.carry {
-					h.set(idx, p.base.CRC[idx], p.base.MTime[idx])
-				}
-			}
-			for idx := range p.groups {
-				h.set(idx, p.crcs[idx], now) // computed before wmu
-			}
-			s.mu.gen++
-			h.Slot, h.Block, h.Gen, h.Live = p.target, p.block, s.mu.gen, true
-			st := &s.mu.slots[p.target]
-			p.copy = 0
-			if st.cur >= 0 {
-				p.copy = 1 - st.cur
-			}
-			p.hdr = h
-			b := buf[i*hb : (i+1)*hb]
-			MarshalHeader(b, s.sb.UUID, h)
-			ios[i] = IO{Op: OpWrite, Off: s.headerOffset(p.target, p.copy), Buf: b, Stream: StreamMeta}
-		}
-		s.mu.Unlock()
-		s.writePhase("before-headers", live, ios)
-		s.syncPhase(live)
+	buf, err := s.alloc(len(live) * hb)
+	if err != nil {
+		// No header was written: as in step 4.
+		failAll(live, err)
+		return err
 	}
+	defer s.freeBuf(buf)
+	ios := make([]IO, len(live))
+	s.mu.Lock()
+	for i, p := range live {
+		h := newHeader(n)
+		if p.base != nil {
+			if p.target == p.old || p.old < 0 {
+				h = p.base.clone()
+			}
+			for idx := range p.carry {
+				h.set(idx, p.base.CRC[idx], p.base.MTime[idx])
+			}
+		}
+		for idx := range p.groups {
+			h.set(idx, p.crcs[idx], now) // computed before wmu
+		}
+		s.mu.gen++
+		h.Slot, h.Block, h.Gen, h.Live = p.target, p.block, s.mu.gen, true
+		st := &s.mu.slots[p.target]
+		p.copy = 0
+		if st.cur >= 0 {
+			p.copy = 1 - st.cur
+		}
+		p.hdr = h
+		b := buf[i*hb : (i+1)*hb]
+		MarshalHeader(b, s.sb.UUID, h)
+		ios[i] = IO{Op: OpWrite, Off: s.headerOffset(p.target, p.copy), Buf: b, Stream: StreamMeta}
+	}
+	s.mu.Unlock()
+	s.writePhase("before-headers", live, ios)
+	s.syncPhase(live)
+	return nil
+}
 
-	// 6. Commit in memory; tombstone the slots that copy-on-write replaced.
+// commitPlans is step 6 of writePlans: it commits in memory the plans whose
+// headers are durable, quarantines or frees the slots of those that failed,
+// and tombstones (without a sync) the slots that copy-on-write replaced.
+func (s *Store) commitPlans(plans []*plan) {
 	var replaced []int64
 	s.mu.Lock()
 	for _, p := range plans {
@@ -432,7 +467,6 @@ func (s *Store) writePlans(plans []*plan) error {
 			s.log.Warn("store: tombstone of replaced slots failed; they stay unused until reopen", zap.Error(err))
 		}
 	}
-	return batchErr
 }
 
 // failAll fails every plan (those that failed already keep their error).
