@@ -141,9 +141,10 @@ func rotate(rounds int, ss []*series) {
 //
 // Why the last one: on a virtio disk the number of DMA segments per request
 // matters a lot, and fio's default buffers are whatever pages malloc got —
-// rarely physically contiguous — so plain fio swings between about 1.5 and
-// 4 GB/s for 1 MiB reads on this VM, where the engine's huge-page pool
-// gives one segment per request.
+// rarely physically contiguous — so plain fio's 1 MiB reads swing by more
+// than a factor of two from run to run on a virtual disk, where the
+// engine's huge-page pool gives one segment per request (see
+// docs/performance.md, 'Engine vs fio').
 //
 // Virtual disks are noisy and drift over tens of seconds, so runs are short
 // and rotated (each round starts with the next kind), and the report gives

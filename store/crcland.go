@@ -86,11 +86,10 @@ func (s *Store) crcLand(w *want, b []byte) uint32 {
 // (consecutive groups of a slot), their destinations of one shape, each
 // fit for the one-pass copy, and equally far apart (consecutive heads of
 // a tile in every cache layout kvfs knows); it reports whether it did,
-// and the caller lands the groups one by one where it did not. Into
-// head-major tiles, four whole groups in step moved 38 % more than a
-// group's quarters in step on the VM (two goroutines) and 6-20 % more on
-// the H200; token-major rows gained on the H200, within noise on the VM
-// (docs/performance.md, stop 30). Their checksums go to got.
+// and the caller lands the groups one by one where it did not. Four whole
+// groups in step, each read from start to end, move more than a group's
+// quarters in step, most into head-major tiles (see docs/performance.md,
+// 'Store batched reads'). Their checksums go to got.
 func (s *Store) crcLand4(ws []want, b *[4][]byte, got *[4]uint32) bool {
 	if !s.onePass() {
 		return false

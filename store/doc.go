@@ -84,8 +84,8 @@
 // bounces too, through the reading goroutine's chunk buffer: a read there
 // is a CPU copy either way, into a buffer in that core's cache rather than
 // into lines of the caller's memory it must first fetch, and the landing
-// copy uses non-temporal stores (measured faster on the 2-core VM and, for
-// the token-major loads that always went that way, on the H200).
+// copy uses non-temporal stores (measured faster, for head-major and
+// token-major loads: docs/performance.md, 'Store batched reads').
 //
 // A group that landed in the caller's memory is verified there; on a
 // mismatch it is read again into store memory before being called corrupt

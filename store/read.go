@@ -461,8 +461,9 @@ type wantSeg struct{ lo, hi int }
 // sortWants sorts wants by slot and group. Requests come block by block,
 // each block's groups in slot order, the blocks in any order: then the
 // blocks' stretches are sorted and gathered, O(groups + blocks·log
-// blocks), instead of a stable sort of every group (16 % of the store's
-// time at 1,024 random blocks per call). Anything else gets the full sort.
+// blocks), instead of a stable sort of every group (a large part of the
+// store's time in a profile of loads of 1,024 random blocks per call).
+// Anything else gets the full sort.
 func sortWants(sc *readScratch, wants []want) {
 	segs := sc.segs[:0]
 	for i := 0; i < len(wants); {
@@ -519,11 +520,10 @@ func (s *Store) landing(sc *readScratch, r *run, wants []want) {
 		// it writes lines the copy must first read in (and the checksum
 		// then reads them again), into the slot's chunk buffer it writes
 		// lines already in this core's cache, verified there and landed
-		// with non-temporal stores (land). On the 2-core VM, head-major
-		// loads by 8 callers: 7.86 / 7.90 GB/s landing directly, 9.65 /
-		// 9.44 through the chunk buffers (0.24 -> 0.19 core-s/GB); on the
-		// H200 token-major loads, which go that way, ran 20-25 % faster
-		// than head-major ones. Pitched rows long enough to scatter to
+		// with non-temporal stores (land). Through the chunk buffers,
+		// loads by many callers move more and cost fewer core-seconds per
+		// GB than landing directly (see docs/performance.md, 'Store
+		// batched reads'). Pitched rows long enough to scatter to
 		// (ScatterMin) still land directly.
 		return
 	}

@@ -122,8 +122,8 @@ func (s *Store) readInlineRun(runs []run, ios []IO, wants []want, i, first, per 
 			// is brought into this core's cache first with one load per
 			// line, all independent, so the checksum, group by group,
 			// does not wait on memory at each page; the one-pass copy
-			// prefetches ahead itself, and is faster without (H200 and
-			// VM, docs/performance.md, stop 28).
+			// prefetches ahead itself, and is faster without (see
+			// docs/performance.md, 'Store batched reads').
 			src := view[off : off+n : off+n]
 			if !s.onePass() {
 				touchLines(src)

@@ -38,9 +38,9 @@ type Options struct {
 	// straight into place with a vector read (on engines that implement
 	// VectorReader); a run with shorter segments is read into a bounce
 	// buffer and copied once. Default 4096: small segments cost more than
-	// a copy (with O_DIRECT, 512-byte rows scattered were 5× slower than
-	// one bounce; docs/performance.md). 1 scatters every segment the
-	// engine's alignment allows.
+	// a copy (with O_DIRECT, 512-byte rows scattered were several times
+	// slower than one bounce; see docs/performance.md, 'Disk'). 1
+	// scatters every segment the engine's alignment allows.
 	ScatterMin int
 	// InlineChunk is, on an engine whose reads are CPU copies
 	// (InlineReader), how many bytes of a run are read before their
@@ -114,10 +114,11 @@ type Store struct {
 	// from, or nil (no inline engine, Options.NoViewReads): an inline
 	// engine's file in memory, mapped read-only (HostViewer), made at
 	// open, when its engine starts mapping its pages in the background
-	// (engine/uring populateView). On the 2-core VM an inline read into a
-	// chunk buffer was a third of the daemon's CPU in a load by 8
-	// callers: the kernel's copy of every byte, which reading through the
-	// view leaves out (the checksum reads the page cache itself). The
+	// (engine/uring populateView). An inline read into a chunk buffer
+	// costs the kernel's copy of every byte, a large part of the daemon's
+	// CPU in a load by many callers (see docs/performance.md, 'CPU per
+	// GB'); reading through the view leaves that copy out (the checksum
+	// reads the page cache itself). The
 	// view lives as long as the engine; the store is closed first. The
 	// bytes checked are the bytes landed, as from a chunk buffer, unless
 	// something other than the store writes the file between the two
@@ -214,9 +215,10 @@ type Info struct {
 	Engine      string
 }
 
-// DefaultInlineChunk is Options.InlineChunk's default: on the H200 host
-// (tmpfs store, 8 callers, head-major loads) 32 and 64 KiB chunks gave
-// 28.7 GB/s, 256 KiB 26.6, whole 1 MiB runs 21.6 (docs/performance.md).
+// DefaultInlineChunk is Options.InlineChunk's default: a chunk this size
+// is still in the reading core's cache when its groups are verified and
+// landed; larger chunks, up to whole 1 MiB runs, loaded measurably slower
+// (see docs/performance.md, 'Store batched reads').
 const DefaultInlineChunk = 64 << 10
 
 // Open opens the store on e and recovers its index from the slot headers.

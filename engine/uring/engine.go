@@ -372,9 +372,10 @@ func (e *Engine) ReadInline(rq *store.IO) error {
 // VectorReads implements store.VectorReader: reads with IO.Vec are served
 // with IORING_OP_READV (split at IOV_MAX segments) where the kernel has it,
 // for page-cache I/O only. With real O_DIRECT the store bounces runs whose
-// destinations are apart instead: on the H200 host's disk (virtio), DMA
-// into a client's scattered 4 KiB pages loaded 1,000 blocks at 0.57x fio,
-// the bounce into the physically contiguous pool at 0.64x (the same run).
+// destinations are apart instead: DMA into a client's scattered 4 KiB pages
+// takes a segment per page, and on a virtio disk loaded slower than the
+// bounce into the physically contiguous pool (see docs/performance.md,
+// 'Disk').
 func (e *Engine) VectorReads() bool {
 	if !e.pageCache {
 		return false
