@@ -1,6 +1,7 @@
 // Package engine chooses and opens the I/O engine a kvfs store runs on
-// (posix, uring or nvme) and opens a store on it for the command-line tools
-// and the mount.
+// (posix, uring or nvme), formats a store at a path through it (FormatPath,
+// which calls store.Format) and opens a store on it (OpenStore) for the
+// command-line tools and the mount.
 //
 // The engines live beside it, each implementing store.Engine (the seam the
 // store defines; the store knows no engine):

@@ -17,7 +17,8 @@
 //
 // Invariants: no command moves more than Device.Limits.MaxTransfer bytes;
 // device status comes back per IO as a wrapped *nvme.StatusError; a write
-// is durable once Sync returned.
+// is durable once Sync returned; after Close every call fails with an error
+// wrapping store.ErrEngineClosed (a Device's own nvme.ErrClosed included).
 //
 // Lock order: the engine adds no lock to the owner's; Device ioctls
 // (identify, FDP status) run beside the ring without one.
