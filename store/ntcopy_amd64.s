@@ -52,7 +52,8 @@ done:
 // loaded, and stored, whole before the next segment's: non-temporal stores
 // that fill a line one after another leave the write-combining buffer
 // whole (stored interleaved across the four segments, offset by offset,
-// the H200 lost a fifth: docs/performance.md, stop 28). Uses R14, R15 and
+// the copy lost about a fifth: see docs/performance.md, 'Store batched
+// reads'). Uses R14, R15 and
 // X15, scratch registers in ABI0 (the wrapper that calls it restores
 // them).
 TEXT ·crcCopyNT4(SB), NOSPLIT, $0-72
