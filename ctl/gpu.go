@@ -16,7 +16,6 @@ import (
 	"github.com/kvfs/kvfs/gpu/cuda"
 	"github.com/kvfs/kvfs/internal/par"
 	"github.com/kvfs/kvfs/layout"
-	"github.com/kvfs/kvfs/store"
 )
 
 // Errors of the GPU path (docs/abi.md, "REGISTER_CUDA").
@@ -489,26 +488,14 @@ func (ss *Session) gpuBatch(ents []ent, load bool) error {
 			e := &ents[i]
 			items[k] = gpu.Item{Key: e.key(), Dst: e.b.cuda.addr + e.e.Offset, Pitch: int(e.e.Pitch), Mapping: e.b.cuda.addr}
 		}
-		var err error
-		if load {
-			err = d.pipe.Load(s.st, items)
-		} else {
-			err = d.pipe.Store(s.st, items)
-		}
+		err := ss.gpuMove(d, items, load, false)
 		for k, i := range idx {
 			e := &ents[i]
 			if load {
-				e.st, e.det = loadStatus(items[k].Err)
-				if e.st == abi.Corrupt {
-					s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", d.ordinal), zap.Error(items[k].Err))
-				}
+				e.st, e.det = ss.loadOutcome(items[k].Err, d)
 			} else {
 				e.st, e.det = storeStatus(items[k].Err)
 			}
-		}
-		if err != nil && !errors.Is(err, store.ErrClosed) {
-			s.log.Warn("ctl: GPU batch failed", zap.Int("device", d.ordinal), zap.Bool("load", load), zap.Error(err))
-			err = nil // reported per entry
 		}
 		return err
 	}
@@ -620,21 +607,10 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 		return fmt.Errorf("ctl: GPU blocks call: the entries' groups do not add up to the %d counted (a bug)", n)
 	}
 	t0 := time.Now()
-	var err error
-	switch {
-	case tiled:
-		err = t.dev.pipe.LoadTiles(s.st, items)
-	case load:
-		err = t.dev.pipe.Load(s.st, items)
-	default:
-		err = t.dev.pipe.Store(s.st, items)
-	}
+	err := ss.gpuMove(t.dev, items, load, tiled)
 	s.m.storeNs.Add(uint64(time.Since(t0)))
-	if errors.Is(err, store.ErrClosed) {
-		return err
-	}
 	if err != nil {
-		s.log.Warn("ctl: GPU blocks batch failed", zap.Int("device", t.dev.ordinal), zap.Bool("load", load), zap.Error(err))
+		return err
 	}
 	// Each part's items belong to its own entries: the parts tally
 	// them at once.
@@ -655,17 +631,11 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 				}
 				continue
 			}
-			var st abi.Status
-			var det abi.Detail
 			if load {
-				st, det = loadStatus(it.Err)
-				if st == abi.Corrupt {
-					s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", t.dev.ordinal), zap.Error(it.Err))
-				}
+				e.tally(ss.loadOutcome(it.Err, t.dev))
 			} else {
-				st, det = storeStatus(it.Err)
+				e.tally(storeStatus(it.Err))
 			}
-			e.tally(st, det)
 		}
 	})
 	return nil

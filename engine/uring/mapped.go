@@ -2,12 +2,11 @@ package uring
 
 import (
 	"fmt"
-	"runtime/debug"
-	"unsafe"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/internal/fault"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -190,38 +189,26 @@ func (e *Engine) writeMapped(ios []store.IO) error {
 // file was truncated under the store, or its file system cannot back a
 // page) is the write's error, EIO; a fault on the source is the caller's
 // and panics on, as a ring write's would have failed for it.
-func (e *Engine) copyIn(rq *store.IO) (err error) {
+func (e *Engine) copyIn(rq *store.IO) error {
 	n := int64(rq.VecLen())
 	if rq.Off < 0 || rq.Off > int64(len(e.mapped)) || n > int64(len(e.mapped))-rq.Off {
 		return fmt.Errorf("uring: write of %d bytes at %d: past the end of the %d-byte file: %w", n, rq.Off, len(e.mapped), unix.EINVAL)
 	}
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			f, ok := r.(interface{ Addr() uintptr })
-			if !ok || !e.inMapping(f.Addr()) {
-				panic(r)
-			}
-			err = fmt.Errorf("uring: write at %d: the store file's memory faulted (truncated?): %w", rq.Off, unix.EIO)
-		}
-	}()
 	dst := e.mapped[rq.Off : rq.Off+n]
-	if rq.Vec == nil {
-		copy(dst, rq.Buf)
+	if _, faulted, _ := fault.Guard(e.inMapping, func() error {
+		if rq.Vec == nil {
+			copy(dst, rq.Buf)
+			return nil
+		}
+		for _, v := range rq.Vec {
+			dst = dst[copy(dst, v):]
+		}
 		return nil
-	}
-	for _, v := range rq.Vec {
-		dst = dst[copy(dst, v):]
+	}); faulted {
+		return fmt.Errorf("uring: write at %d: the store file's memory faulted (truncated?): %w", rq.Off, unix.EIO)
 	}
 	return nil
 }
 
 // inMapping reports whether address a lies in the mapping.
-func (e *Engine) inMapping(a uintptr) bool {
-	if len(e.mapped) == 0 {
-		return false
-	}
-	lo := uintptr(unsafe.Pointer(unsafe.SliceData(e.mapped)))
-	return a >= lo && a < lo+uintptr(len(e.mapped))
-}
+func (e *Engine) inMapping(a uintptr) bool { return fault.In(e.mapped, a) }
