@@ -86,19 +86,17 @@ func writeOutcome(err, werr error) (abi.Status, abi.Detail) {
 }
 
 // gpuMove moves items between the store and device d through its
-// pipeline (package gpu chooses the route): a load when load is set (tiles:
-// some items are tiles, gpu.Item.Tile), else a store. Outcomes are per
+// pipeline's one entry point per direction (package gpu chooses the
+// route): a load when load is set (tiles: items may be tiles,
+// gpu.Item.Tile, built because the pipeline takes them), else a store. Outcomes are per
 // item; the error is store.ErrClosed, which fails the ioctl, or nil (any
 // other failure of the call as a whole is logged and left in the items).
 func (ss *Session) gpuMove(d *gpuDev, items []gpu.Item, load, tiles bool) error {
 	s := ss.srv
 	var err error
-	switch {
-	case load && tiles:
-		err = d.pipe.LoadTiles(s.st, items)
-	case load:
-		err = d.pipe.Load(s.st, items)
-	default:
+	if load {
+		err = d.pipe.Load(s.st, items, tiles)
+	} else {
 		err = d.pipe.Store(s.st, items)
 	}
 	if errors.Is(err, store.ErrClosed) {

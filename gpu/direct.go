@@ -92,7 +92,7 @@ func (p *Pipeline) directFor(r Reader, items []Item) (Locator, []byte) {
 // Locator, Verify set and a host view; else nil, nil.
 func (p *Pipeline) hostView(r Reader) (Locator, []byte) {
 	l, ok := r.(Locator)
-	if !ok || p.Verify == nil {
+	if !ok || !p.checksOnDevice() {
 		return nil, nil
 	}
 	h := p.host.Load()
@@ -243,8 +243,7 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 			}
 			ok = append(ok, &items[i])
 		}
-		p.verify(ok)
-		p.land(landed, srcs)
+		p.check(ok, landed, srcs)
 		clear(ok)
 		clear(landed)
 		c.verified, c.landed, c.srcs = ok[:0], landed[:0], srcs[:0]
@@ -289,7 +288,7 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 			it, q := &items[lo+k], &c.reqs[k]
 			it.Err = q.Err
 			if it.Tile != nil {
-				it.failAll(fmt.Errorf("%w: a tile in a direct load (LoadTiles takes tiles)", ErrConfig))
+				it.failAll(fmt.Errorf("%w: a tile in a load not declared to hold tiles", ErrConfig))
 				continue
 			}
 			if q.Err != nil {

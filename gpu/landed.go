@@ -49,7 +49,7 @@ type tile struct {
 // tiles with the kernel: Land and Verify set, a device that allocates, and
 // a pitched tile among items.
 func (p *Pipeline) landsStaged(items []Item) bool {
-	return p.Land != nil && p.Verify != nil && p.canAllocDevice() && p.anyPitched(items)
+	return p.Land != nil && p.checksOnDevice() && p.canAllocDevice() && p.anyPitched(items)
 }
 
 // loadLanded is Load through staging for items with pitched tiles: in
@@ -146,7 +146,7 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 				srcs = append(srcs, src)
 			}
 		}
-		p.land(landed, srcs)
+		p.check(nil, landed, srcs)
 		if err != nil {
 			for i := hi; i < len(items); i++ {
 				items[i].failAll(err)

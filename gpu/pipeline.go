@@ -41,13 +41,12 @@ type Item struct {
 	Err error
 	// Tile, when set, makes the item a tile of several heads (see Tile):
 	// one store request and one item where its heads would be one each,
-	// so a GPU load of whole blocks pays per tile, not per group. Only
-	// LoadTiles takes tiles, where TakesTiles says so. A pointer, so the
-	// half a million items of a 1 GB load that are not tiles grow by 8
-	// bytes only: every pass over them is a pass over memory. With the
-	// tile's fields in place (136-byte items) and the checker expanding
-	// every item, direct loads on the H200 cost a quarter to a third more
-	// CPU than before tiles; with the pointer and no expansion, 0-10 %.
+	// so a GPU load of whole blocks pays per tile, not per group. Only a
+	// load declared to hold tiles takes them, where TakesTiles says so. A
+	// pointer, so the half a million items of a 1 GB load that are not
+	// tiles grow by 8 bytes only: every pass over them is a pass over
+	// memory, and direct loads, which take no tiles, are the ones that
+	// make such calls (docs/performance.md, "LOAD_BLOCKS into GPU").
 	Tile *Tile
 	// CRC is the group's recorded CRC32C, set by Load for Verify.
 	CRC uint32
@@ -131,35 +130,6 @@ type Pipeline struct {
 	scratchBytes atomic.Int64
 	idleLand     freelist.List[landScratch] // Max 4 (landOnce): 512 MiB of device memory idle at most
 	landOnce     sync.Once
-}
-
-// verify runs Verify over items whose copies completed; when it fails as
-// a whole, the items it left without an outcome fail with its error
-// (their tiles are undefined).
-func (p *Pipeline) verify(items []*Item) {
-	if len(items) > 0 {
-		failUnset(items, p.Verify(items))
-	}
-}
-
-// land runs Land over pitched items copied into device scratch at srcs,
-// as verify does Verify.
-func (p *Pipeline) land(items []*Item, srcs []uint64) {
-	if len(items) > 0 {
-		failUnset(items, p.Land(items, srcs))
-	}
-}
-
-// failUnset gives err, when not nil, to the items without an outcome.
-func failUnset(items []*Item, err error) {
-	if err == nil {
-		return
-	}
-	for _, it := range items {
-		if !it.done() {
-			it.failAll(err)
-		}
-	}
 }
 
 // putReadGroups keeps a finished load's read groups, emptied, for the next
@@ -396,47 +366,6 @@ func (h *held) release(finish func(*chunk)) {
 	h.chunks = nil
 }
 
-// Load reads items' groups from r and copies them to the device. Per-item
-// outcomes are in Item.Err; the error is for the batch as a whole (the
-// pool closed, the store closed). Items must have disjoint destinations.
-// With a host view (SetHost), Verify set, r a Locator and every tile
-// packed, the groups are copied straight from the store's file
-// (loadDirect); otherwise they go through staging, pitched tiles packed
-// into device scratch and landed by Land where it is set (loadLanded).
-func (p *Pipeline) Load(r Reader, items []Item) error {
-	if l, host := p.directFor(r, items); l != nil {
-		return p.loadDirect(l, host, items) // a tile among items fails: see LoadTiles
-	}
-	return p.loadThrough(r, items)
-}
-
-// LoadTiles is Load for items among which are tiles (Item.Tile),
-// where TakesTiles said the pipeline takes them: always through staging,
-// even where a host view was registered since (SetHost runs in the
-// background). Load itself does not look for tiles before a direct load
-// (a pass over half a million items of a 1 GB call), and fails any it
-// meets there.
-func (p *Pipeline) LoadTiles(r Reader, items []Item) error { return p.loadThrough(r, items) }
-
-// loadThrough is Load through staging: the tiles among items checked, then
-// pitched tiles landed from device scratch where Land is set (loadLanded).
-func (p *Pipeline) loadThrough(r Reader, items []Item) error {
-	tiles, groups, err := p.checkTiles(items)
-	if err == nil && tiles && !p.tilesStaged(p.anyPitched(items)) {
-		err = fmt.Errorf("%w: tiles for a load that takes one group per item", ErrConfig)
-	}
-	if err != nil {
-		for i := range items {
-			items[i].failAll(err)
-		}
-		return err
-	}
-	if p.landsStaged(items) {
-		return p.loadLanded(r, items)
-	}
-	return p.loadStaged(r, items, groups)
-}
-
 // loadStaged is Load through staging, of items that move ngroups groups.
 func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 	gb := p.Geo.GroupBytes
@@ -466,14 +395,14 @@ func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 				it.failAll(copyErr(err))
 			}
 		}
-		if err == nil && p.Verify != nil {
+		if err == nil && p.checksOnDevice() {
 			ok := c.verified[:0] // the chunk's, reused: a load allocates nothing per chunk
 			for i, it := range c.items {
 				if c.copied[i] && !it.done() && !it.landed {
 					ok = append(ok, it)
 				}
 			}
-			p.verify(ok)
+			p.check(ok, nil, nil)
 			clear(ok) // no item stays reachable past its batch
 			c.verified = ok[:0]
 		}
@@ -522,7 +451,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 					// A tile: one request for its heads, packed in
 					// staging, their checksums straight into the tile.
 					h := it.Tile.Heads
-					g.reqs = append(g.reqs, store.ReadReq{Key: it.Key, Buf: st.Mem[off : off+h*gb : len(st.Mem)], Heads: h, HeadStride: gb, Unverified: true, CRCs: it.Tile.CRCs})
+					g.reqs = append(g.reqs, store.ReadReq{Key: it.Key, Buf: st.Mem[off : off+h*gb : len(st.Mem)], Heads: h, HeadStride: gb, Unverified: p.checksOnDevice(), CRCs: it.Tile.CRCs})
 					c.items = append(c.items, it)
 					c.set = append(c.set, 1)
 					at += h
@@ -533,7 +462,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 				if n == 1 {
 					// Capacity to the buffer's end: the store lands adjacent
 					// groups of one slot with one read.
-					g.reqs = append(g.reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.Verify != nil})
+					g.reqs = append(g.reqs, store.ReadReq{Key: items[i].Key, Buf: st.Mem[off : off+gb : len(st.Mem)], Unverified: p.checksOnDevice()})
 					c.items = append(c.items, &items[i])
 					c.set = append(c.set, 1)
 					at++
@@ -547,7 +476,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 				sp := n * rb
 				for j := range n {
 					b := off + j*rb
-					g.reqs = append(g.reqs, store.ReadReq{Key: items[i+j].Key, Buf: st.Mem[b : b+(rows-1)*sp+rb], Pitch: sp, RowBytes: rb, Unverified: p.Verify != nil})
+					g.reqs = append(g.reqs, store.ReadReq{Key: items[i+j].Key, Buf: st.Mem[b : b+(rows-1)*sp+rb], Pitch: sp, RowBytes: rb, Unverified: p.checksOnDevice()})
 					c.items = append(c.items, &items[i+j])
 					c.set = append(c.set, int32(n*btoi(j == 0)))
 					if tiled && j > 0 {
@@ -584,7 +513,7 @@ func (p *Pipeline) loadStaged(r Reader, items []Item, ngroups int) error {
 		}
 		for k, c := range g.chunks {
 			rq := g.reqs[g.bounds[k]:g.bounds[k+1]]
-			if p.Verify != nil {
+			if p.checksOnDevice() {
 				for j := range rq {
 					c.items[j].CRC = rq[j].CRC // a tile's are in its CRCs already
 				}
