@@ -71,8 +71,8 @@ type blockScratch struct {
 
 // blockScratches keeps the idle scratch. Not a sync.Pool: that drops its
 // items at every collection, and a GPU load of 1,000 blocks then made its
-// 40 MiB of items again, which brought the next collection sooner (the
-// H200 disk profile spent 12 % of the daemon's CPU in the collector).
+// 40 MiB of items again, which brought the next collection sooner: the
+// collector became a large share of the daemon's CPU under GPU loads.
 // Up to 16 idle: one per caller of a busy daemon; items beyond
 // maxKeptItems (one call's GPU items, 80 B each, and their owners) are
 // not kept.
@@ -489,8 +489,9 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 // capacity reaching to the end of the mapping (packed tiles adjacent in
 // slot order then land in one read); pitch and rowBytes are the pitched
 // shape, zero for a packed tile. It walks an entry's (layer, kind) tiles as
-// groupsOf does, but as a plain loop: through a callback the control path
-// measured about 80 ns a block slower on the VM.
+// groupsOf does, but as a plain loop: a callback per (layer, kind) is a
+// measurable share of the control path's cost per block
+// (docs/performance.md, "Control-path cost").
 func (t *target) fillReads(reqs []store.ReadReq, k int, e *abi.BlockEntry, span uint64, pitch, rowBytes int) int {
 	block, hs := e.Block, t.lay.HeadStride
 	h0, hn := int(e.HeadFirst), int(e.HeadCount)

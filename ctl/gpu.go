@@ -127,7 +127,7 @@ type cudaGPU struct{ *gpu.CUDA }
 
 // Exporter reads the exporting process's id from a legacy CUDA IPC handle:
 // the driver stores it, little-endian, in bytes 8..11 (not documented by
-// NVIDIA; observed with driver 580 on the H200 by scripts/ipc-probe.py).
+// NVIDIA; observed with driver 580).
 // The driver does not rely on it when opening (a handle with the field
 // rewritten still opens), so the check it enables stops a process that was
 // merely given another's handle, not one that forges the field: the handle
@@ -188,7 +188,7 @@ type gpus struct {
 // registerHost starts registering the store's file in host memory with
 // dev (portably: every device may then DMA from it), once per server, on a
 // goroutine of its own: pinning a file of many gigabytes takes a while
-// (6 GiB: 0.3 to 0.9 s on the H200), and loads go through staging until it
+// (up to about a second for a few GiB), and loads go through staging until it
 // is done. Once registered, the pipelines of every device that verifies on
 // the GPU load straight from it (gpu.Pipeline.SetHost): packed tiles into
 // place, pitched ones through device scratch. g.mu is held.
@@ -535,9 +535,10 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 	}
 	// From the call's scratch: 1,024 blocks of a Llama-3-8B-class model
 	// are half a million items, 40 MiB to allocate and fault in per call.
-	// The pool drops a scratch at a collection: then they are made at the
-	// size needed at once, never grown by append (grown, one-caller GPU
-	// loads on the H200 fell from 16.5 to 12 GB/s).
+	// A scratch the free list dropped makes them at the size needed at
+	// once, never grown by append: growing them cost a one-caller GPU
+	// load a quarter of its rate (docs/performance.md, "LOAD_BLOCKS into
+	// GPU memory").
 	if cap(sc.items) < n {
 		sc.items = make([]gpu.Item, 0, n)
 	}
@@ -560,8 +561,8 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 	// whole.
 	defer func() { sc.items, sc.owner, sc.crcs, sc.tiles = items[:0], owner[:0], crcs[:0], tiles[:0] }()
 	// Building half a million items, and reading their outcomes back,
-	// is ~10 ms of one core before the first copy and after the last (a
-	// sixth of a 1,024-block direct load on the H200): large calls do
+	// takes one core milliseconds before the first copy and after the
+	// last, a large share of a direct load of that size: large calls do
 	// both in parts, one goroutine each, split between entries.
 	parts := splitGroups(ents, n, sc.parts[:0], tiled)
 	sc.parts = parts

@@ -36,8 +36,8 @@ func (a run) joins(b run) bool {
 	return a.m == b.m && a.src+a.n == b.src && a.dst+uint64(a.n) == b.dst
 }
 
-// maxPitch bounds the pitches of a merged 2D copy (devices cap them; the
-// H100/H200 at 2^31-1).
+// maxPitch bounds the pitches of a merged 2D copy (devices cap them, at
+// 2^31-1 on current NVIDIA GPUs).
 const maxPitch = 1 << 30
 
 // copyRuns queues the chunk's runs in device order, runs next to each other

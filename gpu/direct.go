@@ -15,10 +15,11 @@ import (
 // destinations, and once a chunk's copies completed the GPU checksums the
 // groups where they landed (Verify; a group that fails is zeroed there)
 // and the slots are unpinned. Pitched tiles are copied packed into device
-// scratch instead, and Land checks them there and writes their rows. No CPU touches the payload. On the H200 a
-// registered tmpfs file copied at 0.96× the rate of pinned memory
-// (kvfs bench-h2d --from), where the staged path first has the CPU copy
-// every byte out of the page cache into staging.
+// scratch instead, and Land checks them there and writes their rows. No
+// CPU touches the payload: a registered tmpfs file copies at nearly the
+// rate of pinned memory (kvfs bench-h2d --from measures both), where the
+// staged route first has the CPU copy every byte out of the page cache
+// into staging.
 
 // Locator is a store that says where groups lie in its file and pins them
 // there (store.Store).
@@ -173,10 +174,10 @@ func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item) error {
 	if w <= 1 {
 		return p.directRange(l, host, items, p.depth())
 	}
-	// Several submitters: one goroutine queues copies at about 12 GB/s
-	// of 32 KiB tiles on the H200 (the driver's work per copy), where
-	// eight callers together reached 36. Each takes an equal share of
-	// the chunks, in order, with its share of the depth.
+	// Several submitters: the driver's work per copy bounds what one
+	// goroutine queues to well below what the copy engines move
+	// (docs/performance.md, "LOAD_BLOCKS into GPU memory"). Each takes an
+	// equal share of the chunks, in order, with its share of the depth.
 	share := (chunks + w - 1) / w * per
 	depth := max(2, p.depth()/w)
 	errs := make([]error, w)

@@ -7,20 +7,19 @@ import (
 	"github.com/kvfs/kvfs/store"
 )
 
-// Staged loads of pitched tiles, landed by the GPU. A store that is not in
-// memory (a disk) is read into pinned staging by DMA; a pitched (NHD) tile
-// then had the CPU lay its rows out in staging as they lie on the device,
-// a copy of every byte: a GPU load of NHD blocks from the disk spent 0.36
-// core-seconds per GB on the H200, as much as a load into host memory.
-// With Land, pitched tiles are read packed instead (the storage's DMA, no
-// CPU), copied packed into device scratch, and the kernel checks each group
-// there and writes its rows into the tile, in one pass.
+// The landed route: staged loads of pitched tiles, landed by the GPU. A
+// store that is not in memory (a disk) is read into pinned staging by DMA;
+// on the staged route a pitched (NHD) tile then has the CPU lay its rows
+// out in staging as they lie on the device, a copy of every byte, which
+// costs as much CPU as a load into host memory. With Land, pitched tiles
+// are read packed instead (the storage's DMA, no CPU), copied packed into
+// device scratch, and the kernel checks each group there and writes its
+// rows into the tile, in one pass.
 
 // landBatch is the most bytes of pitched tiles one scratch carries
 // (Pipeline.LandBatch, default 128 MiB): a load's pitched tiles go
 // through it in batches of that size, each one staged pipeline that fills
-// and drains (on the H200's disk, batches of 32 MiB ran 15 % below whole
-// staged loads).
+// and drains (smaller batches drain too often to keep a disk busy).
 func (p *Pipeline) landBatch() int {
 	if p.LandBatch > 0 {
 		return max(p.LandBatch, p.Geo.GroupBytes)

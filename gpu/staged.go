@@ -20,8 +20,9 @@ func (p *Pipeline) putReadGroups(gs *[3]readGroup) {
 		g := &gs[i]
 		clear(g.chunks[:cap(g.chunks)])
 		// Only the requests this load wrote: the rest were cleared by
-		// the load before that wrote them (a disk NHD load, a staged
-		// load per 128 MiB batch, spent 2 % of its CPU clearing all).
+		// the load before that wrote them (a landed load runs a staged
+		// load per batch, and clearing all each time was a visible share
+		// of its CPU).
 		clear(g.reqs[:g.used])
 		*g = readGroup{chunks: g.chunks[:0], bounds: g.bounds[:0], reqs: g.reqs[:0]}
 	}

@@ -6,12 +6,12 @@ import (
 	"github.com/kvfs/kvfs/store"
 )
 
-// Tiles: items of several heads (Item.Tile). A GPU load of whole blocks
-// from a disk store spent ~0.3 µs of CPU per group on the H200 (an item,
-// a store request, its outcome, a checker descriptor), which on a machine
-// with cheap I/O and CRC made its CPU per GB more than a third of a host
-// load's. As tiles, a block's (layer, kind) is one item and one store
-// request for all its heads.
+// Tiles: items of several heads (Item.Tile). Moved one group per item, a
+// GPU load of whole blocks pays the CPU per group (an item, a store
+// request, its outcome, a checker descriptor), which where I/O and CRC are
+// cheap is a large share of its CPU per GB (docs/performance.md, "CPU per
+// GB"). As tiles, a block's (layer, kind) is one item and one store request
+// for all its heads.
 
 // Tile is what makes an item (Item.Tile) a tile of several heads: the
 // groups of heads Key.Head to Key.Head+Heads-1 of one (block, layer,

@@ -14,12 +14,12 @@ import (
 // mapping of the file, made by the goroutine that calls Do, instead of
 // ring writes. A write to a tmpfs file holds the inode's lock for its copy,
 // so ring writes (done by the kernel's io-wq workers, which spin on that
-// lock) were one copy at a time whatever the callers: on the 16-core H200,
-// STORE_BLOCKS reached 2.4 GB/s with one caller and 2.7 with eight, at 1.45
-// core-seconds per GB. Copies into the mapping take no lock, so the store's
+// lock) are one copy at a time whatever the callers, and STORE_BLOCKS
+// barely scales with them (docs/performance.md, "CPU per GB"). Copies
+// into the mapping take no lock, so the store's
 // write phases, split over the cores, run on all of them. Page cache and
 // mapping are the same memory: reads (inline or through a ring) see the
-// writes, and Sync orders them as before (a no-op on tmpfs). What the
+// writes, and Sync orders them as it does ring writes (a no-op on tmpfs). What the
 // mapping costs: page tables for the part written through it (2 MiB per
 // GiB), and the daemon's RSS counts those pages (as RssShmem; the memory
 // is the file's, charged once).
@@ -88,15 +88,13 @@ const populateChunk = 64 << 20
 // populateView maps the view's pages that hold data (SEEK_DATA to
 // SEEK_HOLE: never-written space stays unallocated), in the background,
 // so that loads find them mapped instead of taking a page fault per 64
-// KiB on their first pass after a mount. On the 2-core VM, 8 callers
-// loading right after a mount took 78,000 faults over a store file of 4
-// GiB of blocks, 0.8 s of the daemon's system time (docs/performance.md,
-// stop 29). Loads racing it map the same pages; either way each is
-// mapped once. It stops at Close, on a kernel without MADV_POPULATE_READ
-// (5.14), or at the first error, leaving the rest to the faults. What it
-// costs: the view's page tables for all of the file's data (2 MiB per
-// GiB) from the mount on, where they used to grow as loads touched the
-// pages.
+// KiB on their first pass after a mount, which several callers loading
+// right after a mount pay in the daemon's system time. Loads racing it map
+// the same pages; either way each is mapped once. It stops at Close, on a
+// kernel without MADV_POPULATE_READ (5.14), or at the first error, leaving
+// the rest to the faults. What it costs: the view's page tables for all of
+// the file's data (2 MiB per GiB) from the mount on, instead of growing as
+// loads touch the pages.
 func (e *Engine) populateView() {
 	defer e.bg.Done()
 	for off := int64(0); off < e.size; {
