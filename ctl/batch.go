@@ -3,7 +3,6 @@ package ctl
 import (
 	"encoding/binary"
 	"errors"
-	"time"
 	"unsafe"
 
 	"github.com/kvfs/kvfs/ctl/abi"
@@ -55,12 +54,11 @@ func (e *ent) tile(extent int) []byte {
 func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 	s := ss.srv
 	load := req.Op == abi.OpLoad
-	if !load && s.opts.ReadOnly {
-		return 0, ErrReadOnly
+	start, err := ss.admit(load, in, out)
+	if err != nil {
+		return 0, err
 	}
-	start := time.Now()
-	defer func() { s.m.batchNs.Add(uint64(time.Since(start))) }()
-	copy(out, in)
+	defer ss.took(start)
 	n := int(req.Header.Count)
 	sc := s.scratch.Get().(*scratch)
 	if cap(sc.ents) < n {
@@ -157,14 +155,7 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 		}
 	}
 	binary.LittleEndian.PutUint32(out[abi.HeaderNOKOff:], uint32(nok))
-	s.m.bad.Add(uint64(bad))
-	if load {
-		s.m.loads.Add(1)
-		s.m.loaded.Add(uint64(nok))
-	} else {
-		s.m.stores.Add(1)
-		s.m.stored.Add(uint64(nok))
-	}
+	ss.count(load, bad, uint64(nok))
 	return int32(nok), nil
 }
 

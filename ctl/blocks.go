@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"time"
 
 	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/gpu"
@@ -101,15 +100,13 @@ func putBlockScratch(sc *blockScratch) {
 // valid entries in as few store calls as the staging budget allows and
 // write each entry's outcome back.
 func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
-	s := ss.srv
 	h := &req.Blocks.Header
 	load := req.Op == abi.OpLoadBlocks
-	if !load && s.opts.ReadOnly {
-		return 0, ErrReadOnly
+	start, err := ss.admit(load, in, out)
+	if err != nil {
+		return 0, err
 	}
-	start := time.Now()
-	defer func() { s.m.batchNs.Add(uint64(time.Since(start))) }()
-	copy(out, in)
+	defer ss.took(start)
 	n := int(h.Count)
 
 	ss.io.RLock()
@@ -177,7 +174,6 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 		bad += markBlockOverlaps(ents, &t.lay, sc)
 	}
 
-	var err error
 	switch {
 	case t.dev != nil:
 		err = ss.gpuBlocks(t, ents, load, sc)
@@ -218,14 +214,7 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	}
 	binary.LittleEndian.PutUint32(out[abi.BlocksNOKOff:], uint32(nok))
 	binary.LittleEndian.PutUint64(out[abi.BlocksGroupsOff:], groups)
-	s.m.bad.Add(uint64(bad))
-	if load {
-		s.m.loads.Add(1)
-		s.m.loaded.Add(groups)
-	} else {
-		s.m.stores.Add(1)
-		s.m.stored.Add(groups)
-	}
+	ss.count(load, bad, groups)
 	return int32(min(nok, 1<<31-1)), nil
 }
 

@@ -15,13 +15,45 @@ import (
 
 // The one path from an admitted request to the store. LOAD/STORE (v1
 // entries, batch.go) and LOAD_BLOCKS/STORE_BLOCKS (block entries,
-// blocks.go) differ only in how entries name their tiles; once checked,
-// both turn their valid entries into store requests (host memory) or
-// pipeline items (CUDA memory) and move them through the functions here:
-// readGroups and writeGroups, the two calls into the store; gpuMove, the
-// one call into a device's pipeline; and loadOutcome and writeOutcome,
-// which turn a group's result into the entry status the ABI reports.
-// Every access to client memory runs under guard.
+// blocks.go) differ only in how entries name their tiles. Both are
+// admitted (admit) and counted (took, count) alike; once their entries
+// are checked, both turn the valid ones into store requests (host memory)
+// or pipeline items (CUDA memory) and move them through the functions
+// here: readGroups and writeGroups, the two calls into the store; gpuMove,
+// the one call into a device's pipeline; and loadOutcome and
+// writeOutcome, which turn a group's result into the entry status the ABI
+// reports. Every access to client memory runs under guard.
+
+// admit starts a transfer (LOAD, STORE, LOAD_BLOCKS, STORE_BLOCKS): a
+// store is refused on a read-only server (ErrReadOnly), and out starts as
+// a copy of in, into which the outcomes are then written. The call's time
+// runs from start (took).
+func (ss *Session) admit(load bool, in, out []byte) (start time.Time, err error) {
+	if !load && ss.srv.opts.ReadOnly {
+		return time.Time{}, ErrReadOnly
+	}
+	start = time.Now()
+	copy(out, in)
+	return start, nil
+}
+
+// took counts the time of a transfer admitted at start, whatever its
+// outcome.
+func (ss *Session) took(start time.Time) { ss.srv.m.batchNs.Add(uint64(time.Since(start))) }
+
+// count counts a transfer served: its entries refused as bad requests and
+// the groups it moved.
+func (ss *Session) count(load bool, bad int, moved uint64) {
+	m := &ss.srv.m
+	m.bad.Add(uint64(bad))
+	if load {
+		m.loads.Add(1)
+		m.loaded.Add(moved)
+	} else {
+		m.stores.Add(1)
+		m.stored.Add(moved)
+	}
+}
 
 // guard runs f with memory faults turned into panics (fault.Guard) and
 // turns a fault at an address mine claims (inside the registrations the
