@@ -1,5 +1,11 @@
 package gpu
 
+import (
+	"errors"
+
+	"github.com/kvfs/kvfs/store"
+)
+
 // The verification rule. Every load, whatever its route, follows one
 // rule: a group's bytes are used — its load reported done, or for a
 // direct load its slot given back to the store — only after its CRC32C
@@ -11,7 +17,7 @@ package gpu
 //   - Without Verify, the store: the pipeline reads groups into staging
 //     as verified store requests, and store.Read checks them there on the
 //     CPU (zeroing a corrupt one, which the pipeline then copies as
-//     zeros) before any copy to the device is queued.
+//     zeros: goesOn) before any copy to the device is queued.
 //   - With Verify, the device: reads are store.ReadReq.Unverified and
 //     carry each group's recorded checksum out (Item.CRC, Tile.CRCs), and
 //     once a chunk's copies completed, check hands its groups to the
@@ -36,6 +42,13 @@ func (p *Pipeline) check(inPlace []*Item, landed []*Item, srcs []uint64) {
 		failUnset(landed, p.Land(landed, srcs))
 	}
 }
+
+// goesOn reports whether a group whose read ended with err goes on to its
+// tile: one that landed, and one the store found corrupt, whose bytes it
+// zeroed (copied as zeros, so the tile holds no stale group as if good);
+// not one that is missing or whose read failed, whose tile is left as it
+// was.
+func goesOn(err error) bool { return err == nil || errors.Is(err, store.ErrCorrupt) }
 
 // failUnset gives err, when not nil, to the items without an outcome.
 func failUnset(items []*Item, err error) {

@@ -1,11 +1,6 @@
 package gpu
 
-import (
-	"errors"
-	"fmt"
-
-	"github.com/kvfs/kvfs/store"
-)
+import "fmt"
 
 // The landed route: staged loads of pitched tiles, landed by the GPU. A
 // store that is not in memory (a disk) is read into pinned staging by DMA;
@@ -135,8 +130,7 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 				}
 				continue
 			}
-			switch e := it.Err; {
-			case e == nil, errors.Is(e, store.ErrCorrupt):
+			if goesOn(it.Err) {
 				// Not verified in scratch (Land checks it), or found
 				// corrupt by the store: Land finds it differs and writes
 				// zeros into the tile.

@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -372,15 +371,15 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		it := c.items[i]
 		rerr := reqs[i].Err
 		src := c.at(i, gb)
-		switch {
-		case rerr == nil:
-		case errors.Is(rerr, store.ErrCorrupt):
-			// Never leave a failed group in the destination as if good.
-			clear(c.st.Mem[src : src+gb])
-		default:
+		if !goesOn(rerr) {
 			it.Err = rerr
 			j++
 			continue
+		}
+		if rerr != nil {
+			// Corrupt: never leave a failed group in the destination as
+			// if good (the store zeroed it too).
+			clear(c.st.Mem[src : src+gb])
 		}
 		it.Err = rerr
 		if c.failed != nil {
@@ -538,7 +537,7 @@ func (p *Pipeline) queueSet(q Device, c2 Copier2D, c *chunk, reqs []store.ReadRe
 	all := true
 	for j := i; j < i+n; j++ {
 		it, rerr := c.items[j], reqs[j].Err
-		if rerr != nil && !errors.Is(rerr, store.ErrCorrupt) {
+		if !goesOn(rerr) {
 			it.Err, all = rerr, false
 			continue
 		}
