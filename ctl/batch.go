@@ -3,12 +3,7 @@ package ctl
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
-	"runtime/debug"
-	"time"
 	"unsafe"
-
-	"go.uber.org/zap"
 
 	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/layout"
@@ -59,12 +54,11 @@ func (e *ent) tile(extent int) []byte {
 func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 	s := ss.srv
 	load := req.Op == abi.OpLoad
-	if !load && s.opts.ReadOnly {
-		return 0, ErrReadOnly
+	start, err := ss.admit(load, in, out)
+	if err != nil {
+		return 0, err
 	}
-	start := time.Now()
-	defer func() { s.m.batchNs.Add(uint64(time.Since(start))) }()
-	copy(out, in)
+	defer ss.took(start)
 	n := int(req.Header.Count)
 	sc := s.scratch.Get().(*scratch)
 	if cap(sc.ents) < n {
@@ -161,14 +155,7 @@ func (ss *Session) batch(req *abi.Request, in, out []byte) (int32, error) {
 		}
 	}
 	binary.LittleEndian.PutUint32(out[abi.HeaderNOKOff:], uint32(nok))
-	s.m.bad.Add(uint64(bad))
-	if load {
-		s.m.loads.Add(1)
-		s.m.loaded.Add(uint64(nok))
-	} else {
-		s.m.stores.Add(1)
-		s.m.stored.Add(uint64(nok))
-	}
+	ss.count(load, bad, uint64(nok))
 	return int32(nok), nil
 }
 
@@ -202,21 +189,13 @@ func (ss *Session) load(ents []ent, sc *scratch) error {
 	if len(reqs) == 0 {
 		return nil
 	}
-	return ss.guard(ents, func() error {
-		t0 := time.Now()
-		err := s.st.Read(reqs)
-		s.m.storeNs.Add(uint64(time.Since(t0)))
-		if err != nil {
+	return ss.guard(batchEnts(ents).owns, func() error {
+		if err := ss.readGroups(reqs); err != nil {
 			return err
 		}
 		for k := range reqs {
 			e := &ents[idx[k]]
-			e.st, e.det = loadStatus(reqs[k].Err)
-			if e.st == abi.Corrupt {
-				// The store verified the group from memory only the
-				// daemon writes before calling it corrupt.
-				s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Error(reqs[k].Err))
-			}
+			e.st, e.det = ss.loadOutcome(reqs[k].Err, nil)
 		}
 		return nil
 	})
@@ -241,7 +220,7 @@ func (ss *Session) store(ents []ent, stageBytes int, sc *scratch) error {
 		sc.wreqs, sc.idx = reqs[:0], idx[:0]
 	}()
 	rows, rowBytes := int(s.tile.Rows), int(s.tile.RowBytes)
-	err = ss.guard(ents, func() error {
+	err = ss.guard(batchEnts(ents).owns, func() error {
 		off := 0
 		for i := range ents {
 			e := &ents[i]
@@ -270,51 +249,26 @@ func (ss *Session) store(ents []ent, stageBytes int, sc *scratch) error {
 	if err != nil {
 		return err
 	}
-	t0 := time.Now()
-	werr := s.st.Write(reqs)
-	s.m.storeNs.Add(uint64(time.Since(t0)))
+	werr := ss.writeGroups(reqs)
 	if errors.Is(werr, store.ErrClosed) {
 		return werr
 	}
 	for k := range reqs {
 		e := &ents[idx[k]]
-		e.st, e.det = storeStatus(reqs[k].Err)
-		if werr != nil && e.st == abi.OK {
-			// The batch failed as a whole: claim nothing.
-			e.st = abi.IOError
-		}
-	}
-	if werr != nil {
-		s.log.Warn("ctl: store batch failed", zap.Error(werr))
+		e.st, e.det = writeOutcome(reqs[k].Err, werr)
 	}
 	return nil
 }
 
-// guard runs f with faults on memory access turned into panics, and turns a
-// fault inside one of the entries' registered buffers into ErrFault. Any
-// other panic propagates.
-func (ss *Session) guard(ents []ent, f func() error) (err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		r := recover()
-		if r == nil {
-			return
-		}
-		a, ok := r.(interface{ Addr() uintptr })
-		if !ok || !owns(ents, a.Addr()) {
-			panic(r)
-		}
-		ss.srv.m.faults.Add(1)
-		err = fmt.Errorf("%w: at %#x", ErrFault, a.Addr())
-	}()
-	return f()
-}
+// batchEnts is a v1 call's entries.
+type batchEnts []ent
 
-func owns(ents []ent, addr uintptr) bool {
+// owns reports whether addr lies in one of the entries' registrations
+// (the memory a fault of the call may be in).
+func (es batchEnts) owns(addr uintptr) bool {
 	var last *buffer
-	for i := range ents {
-		if b := ents[i].b; b != nil && b != last {
+	for i := range es {
+		if b := es[i].b; b != nil && b != last {
 			if b.contains(addr) {
 				return true
 			}
@@ -322,30 +276,4 @@ func owns(ents []ent, addr uintptr) bool {
 		}
 	}
 	return false
-}
-
-func loadStatus(err error) (abi.Status, abi.Detail) {
-	switch {
-	case err == nil:
-		return abi.OK, abi.BadNone
-	case errors.Is(err, store.ErrNotFound):
-		return abi.Absent, abi.BadNone
-	case errors.Is(err, store.ErrCorrupt):
-		return abi.Corrupt, abi.BadNone
-	case errors.Is(err, store.ErrInvalid), errors.Is(err, store.ErrSize):
-		return abi.BadRequest, abi.BadKey
-	}
-	return abi.IOError, abi.BadNone
-}
-
-func storeStatus(err error) (abi.Status, abi.Detail) {
-	switch {
-	case err == nil:
-		return abi.OK, abi.BadNone
-	case errors.Is(err, store.ErrFull):
-		return abi.NoSpace, abi.BadNone
-	case errors.Is(err, store.ErrInvalid), errors.Is(err, store.ErrSize):
-		return abi.BadRequest, abi.BadKey
-	}
-	return abi.IOError, abi.BadNone
 }

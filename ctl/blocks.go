@@ -6,11 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"runtime/debug"
 	"slices"
-	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/gpu"
@@ -74,8 +70,8 @@ type blockScratch struct {
 
 // blockScratches keeps the idle scratch. Not a sync.Pool: that drops its
 // items at every collection, and a GPU load of 1,000 blocks then made its
-// 40 MiB of items again, which brought the next collection sooner (the
-// H200 disk profile spent 12 % of the daemon's CPU in the collector).
+// 40 MiB of items again, which brought the next collection sooner: the
+// collector became a large share of the daemon's CPU under GPU loads.
 // Up to 16 idle: one per caller of a busy daemon; items beyond
 // maxKeptItems (one call's GPU items, 80 B each, and their owners) are
 // not kept.
@@ -96,25 +92,6 @@ func putBlockScratch(sc *blockScratch) {
 	blockScratches.Put(sc)
 }
 
-// blocksIoctl serves the minor-2 commands.
-func (ss *Session) blocksIoctl(req *abi.Request, in, out []byte) (int32, error) {
-	switch req.Op {
-	case abi.OpRegisterTarget:
-		id, err := ss.registerTarget(req.Blocks.Target)
-		if err != nil {
-			return 0, err
-		}
-		copy(out, in)
-		binary.LittleEndian.PutUint32(out[abi.TargetOutOff:], id)
-		return 0, nil
-	case abi.OpUnregisterTarget:
-		return 0, ss.unregisterTarget(req.Blocks.UnregisterTarget.Target)
-	case abi.OpLoadBlocks, abi.OpStoreBlocks:
-		return ss.blocks(req, in, out)
-	}
-	return 0, fmt.Errorf("%w: op %v", abi.ErrCommand, req.Op)
-}
-
 // blocks serves LOAD_BLOCKS and STORE_BLOCKS (and their inline forms):
 // look up the target and the entry array, copy the entries into daemon
 // memory (a client changing them during the call changes nothing), check
@@ -123,15 +100,13 @@ func (ss *Session) blocksIoctl(req *abi.Request, in, out []byte) (int32, error) 
 // valid entries in as few store calls as the staging budget allows and
 // write each entry's outcome back.
 func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
-	s := ss.srv
 	h := &req.Blocks.Header
 	load := req.Op == abi.OpLoadBlocks
-	if !load && s.opts.ReadOnly {
-		return 0, ErrReadOnly
+	start, err := ss.admit(load, in, out)
+	if err != nil {
+		return 0, err
 	}
-	start := time.Now()
-	defer func() { s.m.batchNs.Add(uint64(time.Since(start))) }()
-	copy(out, in)
+	defer ss.took(start)
 	n := int(h.Count)
 
 	ss.io.RLock()
@@ -175,7 +150,7 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	if arr != nil {
 		src = arr
 	}
-	if err := ss.guardBufs(t, eb, func() error {
+	if err := ss.guard(t.ownsOr(eb), func() error {
 		for i := range ents {
 			ents[i] = blockEnt{}
 			ents[i].e.Unmarshal(src[i*abi.BlockEntrySize:])
@@ -199,7 +174,6 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 		bad += markBlockOverlaps(ents, &t.lay, sc)
 	}
 
-	var err error
 	switch {
 	case t.dev != nil:
 		err = ss.gpuBlocks(t, ents, load, sc)
@@ -225,7 +199,7 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 		groups += uint64(ents[i].ok)
 	}
 	if arr != nil {
-		if err := ss.guardBufs(t, eb, func() error {
+		if err := ss.guard(t.ownsOr(eb), func() error {
 			for i := range ents {
 				put(arr[i*abi.BlockEntrySize:], &ents[i])
 			}
@@ -240,14 +214,7 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	}
 	binary.LittleEndian.PutUint32(out[abi.BlocksNOKOff:], uint32(nok))
 	binary.LittleEndian.PutUint64(out[abi.BlocksGroupsOff:], groups)
-	s.m.bad.Add(uint64(bad))
-	if load {
-		s.m.loads.Add(1)
-		s.m.loaded.Add(groups)
-	} else {
-		s.m.stores.Add(1)
-		s.m.stored.Add(groups)
-	}
+	ss.count(load, bad, groups)
 	return int32(min(nok, 1<<31-1)), nil
 }
 
@@ -443,7 +410,7 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 			}
 		}
 		out.read(reqs[:used], used)
-		err := ss.guardBufs(t, nil, func() error { return ss.readGroups(reqs[:n]) })
+		err := ss.guard(t.owns, func() error { return ss.readGroups(reqs[:n]) })
 		if err != nil {
 			return err
 		}
@@ -496,11 +463,7 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 			if q.Err == nil {
 				continue
 			}
-			st, det := loadStatus(q.Err)
-			e.tally(st, det)
-			if st == abi.Corrupt {
-				o.ss.srv.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", o.ss.id), zap.Error(q.Err))
-			}
+			e.tally(o.ss.loadOutcome(q.Err, nil))
 		}
 	}
 }
@@ -515,8 +478,9 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 // capacity reaching to the end of the mapping (packed tiles adjacent in
 // slot order then land in one read); pitch and rowBytes are the pitched
 // shape, zero for a packed tile. It walks an entry's (layer, kind) tiles as
-// groupsOf does, but as a plain loop: through a callback the control path
-// measured about 80 ns a block slower on the VM.
+// groupsOf does, but as a plain loop: a callback per (layer, kind) is a
+// measurable share of the control path's cost per block
+// (docs/performance.md, "Control-path cost").
 func (t *target) fillReads(reqs []store.ReadReq, k int, e *abi.BlockEntry, span uint64, pitch, rowBytes int) int {
 	block, hs := e.Block, t.lay.HeadStride
 	h0, hn := int(e.HeadFirst), int(e.HeadCount)
@@ -586,7 +550,7 @@ func (ss *Session) storeBlocks(t *target, ents []blockEnt, sc *blockScratch) err
 		// whatever the client does to its memory meanwhile) and summed
 		// there while it is still in cache, the tiles spread over the
 		// cores; the store then reads no payload to checksum it.
-		err = ss.guardBufs(t, nil, func() error {
+		err = ss.guard(t.owns, func() error {
 			par.Pieces(len(reqs), max(1, storeSumWindow/gb), runtime.GOMAXPROCS(0), func(lo, hi int) {
 				for k := lo; k < hi; k++ {
 					q, src := &reqs[k], srcs[k]
@@ -607,15 +571,8 @@ func (ss *Session) storeBlocks(t *target, ents []blockEnt, sc *blockScratch) err
 			if errors.Is(werr, store.ErrClosed) {
 				err = werr
 			} else {
-				if werr != nil {
-					s.log.Warn("ctl: store-blocks batch failed", zap.Error(werr))
-				}
 				for k := range reqs {
-					st, det := storeStatus(reqs[k].Err)
-					if werr != nil && st == abi.OK {
-						st = abi.IOError // the batch failed as a whole: claim nothing
-					}
-					ents[owner[k]].tally(st, det)
+					ents[owner[k]].tally(writeOutcome(reqs[k].Err, werr))
 				}
 			}
 		}
@@ -659,47 +616,18 @@ func (e *blockEnt) tally(st abi.Status, det abi.Detail) {
 	}
 }
 
-// readGroups and writeGroups are the two calls into the store; the time
-// they take is what the store costs, the rest of a call is the control
-// path.
-func (ss *Session) readGroups(reqs []store.ReadReq) error {
-	t0 := time.Now()
-	err := ss.srv.st.Read(reqs)
-	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
-	return err
+// owns reports whether addr lies in one of the target's buffers (the
+// memory a fault of a call on it may be in).
+func (t *target) owns(addr uintptr) bool {
+	for _, b := range t.bufs {
+		if b.contains(addr) {
+			return true
+		}
+	}
+	return false
 }
 
-func (ss *Session) writeGroups(reqs []store.WriteReq) error {
-	t0 := time.Now()
-	err := ss.srv.st.Write(reqs)
-	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
-	return err
-}
-
-// guardBufs runs f with faults on memory access turned into panics, and
-// turns a fault inside the target's buffers or the entry array's buffer
-// (eb, may be nil) into ErrFault. Any other panic propagates.
-func (ss *Session) guardBufs(t *target, eb *buffer, f func() error) (err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		r := recover()
-		if r == nil {
-			return
-		}
-		a, ok := r.(interface{ Addr() uintptr })
-		if !ok {
-			panic(r)
-		}
-		mine := eb != nil && eb.contains(a.Addr())
-		for _, b := range t.bufs {
-			mine = mine || b.contains(a.Addr())
-		}
-		if !mine {
-			panic(r)
-		}
-		ss.srv.m.faults.Add(1)
-		err = fmt.Errorf("%w: at %#x", ErrFault, a.Addr())
-	}()
-	return f()
+// ownsOr is owns, and the entry array's buffer eb (nil: none).
+func (t *target) ownsOr(eb *buffer) func(addr uintptr) bool {
+	return func(addr uintptr) bool { return (eb != nil && eb.contains(addr)) || t.owns(addr) }
 }

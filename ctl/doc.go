@@ -10,6 +10,18 @@
 // package does not import fs (nor fs this one): cmd/kvfs wires them with a
 // two-line adapter.
 //
+// How an ioctl is served: IoctlFrom decodes it (package abi) and
+// Session.serve, the one table of operations (ops.go), calls its handler.
+// The transfers check every entry first: LOAD and STORE (batch.go) each
+// entry against its own registration, LOAD_BLOCKS and STORE_BLOCKS
+// (blocks.go) each block entry against a target validated once at
+// REGISTER_TARGET (target.go). From there both take one path to the
+// store (move.go): the valid entries become store requests for host
+// memory, moved by readGroups and writeGroups, or pipeline items for CUDA
+// memory, moved by gpuMove (package gpu chooses the route), and each
+// group's result becomes the status the ABI reports through loadOutcome
+// and writeOutcome.
+//
 // Invariants:
 //
 //   - A registration grants exactly what the kernel grants the caller:
@@ -48,10 +60,11 @@
 //     file, including when the client was killed) unmaps and unregisters all
 //     of them; nothing outlives the session.
 //   - A client that shrinks a registered file makes the daemon's accesses
-//     past the new end fault (SIGBUS). LOAD and STORE run with
-//     debug.SetPanicOnFault, recover a fault whose address lies inside one of
-//     the session's mappings, and fail that ioctl with EFAULT; the daemon
-//     keeps serving.
+//     past the new end fault (SIGBUS). Every access of a transfer to
+//     registered memory runs under Session.guard (package internal/fault),
+//     which recovers a fault whose address lies inside one of the
+//     registrations the call touches and fails that ioctl with EFAULT; the
+//     daemon keeps serving. Any other fault crashes the daemon as before.
 //
 // Lock order: Session.io before Session.mu. io is held shared by LOAD and
 // STORE for the duration of their I/O and exclusively by UNREGISTER and

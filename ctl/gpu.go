@@ -16,7 +16,6 @@ import (
 	"github.com/kvfs/kvfs/gpu/cuda"
 	"github.com/kvfs/kvfs/internal/par"
 	"github.com/kvfs/kvfs/layout"
-	"github.com/kvfs/kvfs/store"
 )
 
 // Errors of the GPU path (docs/abi.md, "REGISTER_CUDA").
@@ -128,7 +127,7 @@ type cudaGPU struct{ *gpu.CUDA }
 
 // Exporter reads the exporting process's id from a legacy CUDA IPC handle:
 // the driver stores it, little-endian, in bytes 8..11 (not documented by
-// NVIDIA; observed with driver 580 on the H200 by scripts/ipc-probe.py).
+// NVIDIA; observed with driver 580).
 // The driver does not rely on it when opening (a handle with the field
 // rewritten still opens), so the check it enables stops a process that was
 // merely given another's handle, not one that forges the field: the handle
@@ -189,7 +188,7 @@ type gpus struct {
 // registerHost starts registering the store's file in host memory with
 // dev (portably: every device may then DMA from it), once per server, on a
 // goroutine of its own: pinning a file of many gigabytes takes a while
-// (6 GiB: 0.3 to 0.9 s on the H200), and loads go through staging until it
+// (up to about a second for a few GiB), and loads go through staging until it
 // is done. Once registered, the pipelines of every device that verifies on
 // the GPU load straight from it (gpu.Pipeline.SetHost): packed tiles into
 // place, pitched ones through device scratch. g.mu is held.
@@ -489,26 +488,14 @@ func (ss *Session) gpuBatch(ents []ent, load bool) error {
 			e := &ents[i]
 			items[k] = gpu.Item{Key: e.key(), Dst: e.b.cuda.addr + e.e.Offset, Pitch: int(e.e.Pitch), Mapping: e.b.cuda.addr}
 		}
-		var err error
-		if load {
-			err = d.pipe.Load(s.st, items)
-		} else {
-			err = d.pipe.Store(s.st, items)
-		}
+		err := ss.gpuMove(d, items, load, false)
 		for k, i := range idx {
 			e := &ents[i]
 			if load {
-				e.st, e.det = loadStatus(items[k].Err)
-				if e.st == abi.Corrupt {
-					s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", d.ordinal), zap.Error(items[k].Err))
-				}
+				e.st, e.det = ss.loadOutcome(items[k].Err, d)
 			} else {
 				e.st, e.det = storeStatus(items[k].Err)
 			}
-		}
-		if err != nil && !errors.Is(err, store.ErrClosed) {
-			s.log.Warn("ctl: GPU batch failed", zap.Int("device", d.ordinal), zap.Bool("load", load), zap.Error(err))
-			err = nil // reported per entry
 		}
 		return err
 	}
@@ -548,9 +535,10 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 	}
 	// From the call's scratch: 1,024 blocks of a Llama-3-8B-class model
 	// are half a million items, 40 MiB to allocate and fault in per call.
-	// The pool drops a scratch at a collection: then they are made at the
-	// size needed at once, never grown by append (grown, one-caller GPU
-	// loads on the H200 fell from 16.5 to 12 GB/s).
+	// A scratch the free list dropped makes them at the size needed at
+	// once, never grown by append: growing them cost a one-caller GPU
+	// load a quarter of its rate (docs/performance.md, "LOAD_BLOCKS into
+	// GPU memory").
 	if cap(sc.items) < n {
 		sc.items = make([]gpu.Item, 0, n)
 	}
@@ -573,8 +561,8 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 	// whole.
 	defer func() { sc.items, sc.owner, sc.crcs, sc.tiles = items[:0], owner[:0], crcs[:0], tiles[:0] }()
 	// Building half a million items, and reading their outcomes back,
-	// is ~10 ms of one core before the first copy and after the last (a
-	// sixth of a 1,024-block direct load on the H200): large calls do
+	// takes one core milliseconds before the first copy and after the
+	// last, a large share of a direct load of that size: large calls do
 	// both in parts, one goroutine each, split between entries.
 	parts := splitGroups(ents, n, sc.parts[:0], tiled)
 	sc.parts = parts
@@ -620,21 +608,10 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 		return fmt.Errorf("ctl: GPU blocks call: the entries' groups do not add up to the %d counted (a bug)", n)
 	}
 	t0 := time.Now()
-	var err error
-	switch {
-	case tiled:
-		err = t.dev.pipe.LoadTiles(s.st, items)
-	case load:
-		err = t.dev.pipe.Load(s.st, items)
-	default:
-		err = t.dev.pipe.Store(s.st, items)
-	}
+	err := ss.gpuMove(t.dev, items, load, tiled)
 	s.m.storeNs.Add(uint64(time.Since(t0)))
-	if errors.Is(err, store.ErrClosed) {
-		return err
-	}
 	if err != nil {
-		s.log.Warn("ctl: GPU blocks batch failed", zap.Int("device", t.dev.ordinal), zap.Bool("load", load), zap.Error(err))
+		return err
 	}
 	// Each part's items belong to its own entries: the parts tally
 	// them at once.
@@ -655,17 +632,11 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 				}
 				continue
 			}
-			var st abi.Status
-			var det abi.Detail
 			if load {
-				st, det = loadStatus(it.Err)
-				if st == abi.Corrupt {
-					s.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", t.dev.ordinal), zap.Error(it.Err))
-				}
+				e.tally(ss.loadOutcome(it.Err, t.dev))
 			} else {
-				st, det = storeStatus(it.Err)
+				e.tally(storeStatus(it.Err))
 			}
-			e.tally(st, det)
 		}
 	})
 	return nil

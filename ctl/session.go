@@ -101,45 +101,7 @@ func (ss *Session) IoctlFrom(tid uint32, cmd uint32, in, out []byte) (int32, sys
 		s.m.rejected.Add(1)
 		return 0, s.errno("decode", err)
 	}
-	var res int32
-	switch req.Op {
-	case abi.OpInfo:
-		i := s.info()
-		i.Marshal(out)
-	case abi.OpRegisterHost:
-		var reg registration
-		reg, err = ss.registerHost(tid, req.Path, req.Register.Length)
-		if err == nil {
-			r := req.Register
-			r.Buffer, r.Length = reg.id, uint64(reg.n)
-			r.Marshal(out)
-		}
-	case abi.OpRegisterFD:
-		var reg registration
-		reg, err = ss.registerFD(tid, req.RegisterFD.FD, req.RegisterFD.Length)
-		if err == nil {
-			r := req.RegisterFD
-			r.Buffer, r.Length = reg.id, uint64(reg.n)
-			if reg.pinned {
-				r.Pinned = 1
-			}
-			r.Marshal(out)
-		}
-	case abi.OpRegisterCUDA:
-		var reg registration
-		reg, err = ss.registerCUDA(tid, &req.RegisterCUDA)
-		if err == nil {
-			r := req.RegisterCUDA
-			r.Buffer, r.Length = reg.id, uint64(reg.n)
-			r.Marshal(out)
-		}
-	case abi.OpUnregister:
-		err = ss.unregister(req.Unregister.Buffer)
-	case abi.OpLoad, abi.OpStore:
-		res, err = ss.batch(&req, in, out)
-	default:
-		res, err = ss.blocksIoctl(&req, in, out)
-	}
+	res, err := ss.serve(tid, &req, in, out)
 	if err != nil {
 		s.m.rejected.Add(1)
 		return 0, s.errno(req.Op.String(), err)

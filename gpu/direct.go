@@ -15,10 +15,11 @@ import (
 // destinations, and once a chunk's copies completed the GPU checksums the
 // groups where they landed (Verify; a group that fails is zeroed there)
 // and the slots are unpinned. Pitched tiles are copied packed into device
-// scratch instead, and Land checks them there and writes their rows. No CPU touches the payload. On the H200 a
-// registered tmpfs file copied at 0.96× the rate of pinned memory
-// (kvfs bench-h2d --from), where the staged path first has the CPU copy
-// every byte out of the page cache into staging.
+// scratch instead, and Land checks them there and writes their rows. No
+// CPU touches the payload: a registered tmpfs file copies at nearly the
+// rate of pinned memory (kvfs bench-h2d --from measures both), where the
+// staged route first has the CPU copy every byte out of the page cache
+// into staging.
 
 // Locator is a store that says where groups lie in its file and pins them
 // there (store.Store).
@@ -92,7 +93,7 @@ func (p *Pipeline) directFor(r Reader, items []Item) (Locator, []byte) {
 // Locator, Verify set and a host view; else nil, nil.
 func (p *Pipeline) hostView(r Reader) (Locator, []byte) {
 	l, ok := r.(Locator)
-	if !ok || p.Verify == nil {
+	if !ok || !p.checksOnDevice() {
 		return nil, nil
 	}
 	h := p.host.Load()
@@ -173,10 +174,10 @@ func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item) error {
 	if w <= 1 {
 		return p.directRange(l, host, items, p.depth())
 	}
-	// Several submitters: one goroutine queues copies at about 12 GB/s
-	// of 32 KiB tiles on the H200 (the driver's work per copy), where
-	// eight callers together reached 36. Each takes an equal share of
-	// the chunks, in order, with its share of the depth.
+	// Several submitters: the driver's work per copy bounds what one
+	// goroutine queues to well below what the copy engines move
+	// (docs/performance.md, "LOAD_BLOCKS into GPU memory"). Each takes an
+	// equal share of the chunks, in order, with its share of the depth.
 	share := (chunks + w - 1) / w * per
 	depth := max(2, p.depth()/w)
 	errs := make([]error, w)
@@ -243,8 +244,7 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 			}
 			ok = append(ok, &items[i])
 		}
-		p.verify(ok)
-		p.land(landed, srcs)
+		p.check(ok, landed, srcs)
 		clear(ok)
 		clear(landed)
 		c.verified, c.landed, c.srcs = ok[:0], landed[:0], srcs[:0]
@@ -289,7 +289,7 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 			it, q := &items[lo+k], &c.reqs[k]
 			it.Err = q.Err
 			if it.Tile != nil {
-				it.failAll(fmt.Errorf("%w: a tile in a direct load (LoadTiles takes tiles)", ErrConfig))
+				it.failAll(fmt.Errorf("%w: a tile in a load not declared to hold tiles", ErrConfig))
 				continue
 			}
 			if q.Err != nil {

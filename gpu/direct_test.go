@@ -161,7 +161,7 @@ func testDirectLoad(t *testing.T, variant string) {
 	for i := range its {
 		r.dev.Fill(its[i].Dst, old)
 	}
-	if err := r.p.Load(s, its); err != nil {
+	if err := r.p.Load(s, its, false); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
@@ -224,7 +224,7 @@ func TestDirectFallsBack(t *testing.T) {
 				its[5].Pitch = 2 * rowBytes
 				its[5].Dst = gputest.Base + 1<<20
 			}
-			if err := r.p.Load(s, its); err != nil {
+			if err := r.p.Load(s, its, false); err != nil {
 				t.Fatal(err)
 			}
 			for i, it := range its {
@@ -278,7 +278,7 @@ func TestDirectCopyFails(t *testing.T) {
 					return nil
 				}
 			}
-			err := r.p.Load(s, its)
+			err := r.p.Load(s, its, false)
 			if mode == "closed" {
 				if !errors.Is(err, store.ErrClosed) {
 					t.Fatalf("load from a store closed midway: %v", err)
@@ -325,7 +325,7 @@ func TestDirect2DPerBlock(t *testing.T) {
 				cb := uint64(blocks - 1 - i/tiles) // cache blocks in reverse
 				its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(i%tiles)*tensor + cb*gb}
 			}
-			if err := r.p.Load(s, its); err != nil {
+			if err := r.p.Load(s, its, false); err != nil {
 				t.Fatal(err)
 			}
 			for i, it := range its {
@@ -366,7 +366,7 @@ func TestDirectPitched(t *testing.T) {
 		}
 	}
 	copies := r.dev.Copies()
-	if err := r.p.Load(s, its); err != nil {
+	if err := r.p.Load(s, its, false); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
@@ -447,7 +447,7 @@ func TestLandedStaged(t *testing.T) {
 		r.dev.Fill(its[17].Dst+uint64(row*pitch), old)
 	}
 	before := slices.Clone(its)
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
@@ -558,7 +558,7 @@ func TestDirectScratchBudget(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := r.p.Load(s, its[k*perLoad:(k+1)*perLoad]); err != nil {
+			if err := r.p.Load(s, its[k*perLoad:(k+1)*perLoad], false); err != nil {
 				t.Error(err)
 			}
 		}()

@@ -25,6 +25,17 @@
 // one store request and one run of staging, so a load of whole blocks
 // pays per tile, not per group; the checker expands a tile into its heads.
 //
+// Pipeline.Load is the one entry point of a load and chooses its route
+// from the request alone (route.go): direct from the store's host view,
+// staged with pitched tiles landed by the kernel, or staged. Whatever the
+// route, a group is checked before its bytes are used, by the store in
+// staging or by the device where it landed (check.go). The files follow
+// the jobs: pipeline.go the types and configuration, staging.go which
+// batch owns which staging buffer, staged.go the staged route, copy.go the
+// planning of a chunk's copies, direct.go and landed.go the other two
+// routes, tile.go items of several heads, store.go the way back (Store),
+// verify.go the CRC32C checker on the device, pool.go the staging pool.
+//
 // The GPU is reached through the Device interface (copies on one ordered
 // queue, events, pinned allocations); CUDA implements it over package
 // gpu/cuda, and package gpu/gputest has a fake for tests without a GPU. A

@@ -1,26 +1,20 @@
 package gpu
 
-import (
-	"errors"
-	"fmt"
+import "fmt"
 
-	"github.com/kvfs/kvfs/store"
-)
-
-// Staged loads of pitched tiles, landed by the GPU. A store that is not in
-// memory (a disk) is read into pinned staging by DMA; a pitched (NHD) tile
-// then had the CPU lay its rows out in staging as they lie on the device,
-// a copy of every byte: a GPU load of NHD blocks from the disk spent 0.36
-// core-seconds per GB on the H200, as much as a load into host memory.
-// With Land, pitched tiles are read packed instead (the storage's DMA, no
-// CPU), copied packed into device scratch, and the kernel checks each group
-// there and writes its rows into the tile, in one pass.
+// The landed route: staged loads of pitched tiles, landed by the GPU. A
+// store that is not in memory (a disk) is read into pinned staging by DMA;
+// on the staged route a pitched (NHD) tile then has the CPU lay its rows
+// out in staging as they lie on the device, a copy of every byte, which
+// costs as much CPU as a load into host memory. With Land, pitched tiles
+// are read packed instead (the storage's DMA, no CPU), copied packed into
+// device scratch, and the kernel checks each group there and writes its
+// rows into the tile, in one pass.
 
 // landBatch is the most bytes of pitched tiles one scratch carries
 // (Pipeline.LandBatch, default 128 MiB): a load's pitched tiles go
 // through it in batches of that size, each one staged pipeline that fills
-// and drains (on the H200's disk, batches of 32 MiB ran 15 % below whole
-// staged loads).
+// and drains (smaller batches drain too often to keep a disk busy).
 func (p *Pipeline) landBatch() int {
 	if p.LandBatch > 0 {
 		return max(p.LandBatch, p.Geo.GroupBytes)
@@ -49,7 +43,7 @@ type tile struct {
 // tiles with the kernel: Land and Verify set, a device that allocates, and
 // a pitched tile among items.
 func (p *Pipeline) landsStaged(items []Item) bool {
-	return p.Land != nil && p.Verify != nil && p.canAllocDevice() && p.anyPitched(items)
+	return p.Land != nil && p.checksOnDevice() && p.canAllocDevice() && p.anyPitched(items)
 }
 
 // loadLanded is Load through staging for items with pitched tiles: in
@@ -136,8 +130,7 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 				}
 				continue
 			}
-			switch e := it.Err; {
-			case e == nil, errors.Is(e, store.ErrCorrupt):
+			if goesOn(it.Err) {
 				// Not verified in scratch (Land checks it), or found
 				// corrupt by the store: Land finds it differs and writes
 				// zeros into the tile.
@@ -146,7 +139,7 @@ func (p *Pipeline) loadLanded(r Reader, items []Item) error {
 				srcs = append(srcs, src)
 			}
 		}
-		p.land(landed, srcs)
+		p.check(nil, landed, srcs)
 		if err != nil {
 			for i := hi; i < len(items); i++ {
 				items[i].failAll(err)

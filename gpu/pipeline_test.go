@@ -253,7 +253,7 @@ func TestBatchesSpreadOverLanes(t *testing.T) {
 				r.st.mu.Unlock()
 				its[i] = gpu.Item{Key: key(k), Dst: gputest.Base + uint64(k*gb)}
 			}
-			if err := r.p.Load(r.st, its); err != nil {
+			if err := r.p.Load(r.st, its, false); err != nil {
 				errs <- err
 				return
 			}
@@ -315,7 +315,7 @@ func TestScatteredTilesBatched(t *testing.T) {
 					its[i].Err = nil
 					clear(r.dev.Mem(its[i].Dst, gb))
 				}
-				if err := r.p.Load(r.st, its); err != nil {
+				if err := r.p.Load(r.st, its, false); err != nil {
 					t.Fatal(err)
 				}
 				for i, it := range its {
@@ -364,7 +364,7 @@ func TestReadOverlapsCopies(t *testing.T) {
 		return nil
 	}
 	its := r.items(64, 11)
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	if !overlapped {
@@ -413,7 +413,7 @@ func TestReadsOverlapEachOther(t *testing.T) {
 	}
 	r.st.onReadEnd = func() { inFlight.Add(-1) }
 	its := r.items(64, 13)
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	if !overlapped {
@@ -463,7 +463,7 @@ func (r *rig) checkClean(t *testing.T) {
 func TestLoadRoundTrip(t *testing.T) {
 	r := newRig(t, 4, 8, 4)
 	its := r.items(203, 1)
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
@@ -492,7 +492,7 @@ func TestStagingReusedOnlyAfterEvent(t *testing.T) {
 			r := newRig(t, tc.count, tc.per, tc.depth)
 			r.dev.Delay = 100 * time.Microsecond
 			its := r.items(64, 2)
-			if err := r.p.Load(r.st, its); err != nil {
+			if err := r.p.Load(r.st, its, false); err != nil {
 				t.Fatal(err)
 			}
 			for i, it := range its {
@@ -518,7 +518,7 @@ func TestCorruptMidBatchZeroedAndReported(t *testing.T) {
 	for i := range its { // the destination held something before
 		r.dev.Fill(its[i].Dst, bytes.Repeat([]byte{0xAA}, gb))
 	}
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	zero := make([]byte, gb)
@@ -546,7 +546,7 @@ func TestAbsentLeavesDestination(t *testing.T) {
 	delete(r.st.groups, key(6))
 	old := bytes.Repeat([]byte{0x5A}, gb)
 	r.dev.Fill(its[6].Dst, old)
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(its[6].Err, store.ErrNotFound) || !bytes.Equal(r.dev.Mem(its[6].Dst, gb), old) {
@@ -580,7 +580,7 @@ func TestCopyFailsMidBatch(t *testing.T) {
 			} else {
 				r.dev.FailEnqueue = fail
 			}
-			if err := r.p.Load(r.st, its); err != nil {
+			if err := r.p.Load(r.st, its, false); err != nil {
 				t.Fatal(err)
 			}
 			nfail, nok := 0, 0
@@ -637,7 +637,7 @@ func TestRecordFailureFallsBackToSynchronize(t *testing.T) {
 		return nil
 	}
 	its := r.items(16, 6)
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	if r.dev.Syncs() == 0 {
@@ -673,7 +673,7 @@ func testPitched(t *testing.T, twoD bool) {
 		r.st.groups[key(i)] = content(i)
 		its[i] = gpu.Item{Key: key(i), Dst: gputest.Base + uint64(i)*rows*pitch, Pitch: pitch}
 	}
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
@@ -808,7 +808,7 @@ func TestConcurrentBatchesSharePool(t *testing.T) {
 		wg.Add(1)
 		go func(b int, its []gpu.Item) {
 			defer wg.Done()
-			if err := r.p.Load(r.st, its); err != nil {
+			if err := r.p.Load(r.st, its, false); err != nil {
 				errs <- err
 				return
 			}
@@ -877,7 +877,7 @@ func (r *rig) regionItems(blocks, regions, region int, apart bool) []gpu.Item {
 // loadAll loads its and checks that every tile holds its group.
 func (r *rig) loadAll(t *testing.T, its []gpu.Item) {
 	t.Helper()
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
@@ -965,7 +965,7 @@ func TestStagedOutOfOrderFailures(t *testing.T) {
 	r.st.corrupt[key(bad)] = true
 	old := bytes.Repeat([]byte{0xAB}, gb)
 	r.dev.Fill(its[absent].Dst, old)
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
@@ -1010,7 +1010,7 @@ func TestVerifyOnDevice(t *testing.T) {
 		}
 		return nil
 	}
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
@@ -1033,7 +1033,7 @@ func TestVerifyOnDevice(t *testing.T) {
 		its[i].Err = nil
 	}
 	r.p.Verify = func([]*gpu.Item) error { return errors.New("checker broke") }
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	for i, it := range its {
@@ -1052,7 +1052,7 @@ func TestReadAheadGroupsChunks(t *testing.T) {
 		r := newRig(t, 8, 4, 4)
 		r.p.ReadAhead = ra
 		its := r.items(64, 9)
-		if err := r.p.Load(r.st, its); err != nil {
+		if err := r.p.Load(r.st, its, false); err != nil {
 			t.Fatal(err)
 		}
 		for i, it := range its {
@@ -1100,7 +1100,7 @@ func testInterleaved(t *testing.T, twoD bool, heads int) {
 	delete(r.st.groups, key(absent))
 	r.st.corrupt[key(corrupt)] = true
 	c0, c2 := r.dev.Copies(), r.dev.Copies2D()
-	if err := r.p.Load(r.st, its); err != nil {
+	if err := r.p.Load(r.st, its, false); err != nil {
 		t.Fatal(err)
 	}
 	want := append([]byte(nil), sentinel...)

@@ -6,12 +6,12 @@ import (
 	"github.com/kvfs/kvfs/store"
 )
 
-// Tiles: items of several heads (Item.Tile). A GPU load of whole blocks
-// from a disk store spent ~0.3 µs of CPU per group on the H200 (an item,
-// a store request, its outcome, a checker descriptor), which on a machine
-// with cheap I/O and CRC made its CPU per GB more than a third of a host
-// load's. As tiles, a block's (layer, kind) is one item and one store
-// request for all its heads.
+// Tiles: items of several heads (Item.Tile). Moved one group per item, a
+// GPU load of whole blocks pays the CPU per group (an item, a store
+// request, its outcome, a checker descriptor), which where I/O and CRC are
+// cheap is a large share of its CPU per GB (docs/performance.md, "CPU per
+// GB"). As tiles, a block's (layer, kind) is one item and one store request
+// for all its heads.
 
 // Tile is what makes an item (Item.Tile) a tile of several heads: the
 // groups of heads Key.Head to Key.Head+Heads-1 of one (block, layer,
@@ -20,7 +20,7 @@ import (
 // their destinations disjoint.
 type Tile struct {
 	Heads, HeadStride int
-	// CRCs holds the heads' recorded checksums (LoadTiles sets them; the
+	// CRCs holds the heads' recorded checksums (a load sets them; the
 	// caller provides the Heads elements), as Item.CRC does for one group.
 	CRCs []uint32
 	// Failed and Bad are the tile's outcome besides Item.Err: how many of
@@ -97,22 +97,23 @@ func (it *Item) done() bool {
 	return it.Err != nil
 }
 
-// TakesTiles reports whether loads from r take tiles (Item.Tile, by
-// LoadTiles): loads checked on the device (Verify) that go through
-// staging, the pitched ones (pitched) landed by Land. Loads from the
-// store's host view (SetHost) and loads checked on the CPU take one group
-// per item.
+// TakesTiles reports whether a load from r may be given tiles (Item.Tile;
+// Load with tiles set): loads checked on the device (Verify) that go
+// through staging, the pitched ones (pitched) landed by Land. Loads that
+// would go direct, from the store's host view (SetHost), and loads checked
+// on the CPU take one group per item.
 func (p *Pipeline) TakesTiles(r Reader, pitched bool) bool {
 	l, _ := p.hostView(r)
 	return p.tilesStaged(pitched) && l == nil
 }
 
 // tilesStaged reports whether a staged load can take tiles: checked on the
-// device, the pitched ones landed by Land. LoadTiles asks only this: a
-// host view registered since the caller asked TakesTiles (SetHost runs in
-// the background) leaves its tiles on staging.
+// device, the pitched ones landed by Land. A load declared to hold tiles
+// asks only this: a host view registered since the caller asked
+// TakesTiles (SetHost runs in the background) leaves its tiles on
+// staging.
 func (p *Pipeline) tilesStaged(pitched bool) bool {
-	return p.Verify != nil && (!pitched || (p.Land != nil && p.canAllocDevice()))
+	return p.checksOnDevice() && (!pitched || (p.Land != nil && p.canAllocDevice()))
 }
 
 // checkTiles validates the tiles among items, resetting their outcomes,

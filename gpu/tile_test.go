@@ -122,7 +122,7 @@ func TestTilesLoad(t *testing.T) {
 					its = append(its, gpu.Item{Key: k, Dst: gputest.Base + uint64(lk*tensor+(nb-1-b)*H*gb), Tile: &tileOf[len(its)]})
 				}
 			}
-			if err := r.p.LoadTiles(st, its); err != nil {
+			if err := r.p.Load(st, its, true); err != nil {
 				t.Fatal(err)
 			}
 			copyFailed := 0
@@ -187,12 +187,12 @@ func TestTilesLoad(t *testing.T) {
 				for i := range its {
 					its[i].Err = nil
 				}
-				if err := r.p.LoadTiles(st, its[:2*L]); err != nil || its[0].Err != nil || its[0].Tile.Failed != 0 {
+				if err := r.p.Load(st, its[:2*L], true); err != nil || its[0].Err != nil || its[0].Tile.Failed != 0 {
 					t.Fatalf("tiles after SetHost: %v, %v, %d failed", err, its[0].Err, its[0].Tile.Failed)
 				}
 				// Load, which goes direct there, fails tiles rather than
 				// moving one group of each.
-				if err := r.p.Load(st, its[:2*L]); err != nil || !errors.Is(its[0].Err, gpu.ErrConfig) || its[0].Tile.Failed != H {
+				if err := r.p.Load(st, its[:2*L], false); err != nil || !errors.Is(its[0].Err, gpu.ErrConfig) || its[0].Tile.Failed != H {
 					t.Fatalf("tiles in a direct Load: %v, %v, %d failed", err, its[0].Err, its[0].Tile.Failed)
 				}
 			}

@@ -2,12 +2,11 @@ package uring
 
 import (
 	"fmt"
-	"runtime/debug"
-	"unsafe"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvfs/kvfs/internal/fault"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -15,12 +14,12 @@ import (
 // mapping of the file, made by the goroutine that calls Do, instead of
 // ring writes. A write to a tmpfs file holds the inode's lock for its copy,
 // so ring writes (done by the kernel's io-wq workers, which spin on that
-// lock) were one copy at a time whatever the callers: on the 16-core H200,
-// STORE_BLOCKS reached 2.4 GB/s with one caller and 2.7 with eight, at 1.45
-// core-seconds per GB. Copies into the mapping take no lock, so the store's
+// lock) are one copy at a time whatever the callers, and STORE_BLOCKS
+// barely scales with them (docs/performance.md, "CPU per GB"). Copies
+// into the mapping take no lock, so the store's
 // write phases, split over the cores, run on all of them. Page cache and
 // mapping are the same memory: reads (inline or through a ring) see the
-// writes, and Sync orders them as before (a no-op on tmpfs). What the
+// writes, and Sync orders them as it does ring writes (a no-op on tmpfs). What the
 // mapping costs: page tables for the part written through it (2 MiB per
 // GiB), and the daemon's RSS counts those pages (as RssShmem; the memory
 // is the file's, charged once).
@@ -89,15 +88,13 @@ const populateChunk = 64 << 20
 // populateView maps the view's pages that hold data (SEEK_DATA to
 // SEEK_HOLE: never-written space stays unallocated), in the background,
 // so that loads find them mapped instead of taking a page fault per 64
-// KiB on their first pass after a mount. On the 2-core VM, 8 callers
-// loading right after a mount took 78,000 faults over a store file of 4
-// GiB of blocks, 0.8 s of the daemon's system time (docs/performance.md,
-// stop 29). Loads racing it map the same pages; either way each is
-// mapped once. It stops at Close, on a kernel without MADV_POPULATE_READ
-// (5.14), or at the first error, leaving the rest to the faults. What it
-// costs: the view's page tables for all of the file's data (2 MiB per
-// GiB) from the mount on, where they used to grow as loads touched the
-// pages.
+// KiB on their first pass after a mount, which several callers loading
+// right after a mount pay in the daemon's system time. Loads racing it map
+// the same pages; either way each is mapped once. It stops at Close, on a
+// kernel without MADV_POPULATE_READ (5.14), or at the first error, leaving
+// the rest to the faults. What it costs: the view's page tables for all of
+// the file's data (2 MiB per GiB) from the mount on, instead of growing as
+// loads touch the pages.
 func (e *Engine) populateView() {
 	defer e.bg.Done()
 	for off := int64(0); off < e.size; {
@@ -190,38 +187,26 @@ func (e *Engine) writeMapped(ios []store.IO) error {
 // file was truncated under the store, or its file system cannot back a
 // page) is the write's error, EIO; a fault on the source is the caller's
 // and panics on, as a ring write's would have failed for it.
-func (e *Engine) copyIn(rq *store.IO) (err error) {
+func (e *Engine) copyIn(rq *store.IO) error {
 	n := int64(rq.VecLen())
 	if rq.Off < 0 || rq.Off > int64(len(e.mapped)) || n > int64(len(e.mapped))-rq.Off {
 		return fmt.Errorf("uring: write of %d bytes at %d: past the end of the %d-byte file: %w", n, rq.Off, len(e.mapped), unix.EINVAL)
 	}
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if r := recover(); r != nil {
-			f, ok := r.(interface{ Addr() uintptr })
-			if !ok || !e.inMapping(f.Addr()) {
-				panic(r)
-			}
-			err = fmt.Errorf("uring: write at %d: the store file's memory faulted (truncated?): %w", rq.Off, unix.EIO)
-		}
-	}()
 	dst := e.mapped[rq.Off : rq.Off+n]
-	if rq.Vec == nil {
-		copy(dst, rq.Buf)
+	if _, faulted, _ := fault.Guard(e.inMapping, func() error {
+		if rq.Vec == nil {
+			copy(dst, rq.Buf)
+			return nil
+		}
+		for _, v := range rq.Vec {
+			dst = dst[copy(dst, v):]
+		}
 		return nil
-	}
-	for _, v := range rq.Vec {
-		dst = dst[copy(dst, v):]
+	}); faulted {
+		return fmt.Errorf("uring: write at %d: the store file's memory faulted (truncated?): %w", rq.Off, unix.EIO)
 	}
 	return nil
 }
 
 // inMapping reports whether address a lies in the mapping.
-func (e *Engine) inMapping(a uintptr) bool {
-	if len(e.mapped) == 0 {
-		return false
-	}
-	lo := uintptr(unsafe.Pointer(unsafe.SliceData(e.mapped)))
-	return a >= lo && a < lo+uintptr(len(e.mapped))
-}
+func (e *Engine) inMapping(a uintptr) bool { return fault.In(e.mapped, a) }

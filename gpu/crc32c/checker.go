@@ -16,9 +16,9 @@ import (
 // largest batch. The kernel reads the descriptors and expected CRCs from
 // that pinned memory and writes the CRCs into it (pinned memory is mapped
 // into every device at its host address): no copy queues behind the
-// payload copies on the copy engines. (With copies of descriptors up and
-// CRCs down, a check of a direct load's chunk waited for every copy queued
-// before it on the H200: four submitters of one load reached 25 GB/s.) The
+// payload copies on the copy engines (copies of descriptors up and CRCs
+// down would make the check of a direct load's chunk wait for every copy
+// queued before it, on the same engines). The
 // kernel runs after everything already queued on the stream, so a pipeline
 // can queue a chunk's payload copies and verify them with one wait. A
 // Checker is safe for concurrent use (batches run one at a time).

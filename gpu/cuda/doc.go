@@ -3,8 +3,9 @@
 // happens until a GPU function is first called.
 //
 // Load (called by every function here) dlopens libcuda.so.1 once, resolves
-// the versioned driver symbols (cuMemAlloc_v2, cuIpcOpenMemHandle_v2, ...;
-// see ../shared/NOTES.md) and calls cuInit. Without a driver it returns
+// the versioned driver symbols (cuMemAlloc_v2, cuIpcOpenMemHandle_v2, ...:
+// the names cuda.h maps the API's calls to, listed in driver.go) and calls
+// cuInit. Without a driver it returns
 // ErrNoDriver, without a device ErrNoDevice; the result is remembered, so a
 // machine without a GPU pays one failed dlopen and every GPU request gets
 // the same clear error while nothing else in the daemon changes.
