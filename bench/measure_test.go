@@ -144,7 +144,7 @@ func rotate(rounds int, ss []*series) {
 // rarely physically contiguous — so plain fio's 1 MiB reads swing by more
 // than a factor of two from run to run on a virtual disk, where the
 // engine's huge-page pool gives one segment per request (see
-// docs/performance.md, 'Engine vs fio').
+// docs/performance.md, 'Engine against fio').
 //
 // Virtual disks are noisy and drift over tens of seconds, so runs are short
 // and rotated (each round starts with the next kind), and the report gives

@@ -44,7 +44,7 @@ type Item struct {
 	// pointer, so the half a million items of a 1 GB load that are not
 	// tiles grow by 8 bytes only: every pass over them is a pass over
 	// memory, and direct loads, which take no tiles, are the ones that
-	// make such calls (docs/performance.md, "LOAD_BLOCKS into GPU").
+	// make such calls (docs/performance.md, "LOAD_BLOCKS into GPU memory").
 	Tile *Tile
 	// CRC is the group's recorded CRC32C, set by Load for Verify.
 	CRC uint32

@@ -39,7 +39,7 @@ type Options struct {
 	// VectorReader); a run with shorter segments is read into a bounce
 	// buffer and copied once. Default 4096: small segments cost more than
 	// a copy (with O_DIRECT, 512-byte rows scattered were several times
-	// slower than one bounce; see docs/performance.md, 'Disk'). 1
+	// slower than one bounce; see docs/performance.md, 'Disk store'). 1
 	// scatters every segment the engine's alignment allows.
 	ScatterMin int
 	// InlineChunk is, on an engine whose reads are CPU copies

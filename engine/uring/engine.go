@@ -375,7 +375,7 @@ func (e *Engine) ReadInline(rq *store.IO) error {
 // destinations are apart instead: DMA into a client's scattered 4 KiB pages
 // takes a segment per page, and on a virtio disk loaded slower than the
 // bounce into the physically contiguous pool (see docs/performance.md,
-// 'Disk').
+// 'Disk store').
 func (e *Engine) VectorReads() bool {
 	if !e.pageCache {
 		return false

@@ -295,7 +295,7 @@ const hugePage = 2 << 20
 // carved from it are then physically contiguous within each 2 MiB, so a
 // 1 MiB request is one DMA segment (and one registered-buffer bvec)
 // instead of 256 scattered pages. On a virtio disk that more than doubles
-// the rate of 1 MiB random reads (see docs/performance.md, 'Engine vs
+// the rate of 1 MiB random reads (see docs/performance.md, 'Engine against
 // fio'). Where THP is off, the memory is ordinary pages and everything
 // still works.
 func mapPool(n int) ([]byte, error) {
