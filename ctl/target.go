@@ -99,9 +99,6 @@ func (ss *Session) registerTarget(tg *abi.Target) (uint32, error) {
 		return 0, ErrClosed
 	}
 	bs := &ss.blk
-	if len(bs.targets) >= MaxTargets {
-		return 0, fmt.Errorf("%w: %d", ErrTooManyTargets, MaxTargets)
-	}
 	lay, err := s.tile.CheckTarget(tg, func(id uint32) (uint64, bool) {
 		b := ss.mu.bufs[id]
 		if b == nil {
@@ -126,6 +123,12 @@ func (ss *Session) registerTarget(tg *abi.Target) (uint32, error) {
 			return 0, fmt.Errorf("%w: regions mix host memory and CUDA memory, or CUDA devices", abi.ErrTarget)
 		}
 		dev = d
+	}
+	// The per-file limit comes after every check of the target itself
+	// (docs/abi.md, "Targets"): a malformed target is EINVAL however many
+	// targets the file holds.
+	if len(bs.targets) >= MaxTargets {
+		return 0, fmt.Errorf("%w: %d", ErrTooManyTargets, MaxTargets)
 	}
 	t := &target{lay: lay, regions: make([]region, 2*int(tg.LayerCount)), dev: dev}
 	for i := range t.regions {
