@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -20,7 +21,8 @@ const (
 
 // cred is what the kernel checks a process's file access and memory
 // locking with, read from /proc/<tid>/status of the thread that issued an
-// ioctl. That thread waits in the kernel until the daemon answers, so
+// ioctl; capEff only for a thread in the daemon's user namespace (0 for
+// any other, see inDaemonUserNS). That thread waits in the kernel until the daemon answers, so
 // neither its id nor its credentials change while the ioctl is served (a
 // thread's credentials change only by its own system calls).
 type cred struct {
@@ -60,11 +62,51 @@ func callerCred(tid uint32) (*cred, error) {
 	if tid == 0 {
 		return nil, fmt.Errorf("%w: no caller process id", ErrCaller)
 	}
-	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
+	dir := "/proc/" + strconv.FormatUint(uint64(tid), 10)
+	b, err := os.ReadFile(dir + "/status")
 	if err != nil {
 		return nil, fmt.Errorf("%w: thread %d: %v", ErrCaller, tid, err)
 	}
-	return parseStatus(int(tid), b)
+	c, err := parseStatus(int(tid), b)
+	if err != nil {
+		return nil, err
+	}
+	if !inDaemonUserNS(dir) {
+		c.capEff = 0
+	}
+	return c, nil
+}
+
+// daemonUserNS identifies the daemon's user namespace (device and inode
+// of /proc/self/ns/user); ok is false when it cannot be read.
+var daemonUserNS = sync.OnceValues(func() (unix.Stat_t, bool) {
+	var st unix.Stat_t
+	err := unix.Stat("/proc/self/ns/user", &st)
+	return st, err == nil
+})
+
+// inDaemonUserNS reports whether the thread whose /proc directory is dir
+// lives in the daemon's user namespace. CapEff lists capabilities in the
+// thread's own user namespace: any process can create a namespace and
+// hold every capability there, which the kernel honours only inside that
+// namespace and the ones it owns. The daemon decides in its own namespace
+// (normally the initial one, where mlock(2) and io_uring look for
+// CAP_IPC_LOCK), so capabilities held in a namespace below it count for
+// nothing. Those of a thread in a namespace above the daemon's (a daemon
+// in a container) would count for the kernel, but the daemon cannot look
+// above its own namespace (NS_GET_PARENT stops there): they count for
+// nothing either, the careful side. A namespace that cannot be read (the
+// daemon may not inspect the thread) is another.
+func inDaemonUserNS(dir string) bool {
+	self, ok := daemonUserNS()
+	if !ok {
+		return false
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir+"/ns/user", &st); err != nil {
+		return false
+	}
+	return st.Dev == self.Dev && st.Ino == self.Ino
 }
 
 // parseStatus parses the fields of /proc/<tid>/status that cred needs.

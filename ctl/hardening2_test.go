@@ -1,9 +1,16 @@
 package ctl
 
 import (
+	"bytes"
 	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/ctl/abi"
 )
@@ -59,5 +66,62 @@ func TestTargetLimitAfterChecks(t *testing.T) {
 		if _, errno := reg(tg); errno != c.errno {
 			t.Errorf("%s on a full file: %v, want %v", c.name, errno, c.errno)
 		}
+	}
+}
+
+// TestCallerCapsOnlyInDaemonNamespace: the capabilities a thread holds in
+// a user namespace other than the daemon's count for nothing (a process
+// that created its own namespace lists every one in CapEff); the
+// daemon's own namespace's count as listed.
+func TestCallerCapsOnlyInDaemonNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a process as another user")
+	}
+	self, err := callerCred(uint32(unix.Gettid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !self.hasCap(capIPCLock) {
+		t.Fatalf("root in the daemon's namespace lost CAP_IPC_LOCK: %#x", self.capEff)
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep(1)")
+	}
+	ns := exec.Command(sleep, "600")
+	// The namespace maps its root to nobody; the child becomes that root
+	// (uid 65534 outside) before exec, so it runs with every capability
+	// inside.
+	ns.SysProcAttr = &syscall.SysProcAttr{
+		Credential:  &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true},
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 65534, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 65534, Size: 1}},
+	}
+	if err := ns.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Process.Kill(); ns.Wait() })
+	pid := ns.Process.Pid
+	var raw *cred
+	for range 500 {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err == nil && bytes.Contains(b, []byte("Name:\tsleep")) {
+			if raw, err = parseStatus(pid, b); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if raw == nil || !raw.hasCap(capIPCLock) || raw.ruid != 65534 {
+		t.Fatalf("the namespaced process should list CAP_IPC_LOCK as uid 65534: %+v", raw)
+	}
+	c, err := callerCred(uint32(pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.capEff != 0 {
+		t.Fatalf("capabilities of a caller in its own user namespace count: %#x", c.capEff)
 	}
 }

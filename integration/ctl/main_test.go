@@ -113,6 +113,9 @@ func helper(mode string) int {
 	if rc, ok := blocksHelper(mode, c); ok {
 		return rc
 	}
+	if rc, ok := hardening2Helper(mode, c); ok {
+		return rc
+	}
 	fmt.Println("unknown helper", mode)
 	return 2
 }
