@@ -83,9 +83,16 @@ func init() {
 store. See the fs package documentation for what each file operation does.
 
 Runs in the foreground until SIGINT or SIGTERM (or kvfs umount), then
-unmounts, closes the store durably and exits 0. A stale mount left on
-MOUNTPOINT by a daemon that died ("transport endpoint is not connected") is
-detached first.
+unmounts, closes the store durably and exits 0, within 10 s of the signal
+whatever the clients do: files still open 2 s after it are detached lazily
+(the mount disappears), and at 8 s the FUSE connection is aborted (their
+calls fail with ENOTCONN; every call answered before stays done). Where
+fusectl is not mounted, a root daemon mounts it on a temporary directory to
+abort; a daemon that cannot abort exits without closing the store, which
+recovers on the next mount. A second signal aborts at once.
+
+A stale mount left on MOUNTPOINT by a daemon that died ("transport endpoint
+is not connected") is detached first.
 
 --daemon starts the same command detached (new session, stdin /dev/null,
 output to --log-file) and returns once the mount answers, or fails after
@@ -603,51 +610,6 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	}
 	log.Info("mount: unmounted; closing the store", zap.String("mountpoint", mountpoint))
 	return nil
-}
-
-// shutdown unmounts after a signal: a clean unmount, retried while files are
-// open (EBUSY) for a few seconds, then a lazy one (the mount disappears at
-// once and goes when the last file closes). If the server still has not
-// stopped after shutdownGrace, or a second signal comes, the FUSE connection
-// is aborted so the store can be closed.
-func shutdown(log *zap.Logger, mountpoint string, conn uint32, sigs <-chan os.Signal, done <-chan struct{}) {
-	const busyRetry, shutdownGrace = 3 * time.Second, 10 * time.Second
-	deadline := time.Now().Add(busyRetry)
-	for {
-		err := fs.Unmount(mountpoint)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			log.Warn("mount: unmount failed, detaching lazily", zap.Error(err))
-			if err := fs.Detach(mountpoint); err != nil {
-				log.Error("mount: lazy unmount", zap.Error(err))
-			}
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	select {
-	case <-done:
-		return
-	case <-sigs:
-		log.Warn("mount: second signal, aborting the FUSE connection")
-	case <-time.After(shutdownGrace):
-		log.Warn("mount: files still open after the unmount, aborting the FUSE connection")
-	}
-	abortConn(log, conn)
-}
-
-// abortConn aborts FUSE connection conn through fusectl: every request in
-// flight fails and the server's loop ends.
-func abortConn(log *zap.Logger, conn uint32) {
-	if conn == 0 {
-		return
-	}
-	p := fmt.Sprintf("/sys/fs/fuse/connections/%d/abort", conn)
-	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
-		log.Error("mount: abort FUSE connection", zap.String("path", p), zap.Error(err))
-	}
 }
 
 // promMetrics is what --metrics-addr exports.
