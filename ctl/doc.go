@@ -40,8 +40,12 @@
 //     driver or device every GPU request fails ENODEV and nothing else
 //     changes.
 //   - Memory the engine pins is charged to the caller (RLIMIT_MEMLOCK
-//     unless CAP_IPC_LOCK, a per-uid share, a daemon-wide cap); files with
-//     holes are not pinned, so a registration allocates nothing.
+//     unless CAP_IPC_LOCK in the daemon's user namespace, a per-uid share,
+//     a daemon-wide cap); a registered range with holes is not pinned, so a
+//     registration allocates nothing, and a resident one is guarded
+//     (holes.go) so that the daemon never refills a hole punched later.
+//   - A client that shrinks a registered file or punches a hole in a
+//     resident registration makes the daemon's accesses there fault.
 //   - The destinations of one LOAD are disjoint: entries sharing a byte
 //     are refused (BadOverlap). A group is reported corrupt only after its
 //     checksum failed in memory only the daemon writes (the store re-reads
@@ -59,8 +63,8 @@
 //   - Registrations belong to the session. Release (the last close of the
 //     file, including when the client was killed) unmaps and unregisters all
 //     of them; nothing outlives the session.
-//   - A client that shrinks a registered file makes the daemon's accesses
-//     past the new end fault (SIGBUS). Every access of a transfer to
+//   - Those faults are SIGBUS (for a hole, through the userfaultfd's SIGBUS
+//     feature; the kernel's own accesses get EFAULT). Every access of a transfer to
 //     registered memory runs under Session.guard (package internal/fault),
 //     which recovers a fault whose address lies inside one of the
 //     registrations the call touches and fails that ioctl with EFAULT; the

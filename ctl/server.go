@@ -120,6 +120,7 @@ type Server struct {
 	nextBuffer  atomic.Uint32
 	stage       stagePool
 	pins        pins
+	holes       holeGuard
 	scratch     sync.Pool // *scratch
 	gpus        gpus
 
@@ -191,6 +192,7 @@ func (s *Server) Metrics() Metrics {
 // (staging is then allocated per call) but should have been released.
 func (s *Server) Close() error {
 	s.stage.close()
+	s.holes.close()
 	return s.gpus.close()
 }
 

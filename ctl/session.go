@@ -229,22 +229,23 @@ func (ss *Session) register(c *cred, f *shmFile, name string, length uint64) (re
 		return registration{}, err
 	}
 	b := &buffer{path: name, uid: c.ruid}
+	mem, err := mapShm(f, n)
+	if err != nil {
+		return registration{}, err
+	}
 	// Pin only memory that exists: pinning a hole would allocate it inside
-	// this ioctl. A file with holes is registered unpinned (its I/O
-	// bounces); it is the caller's to fill.
-	pin := s.reg != nil && f.resident(n)
+	// this ioctl. The registered range itself is checked (residentMapping);
+	// a range with holes is registered unpinned (its I/O bounces) and is
+	// the caller's to fill; a resident one is guarded against holes punched
+	// later.
+	resident := ss.residentMapping(f, mem, name)
+	pin := s.reg != nil && resident
 	if pin {
 		if err := s.pins.charge(c, int64(n)); err != nil {
+			_ = unix.Munmap(mem)
 			return registration{}, err
 		}
 		b.pinned = int64(n)
-	}
-	mem, err := mapShm(f, n)
-	if err != nil {
-		if b.pinned != 0 {
-			s.pins.uncharge(b.uid, b.pinned)
-		}
-		return registration{}, err
 	}
 	b.mem = mem
 	if pin {
@@ -261,6 +262,30 @@ func (ss *Session) register(c *cred, f *shmFile, name string, length uint64) (re
 		}
 	}
 	return ss.add(b, int64(len(mem)))
+}
+
+// residentMapping reports whether every page of mem, the daemon's mapping
+// of f, is allocated in the file, and if so leaves the mapping guarded
+// against holes punched later (holeGuard): a LOAD into such a hole then
+// fails with EFAULT rather than allocate. The guard itself decides:
+// populating the guarded mapping fails on the first hole, allocating
+// nothing, and succeeds on pages that are in the file, written or only
+// fallocated (mincore and SEEK_HOLE count the latter as holes). A mapping
+// with a hole is unguarded again: it is registered with its holes, for
+// LOADs to fill. Without a guard (no userfaultfd for the daemon) only
+// mincore is left, which errs on the careful side: fallocated but unwritten
+// pages, and hugetlbfs pages this mapping has not touched, count as holes.
+func (ss *Session) residentMapping(f *shmFile, mem []byte, name string) bool {
+	s := ss.srv
+	if err := s.holes.guard(mem); err != nil {
+		s.log.Debug("ctl: registration not guarded against punched holes", zap.String("file", name), zap.Error(err))
+		return !f.hugetlb && residentPages(mem)
+	}
+	if unix.Madvise(mem, unix.MADV_POPULATE_WRITE) != nil {
+		s.holes.unguard(mem)
+		return false
+	}
+	return true
 }
 
 // add enters a prepared registration in the session's table after checking

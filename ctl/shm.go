@@ -50,9 +50,9 @@ func splitShm(dir, path string) ([]string, error) {
 
 // shmFile is an opened, checked registration candidate.
 type shmFile struct {
-	fd     int
-	size   int64
-	blocks int64 // st_blocks: 512-byte units allocated
+	fd      int
+	size    int64
+	hugetlb bool // on hugetlbfs (else tmpfs)
 }
 
 // checkFile checks a descriptor the daemon is about to map: open for reading
@@ -94,7 +94,7 @@ func checkFile(fd int, name string) (*shmFile, error) {
 			return nil, fmt.Errorf("%w: %s is append-only", ErrAccess, name)
 		}
 	}
-	return &shmFile{fd: fd, size: st.Size, blocks: st.Blocks}, nil
+	return &shmFile{fd: fd, size: st.Size, hugetlb: fs.Type == unix.HUGETLBFS_MAGIC}, nil
 }
 
 // openShm opens path read-write with the credentials of the caller c (see
@@ -216,13 +216,6 @@ func checkLength(f *shmFile, length uint64) (int, error) {
 		return 0, fmt.Errorf("%w: %d bytes of a %d-byte file", ErrLength, length, f.size)
 	}
 	return int(length), nil
-}
-
-// resident reports whether the first n bytes of f are allocated (a file
-// without holes there): pinning them then allocates nothing.
-func (f *shmFile) resident(n int) bool {
-	page := int64(unix.Getpagesize())
-	return f.blocks*512 >= (int64(n)+page-1)/page*page
 }
 
 // mapShm maps n bytes of f shared and read-write.

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -132,5 +133,139 @@ func TestPinUserNamespace(t *testing.T) {
 	e.waitSessions(0)
 	if pe.pinned.Load() != 0 {
 		t.Fatalf("pins left after the helper exited: %d", pe.pinned.Load())
+	}
+}
+
+// allocated is the bytes of tmpfs memory file fd holds.
+func allocated(t *testing.T, fd int) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// TestRegistrationNeverAllocates: residency is decided on the registered
+// range itself. A file whose first MiB is a hole and whose second MiB is
+// allocated, registered for its first MiB (by descriptor and by path), has
+// as many bytes allocated as the range is long, yet is registered unpinned
+// and nothing of it is allocated.
+func TestRegistrationNeverAllocates(t *testing.T) {
+	pe := &pinEngine{Mem: storetest.Formatted(t, testGeo, 8, 4096)}
+	st := storetest.Open(t, pe, store.Options{})
+	const mib = 1 << 20
+	e := mountEnv(t, envOptions{st: st, ctl: ctl.Options{MaxPinnedBytes: 64 * mib, MaxPinnedPerUID: 32 * mib}})
+	c := openClient(t, e)
+	halfHole := func(fd int) {
+		t.Helper()
+		if err := unix.Ftruncate(fd, 2*mib); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fallocate(fd, 0, mib, mib); err != nil {
+			t.Fatal(err)
+		}
+		if got := allocated(t, fd); got != mib {
+			t.Fatalf("%d bytes allocated before registering", got)
+		}
+	}
+	mfd, err := unix.MemfdCreate("halfhole", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(mfd)
+	halfHole(mfd)
+	if _, err := c.RegisterFD(mfd, mib); err != nil {
+		t.Fatal(err)
+	}
+	if got := allocated(t, mfd); got != mib || pe.pinned.Load() != 0 {
+		t.Fatalf("REGISTER_FD of a hole: %d bytes allocated (want %d), engine pins %d", got, mib, pe.pinned.Load())
+	}
+
+	path := fmt.Sprintf("/dev/shm/kvfs-halfhole-%d", os.Getpid())
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	defer f.Close()
+	halfHole(int(f.Fd()))
+	if _, err := c.RegisterHost(path, mib); err != nil {
+		t.Fatal(err)
+	}
+	if got := allocated(t, int(f.Fd())); got != mib || pe.pinned.Load() != 0 {
+		t.Fatalf("REGISTER_HOST of a hole: %d bytes allocated (want %d), engine pins %d", got, mib, pe.pinned.Load())
+	}
+}
+
+// TestPunchedHoleNotRefilled: a resident registration whose caller punches
+// a hole in it afterwards is never allocated into: a LOAD whose tile lies
+// in the hole and a STORE that reads from it fail with EFAULT and the file
+// keeps its hole; tiles outside it load as before. Both with an engine that
+// pinned the registration and with one that pins nothing.
+func TestPunchedHoleNotRefilled(t *testing.T) {
+	const mib, hole = 1 << 20, 512 << 10
+	for _, pinning := range []bool{true, false} {
+		t.Run(fmt.Sprintf("pinned=%v", pinning), func(t *testing.T) {
+			mem := storetest.Formatted(t, testGeo, 8, 4096)
+			var eng store.Engine = mem
+			pe := &pinEngine{Mem: mem}
+			if pinning {
+				eng = pe
+			}
+			st := storetest.Open(t, eng, store.Options{})
+			e := mountEnv(t, envOptions{st: st, ctl: ctl.Options{MaxPinnedBytes: 64 * mib, MaxPinnedPerUID: 32 * mib}})
+			c := openClient(t, e)
+			mfd, err := unix.MemfdCreate("punched", unix.MFD_CLOEXEC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(mfd)
+			if err := unix.Ftruncate(mfd, mib); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Fallocate(mfd, 0, 0, mib); err != nil {
+				t.Fatal(err)
+			}
+			id, err := c.RegisterFD(mfd, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pinning && pe.pinned.Load() != mib {
+				t.Fatalf("engine pins %d, want the whole MiB", pe.pinned.Load())
+			}
+			if err := unix.Fallocate(mfd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, hole, 64<<10); err != nil {
+				t.Fatal(err)
+			}
+			before := allocated(t, mfd)
+			if before != mib-64<<10 {
+				t.Fatalf("%d bytes allocated after the punch", before)
+			}
+			keys := blockKeys(e.geo, 0x77)
+			e.put(keys, 3)
+			_, err = c.Load([]client.Entry{{Key: keys[0], Buffer: id, Offset: hole}})
+			if !errors.Is(err, syscall.EFAULT) {
+				t.Errorf("LOAD into the hole: %v, want EFAULT", err)
+			}
+			_, err = c.Store([]client.Entry{{Key: keys[1], Buffer: id, Offset: hole + 4096}})
+			if !errors.Is(err, syscall.EFAULT) {
+				t.Errorf("STORE from the hole: %v, want EFAULT", err)
+			}
+			if got := allocated(t, mfd); got != before {
+				t.Fatalf("the daemon allocated %d bytes in the hole", got-before)
+			}
+			sts, err := c.Load([]client.Entry{{Key: keys[2], Buffer: id, Offset: 0}})
+			if err != nil || !allOK(sts) {
+				t.Fatalf("LOAD outside the hole: %v %v", err, sts)
+			}
+			view, err := unix.Mmap(mfd, 0, e.gb, unix.PROT_READ, unix.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Munmap(view)
+			if !bytes.Equal(view, groupData(e.gb, keys[2], 3)) {
+				t.Fatal("the tile outside the hole differs")
+			}
+		})
 	}
 }
