@@ -3,6 +3,7 @@ package ctl
 import (
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -69,12 +70,24 @@ func (ss *Session) guard(mine func(addr uintptr) bool, f func() error) error {
 
 // readGroups and writeGroups are the two calls into the store; the time
 // they take is what the store costs, the rest of a call is the control
-// path. A read lands in client memory: the caller runs it under guard.
+// path. A read lands in client memory: the caller runs it under guard,
+// which catches the daemon's own accesses that fault; a read(2) of the
+// engine's into that memory gets EFAULT instead, and fails the call the
+// same way (ErrFault), not its groups as I/O errors of the device.
 func (ss *Session) readGroups(reqs []store.ReadReq) error {
 	t0 := time.Now()
 	err := ss.srv.st.Read(reqs)
 	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
-	return err
+	if err != nil {
+		return err
+	}
+	for i := range reqs {
+		if e := reqs[i].Err; e != nil && errors.Is(e, syscall.EFAULT) {
+			ss.srv.m.faults.Add(1)
+			return fmt.Errorf("%w: %v", ErrFault, e)
+		}
+	}
+	return nil
 }
 
 // writeGroups writes reqs durably. The error is the store call's as a

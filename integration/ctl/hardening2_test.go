@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/ctl"
+	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
 )
@@ -198,22 +200,51 @@ func TestRegistrationNeverAllocates(t *testing.T) {
 	}
 }
 
+// punchStore is a store for TestPunchedHoleNotRefilled: the in-memory
+// engine (its copies are the daemon's own CPU accesses), with a pinning
+// registrar or without, or a file store with a real engine (posix reads
+// with read(2) into the client's memory, uring with fixed buffers).
+func punchStore(t *testing.T, kind string) (*store.Store, *pinEngine) {
+	t.Helper()
+	switch kind {
+	case "mem":
+		return storetest.Open(t, storetest.Formatted(t, testGeo, 8, 4096), store.Options{}), nil
+	case "mem-pinning":
+		pe := &pinEngine{Mem: storetest.Formatted(t, testGeo, 8, 4096)}
+		return storetest.Open(t, pe, store.Options{}), pe
+	}
+	requireMount(t)
+	path := filepath.Join(t.TempDir(), "s.kvfs")
+	if err := store.PrepareFile(path, store.SizeFor(testGeo, 8)); err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.Open(path, engine.Options{Kind: kind})
+	if err != nil {
+		t.Skipf("skipping: no %s engine here: %v", kind, err)
+	}
+	if _, err := store.Format(eng, testGeo, store.FormatOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	eng.Close()
+	st, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind}, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAll() })
+	return st, nil
+}
+
 // TestPunchedHoleNotRefilled: a resident registration whose caller punches
 // a hole in it afterwards is never allocated into: a LOAD whose tile lies
 // in the hole and a STORE that reads from it fail with EFAULT and the file
-// keeps its hole; tiles outside it load as before. Both with an engine that
-// pinned the registration and with one that pins nothing.
+// keeps its hole; tiles outside it load as before. With engines that pin
+// the registration and ones that do not, whose reads land by the daemon's
+// copies, read(2) or fixed buffers.
 func TestPunchedHoleNotRefilled(t *testing.T) {
 	const mib, hole = 1 << 20, 512 << 10
-	for _, pinning := range []bool{true, false} {
-		t.Run(fmt.Sprintf("pinned=%v", pinning), func(t *testing.T) {
-			mem := storetest.Formatted(t, testGeo, 8, 4096)
-			var eng store.Engine = mem
-			pe := &pinEngine{Mem: mem}
-			if pinning {
-				eng = pe
-			}
-			st := storetest.Open(t, eng, store.Options{})
+	for _, kind := range []string{"mem", "mem-pinning", "posix", "uring"} {
+		t.Run(kind, func(t *testing.T) {
+			st, pe := punchStore(t, kind)
 			e := mountEnv(t, envOptions{st: st, ctl: ctl.Options{MaxPinnedBytes: 64 * mib, MaxPinnedPerUID: 32 * mib}})
 			c := openClient(t, e)
 			mfd, err := unix.MemfdCreate("punched", unix.MFD_CLOEXEC)
@@ -231,9 +262,10 @@ func TestPunchedHoleNotRefilled(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if pinning && pe.pinned.Load() != mib {
+			if pe != nil && pe.pinned.Load() != mib {
 				t.Fatalf("engine pins %d, want the whole MiB", pe.pinned.Load())
 			}
+			t.Logf("%s: %d bytes pinned", kind, e.srv.Metrics().PinnedBytes)
 			if err := unix.Fallocate(mfd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, hole, 64<<10); err != nil {
 				t.Fatal(err)
 			}
@@ -246,6 +278,13 @@ func TestPunchedHoleNotRefilled(t *testing.T) {
 			_, err = c.Load([]client.Entry{{Key: keys[0], Buffer: id, Offset: hole}})
 			if !errors.Is(err, syscall.EFAULT) {
 				t.Errorf("LOAD into the hole: %v, want EFAULT", err)
+			}
+			var es []client.Entry
+			for i, k := range keys {
+				es = append(es, client.Entry{Key: k, Buffer: id, Offset: hole + uint64(i*e.gb)})
+			}
+			if _, err = c.Load(es); !errors.Is(err, syscall.EFAULT) {
+				t.Errorf("LOAD of a whole block into the hole: %v, want EFAULT", err)
 			}
 			_, err = c.Store([]client.Entry{{Key: keys[1], Buffer: id, Offset: hole + 4096}})
 			if !errors.Is(err, syscall.EFAULT) {
