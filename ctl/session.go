@@ -155,7 +155,7 @@ type registration struct {
 // could open read-write itself. Checks run in the documented order: path
 // policy and resolution (EPERM, EINVAL, ELOOP, EXDEV, ENOENT, EACCES),
 // then the length (ERANGE), then the per-handle limits (EMFILE, EDQUOT),
-// then pinning (ENOMEM).
+// then the mapping and its residency, then pinning (ENOMEM).
 func (ss *Session) registerHost(tid uint32, path string, length uint64) (registration, error) {
 	s := ss.srv
 	if _, err := splitShm(s.opts.ShmDir, path); err != nil {
@@ -218,7 +218,8 @@ func (ss *Session) checkRoom(n uint64) error {
 }
 
 // register maps an opened, checked file for the session: length, then the
-// handle's limits, then the pinning limits, then mmap and the engine.
+// handle's limits, then mmap and the residency of the mapped range, then
+// the pinning limits and the engine.
 func (ss *Session) register(c *cred, f *shmFile, name string, length uint64) (registration, error) {
 	s := ss.srv
 	n, err := checkLength(f, length)
