@@ -23,7 +23,7 @@
 //
 //	layer-<L>/block-<16 hex>/head-<H>/K and V   one group each
 //	.kvfs/ctl       ioctls, forwarded to Options.Ctl (a CtlHandler)
-//	.kvfs/stats     text, one "name value" per line
+//	.kvfs/stats     JSON: counters and sizes (slots used, groups, reads, rejections…)
 //	.kvfs/geometry  JSON
 //
 // Names come from package layout (zero-padded layer and head numbers, 16
