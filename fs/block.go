@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 	"time"
 
@@ -99,7 +100,8 @@ func (d *blockDir) Mkdir(ctx context.Context, name string, mode uint32, out *fus
 	f := d.fs
 	h, err := f.geo.ParseHeadName(name)
 	if err != nil {
-		return nil, syscall.EPERM
+		return nil, f.refuse("mkdir", d.pathOf(name), fmt.Sprintf("a block directory holds only head-<H> directories, H below %d (%s to %s)",
+			f.geo.KVHeads, f.geo.HeadName(0), f.geo.HeadName(f.geo.KVHeads-1)), syscall.EPERM)
 	}
 	if ok, _, _ := f.blockDir(d.layer, d.id()); !ok {
 		return nil, syscall.ENOENT
@@ -147,10 +149,10 @@ func (d *blockDir) Rename(ctx context.Context, name string, newParent gofs.Inode
 		return syscall.ENOENT
 	}
 	if _, ok := newParent.(*blockDir); !ok {
-		return syscall.EPERM
+		return d.fs.refuse("rename", d.pathOf(name), "a head directory moves only into a block directory", syscall.EPERM)
 	}
 	if _, err := d.fs.geo.ParseHeadName(newName); err != nil {
-		return syscall.EPERM
+		return d.fs.refuse("rename", d.pathOf(name), "a head directory's new name must be head-<H>, not "+newName, syscall.EPERM)
 	}
 	return syscall.EXDEV
 }

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"path"
 	"strings"
 	"syscall"
 	"time"
@@ -20,33 +21,48 @@ type dirBase struct {
 	fs *FS
 }
 
+// pathOf is the path of name in this directory, relative to the mount's
+// root, for the log.
+func (d *dirBase) pathOf(name string) string { return path.Join(d.Path(nil), name) }
+
+// notInTree refuses a name this directory has no place for: the tree holds
+// only layer-<L>/block-<id>/head-<H>/K|V (and the staged names of a head
+// directory) and .kvfs/.
+func (d *dirBase) notInTree(op, name string) syscall.Errno {
+	return d.fs.refuse(op, d.pathOf(name), "kvfs holds only layer-<L>/block-<16 hex>/head-<H>/{K,V}: nothing else can be made here", syscall.EPERM)
+}
+
 func (d *dirBase) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, syscall.EPERM
+	return nil, d.fs.refuse("symlink", d.pathOf(name), "kvfs has no symbolic links", syscall.EPERM)
 }
 
 func (d *dirBase) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, syscall.EPERM
+	return nil, d.fs.refuse("link", d.pathOf(name), "kvfs has no hard links", syscall.EPERM)
 }
 
 func (d *dirBase) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, syscall.EPERM
+	return nil, d.fs.refuse("mknod", d.pathOf(name), "kvfs has no device files, FIFOs or sockets", syscall.EPERM)
 }
 
 func (d *dirBase) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	return syscall.EPERM
+	return d.fs.refuse("rename", d.pathOf(name), "nothing in this directory can be renamed", syscall.EPERM)
 }
 
 func (d *dirBase) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
-	return nil, nil, 0, syscall.EPERM
+	return nil, nil, 0, d.notInTree("create", name)
 }
 
 func (d *dirBase) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, syscall.EPERM
+	return nil, d.notInTree("mkdir", name)
 }
 
-func (d *dirBase) Unlink(ctx context.Context, name string) syscall.Errno { return syscall.EPERM }
+func (d *dirBase) Unlink(ctx context.Context, name string) syscall.Errno {
+	return d.fs.refuse("unlink", d.pathOf(name), "nothing in this directory can be removed", syscall.EPERM)
+}
 
-func (d *dirBase) Rmdir(ctx context.Context, name string) syscall.Errno { return syscall.EPERM }
+func (d *dirBase) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return d.fs.refuse("rmdir", d.pathOf(name), "nothing in this directory can be removed", syscall.EPERM)
+}
 
 func (d *dirBase) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	// chmod, chown and times are accepted and ignored (nothing is stored).

@@ -84,7 +84,7 @@ func (g *groupFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Se
 		if h == nil || !h.write {
 			// truncate(2) by path: only to the size the group has.
 			if gi, err := f.st.Stat(g.k()); err != nil || uint64(gi.Size) != size {
-				return syscall.EPERM
+				return f.refuse("truncate", f.geo.Name(g.k()), fmt.Sprintf("a group is always %d bytes; truncate it through a handle open for writing, then write it whole", f.geo.GroupBytes()), syscall.EPERM)
 			}
 		} else if errno := h.truncate(size); errno != 0 {
 			return errno
@@ -356,7 +356,7 @@ func (h *groupHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 		// The file would be larger than a group: fail this write and
 		// every later close, so nothing of it is ever stored.
 		h.failed = syscall.EFBIG
-		return 0, syscall.EFBIG
+		return 0, h.fs.refuse("write", h.fs.geo.Name(h.key), fmt.Sprintf("a write to bytes %d..%d passes the end of the group (%d bytes): nothing of this file will be stored", off, end, gb), syscall.EFBIG)
 	}
 	if errno := h.loadLocked(); errno != 0 {
 		return 0, errno
@@ -408,7 +408,8 @@ func (h *groupHandle) storeLocked() syscall.Errno {
 	}
 	if h.size != f.geo.GroupBytes() {
 		f.m.rejected.Add(1)
-		return syscall.EINVAL
+		return f.refuse("close", f.geo.Name(h.key), fmt.Sprintf("the file holds %d bytes, a group %d: a group file is stored only when written whole, so nothing was stored (a shell's redirection does not report this close's error)",
+			h.size, f.geo.GroupBytes()), syscall.EINVAL)
 	}
 	reqs := []store.WriteReq{{Key: h.key, Data: h.buf}}
 	err := f.st.Write(reqs)

@@ -173,7 +173,7 @@ func (d *headDir) Rename(ctx context.Context, name string, newParent gofs.InodeE
 	}
 	dst, ok := newParent.(*headDir)
 	if !ok {
-		return syscall.EPERM
+		return f.refuse("rename", d.pathOf(name), "a group or staged file moves only into a head directory", syscall.EPERM)
 	}
 	srcKind, srcGroup := parseKind(name)
 	_, dstGroup := parseKind(newName)
@@ -184,7 +184,7 @@ func (d *headDir) Rename(ctx context.Context, name string, newParent gofs.InodeE
 		return f.toErrno("rename", err)
 	}
 	if !dstGroup {
-		return syscall.EPERM
+		return f.refuse("rename", d.pathOf(name), "a group can be renamed only onto K or V (a temporary name would never be stored), not "+newName, syscall.EPERM)
 	}
 	if dst.layer == d.layer && dst.blk() == d.blk() && dst.head == d.head && name == newName {
 		return 0

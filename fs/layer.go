@@ -98,7 +98,7 @@ func (d *layerDir) Mkdir(ctx context.Context, name string, mode uint32, out *fus
 	f := d.fs
 	b, err := layout.ParseBlockName(name)
 	if err != nil {
-		return nil, syscall.EPERM
+		return nil, f.refuse("mkdir", d.pathOf(name), "a layer directory holds only block-<16 lowercase hex digits> directories", syscall.EPERM)
 	}
 	if ok, _, _ := f.blockDir(d.layer, b); ok {
 		return nil, syscall.EEXIST
@@ -156,11 +156,11 @@ func (d *layerDir) Rename(ctx context.Context, name string, newParent gofs.Inode
 	}
 	dst, ok := newParent.(*layerDir)
 	if !ok {
-		return syscall.EPERM
+		return d.fs.refuse("rename", d.pathOf(name), "a block directory moves only into a layer directory", syscall.EPERM)
 	}
 	to, err := layout.ParseBlockName(newName)
 	if err != nil {
-		return syscall.EPERM
+		return d.fs.refuse("rename", d.pathOf(name), "a block directory's new name must be block-<16 lowercase hex digits>, not "+newName, syscall.EPERM)
 	}
 	exists, groups, _ := f.blockDir(d.layer, from)
 	if !exists {

@@ -71,5 +71,5 @@ func (r *rootDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	if _, err := r.fs.geo.ParseLayerName(name); err == nil || name == kvfsDirName {
 		return nil, syscall.EEXIST
 	}
-	return nil, syscall.EPERM
+	return nil, r.fs.refuse("mkdir", name, "the root holds only the layer-<L> directories of the store's geometry and .kvfs", syscall.EPERM)
 }
