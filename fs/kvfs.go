@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -182,8 +183,12 @@ func (f *FS) geometryJSON() []byte {
 		Slots          int64  `json:"slots"`
 		UUID           string `json:"uuid"`
 		Version        uint32 `json:"format_version"`
+		HeaderBytes    int64  `json:"header_bytes"`
+		Size           int64  `json:"size"`
+		Created        string `json:"created"`
 	}{g.Layers, g.KVHeads, g.HeadDim, g.BlockTokens, g.DType.String(), g.Align, g.Shape(),
-		g.GroupBytes(), g.GroupStride(), g.GroupsPerBlock(), in.SlotBytes, in.Slots, in.UUID, in.Version}
+		g.GroupBytes(), g.GroupStride(), g.GroupsPerBlock(), in.SlotBytes, in.Slots, in.UUID, in.Version,
+		in.HeaderBytes, in.Size, in.Created.UTC().Format(time.RFC3339Nano)}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		f.log.Error("fs: geometry", zap.Error(err))
