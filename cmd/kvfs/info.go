@@ -149,8 +149,8 @@ func init() {
 daemon holds (kvfs mount) is reported from the daemon's own view, the
 mount's .kvfs/geometry and .kvfs/stats, found through /proc/mounts; the
 ownership lease and the FDP state are shown only for a store not in use.`,
-		Args:  storeArg,
-		RunE:  func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
+		Args: storeArg,
+		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
 	}
 	c.Flags().BoolVar(&o.json, "json", false, "print JSON (snake_case keys)")
 	addEngineFlag(c, &o.engine)
