@@ -408,8 +408,7 @@ func (h *groupHandle) storeLocked() syscall.Errno {
 	}
 	if h.size != f.geo.GroupBytes() {
 		f.m.rejected.Add(1)
-		return f.refuse("close", f.geo.Name(h.key), fmt.Sprintf("the file holds %d bytes, a group %d: a group file is stored only when written whole, so nothing was stored (a shell's redirection does not report this close's error)",
-			h.size, f.geo.GroupBytes()), syscall.EINVAL)
+		return syscall.EINVAL // Release logs it, once the file is closed for good
 	}
 	reqs := []store.WriteReq{{Key: h.key, Data: h.buf}}
 	err := f.st.Write(reqs)
@@ -437,8 +436,18 @@ func (h *groupHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	return h.storeLocked()
 }
 
+// Release ends the handle. A handle closed for good holding other than one
+// group's bytes stored nothing: every close(2) of it failed with EINVAL,
+// and the log says so once, here (a shell's redirection ignores close's
+// error, and a close of a dup'd descriptor flushes before the writes).
 func (h *groupHandle) Release(ctx context.Context) syscall.Errno {
 	if h.write {
+		h.mu.Lock()
+		if h.dirty && h.failed == 0 && h.size != h.fs.geo.GroupBytes() {
+			h.fs.refuse("close", h.fs.geo.Name(h.key), fmt.Sprintf("the file was closed holding %d bytes, a group %d: a group file is stored only when written whole, so nothing was stored",
+				h.size, h.fs.geo.GroupBytes()), syscall.EINVAL)
+		}
+		h.mu.Unlock()
 		f := h.fs
 		f.mu.Lock()
 		ws := slices.DeleteFunc(f.mu.writers[h.key], func(w *groupHandle) bool { return w == h })
