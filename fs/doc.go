@@ -183,6 +183,15 @@
 // existing block ENOTEMPTY; anything else is logged and becomes EIO. No
 // input makes the daemon exit.
 //
+// A refusal whose errno alone does not explain it is logged as a warning
+// ("fs: refused", with the op, the path and why, through FS.refuse): a
+// name the tree has no place for (mkdir layer-00/foo, a create in a block
+// directory), a link, a rename kvfs does not do, a write past the group,
+// and a group file closed for good holding other than one group's bytes
+// (logged at RELEASE, once: a shell's redirection never looks at the
+// EINVAL of close(2), and a close of a dup'd descriptor flushes before the
+// writes are done).
+//
 // # Locks
 //
 // FS.mu guards only the pending directories, the staged files' names and
