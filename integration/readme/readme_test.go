@@ -20,7 +20,9 @@
 // long-running sh block (make run) in the background, waits until the mount
 // answers, and interrupts it (Ctrl-C) at the end.
 //
-// Paths are moved under a temporary directory: "/mnt/", "/var/lib/kvfs/",
+// The blocks run in a copy of the checkout (its tracked files and the
+// untracked ones git does not ignore), as in a fresh clone. Paths are moved
+// under a temporary directory: "/mnt/", "/var/lib/kvfs/",
 // "/var/tmp/", "/tmp/" and "/backup" at the start of a word get its path
 // as a prefix, and make run gets KVFS_STORE, KVFS_MOUNT and KVFS_SIZE
 // (64MiB) to match. Python runs with the client installed by pip into a
@@ -140,6 +142,7 @@ func TestReadme(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := t.TempDir()
+	repo = cloneRepo(t, repo, filepath.Join(root, "src"))
 	for _, d := range []string{"mnt/kvcache", "var/lib/kvfs", "var/tmp", "tmp", "py"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -179,6 +182,39 @@ func TestReadme(t *testing.T) {
 	if ran < 8 {
 		t.Fatalf("only %d blocks of README.md ran", ran)
 	}
+}
+
+// cloneRepo copies the checkout's files (tracked, and untracked ones git
+// does not ignore) into dir, as a fresh clone would hold them, and returns
+// dir; without git it returns repo. The blocks then build bin/kvfs in the
+// copy, where no other test (make install in integration/fuse) rebuilds it
+// under them.
+func cloneRepo(t *testing.T, repo, dir string) string {
+	t.Helper()
+	out, err := exec.Command("git", "-C", repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard").Output()
+	if err != nil {
+		t.Logf("running the README in %s itself: git ls-files: %v", repo, err)
+		return repo
+	}
+	for _, name := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		src := filepath.Join(repo, name)
+		fi, err := os.Lstat(src)
+		if err != nil || !fi.Mode().IsRegular() {
+			continue // deleted in the worktree, or a link or submodule
+		}
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, fi.Mode().Perm()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // pythonPath is PATH, with /usr/bin first when the python3 there can
