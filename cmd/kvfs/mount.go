@@ -425,7 +425,7 @@ func checkMountpoint(mountpoint string) (stale bool, err error) {
 // waiting in read(2) on /dev/fuse while others handle requests. With
 // GOMAXPROCS at the core count, cores sit idle during a many-caller load
 // while calls wait to run; two Ps more remove nearly all of that idle time
-// (docs/performance.md, the daemon's Go scheduler).
+// (docs/performance.md, "LOAD_BLOCKS into host memory").
 const syscallProcs = 2
 
 // raiseProcs sets GOMAXPROCS to the runtime's default plus syscallProcs,
