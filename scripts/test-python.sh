@@ -53,7 +53,8 @@ install_deps() {
 	trap 'rm -rf "$tmp"' EXIT
 	echo "test-python: installing $req into $deps (once per requirements file)" >&2
 	local t0=$SECONDS
-	"$PY" -m venv "$tmp"
+	chmod 755 "$tmp"
+	"$PY" -m venv --prompt kvfs-test "$tmp"
 	for attempt in 1 2 3; do
 		if "$tmp/bin/python" -m pip install -q --retries 10 --timeout 60 --no-input \
 			--disable-pip-version-check -r "$req"; then
@@ -69,7 +70,7 @@ install_deps() {
 	"$tmp/bin/python" -m pip check
 	(cd / && "$tmp/bin/python" -c 'import numpy, pytest, torch, transformers')
 	# Entry-point scripts and activate name the directory they were built in.
-	grep -rlI --null -F "$tmp" "$tmp/bin" | xargs -0 -r sed -i "s|$tmp|$deps|g"
+	{ grep -rlI --null -F "$tmp" "$tmp/bin" || true; } | xargs -0 -r sed -i "s|$tmp|$deps|g"
 	mv -T "$tmp" "$deps"
 	trap - EXIT
 	echo "test-python: installed in $((SECONDS - t0)) s" >&2
