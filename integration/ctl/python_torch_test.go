@@ -35,8 +35,8 @@ func TestPythonTorchLayout(t *testing.T) {
 // the scatter into NHD, HND and Hugging Face tensors, tensor-parallel shards,
 // absent blocks) on CPU tensors, every byte checked against the group files.
 // It uses $KVFS_PYTHON where set, else python3, and skips where that has no
-// torch: `go test ./...` in CI runs with Debian's python3, and the same file
-// runs with torch installed (a missing torch failing the run) under
+// torch, as the python3 on PATH in CI's `go test ./...`; the same file runs
+// with torch installed (a missing torch failing the run) under
 // TestPythonClient in make test-python. The GPU itself is exercised by
 // integration/gpu/run_torch.sh.
 func TestPythonTorchPinned(t *testing.T) {
