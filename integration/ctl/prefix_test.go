@@ -3,6 +3,8 @@ package ctl
 import (
 	"bytes"
 	"errors"
+	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
 
@@ -354,5 +356,40 @@ func TestTagCollision(t *testing.T) {
 			cc.place(cc.want, geo, k, 3, groupData(e.gb, k, 2))
 		}
 		cc.check(t, "untagged load")
+	}
+}
+
+// TestPrefixCClient: a C program using only include/kvfs.h stores tagged
+// blocks with a parent, asks LOOKUP inline and through a registered pair
+// array, and loads one block under a wrong tag (absent, tag mismatch, its
+// cache block untouched) and one under its own.
+func TestPrefixCClient(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("skipping: no C compiler")
+	}
+	e := mountEnv(t, envOptions{slots: 16})
+	requirePrefix(t, openClient(t, e))
+	inc, err := filepath.Abs("../../include")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "prefix_client")
+	if out, err := exec.Command(cc, "-std=c11", "-Wall", "-Werror", "-I", inc, "-o", bin, filepath.Join("testdata", "prefix_client.c")).CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(bin, e.dir)
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("C client: %v\n%s", err, stderr.String())
+	}
+	const want = "store n_ok 2 statuses 0 0\n" +
+		"inline run 2/2 present 2 absent 1 mismatch 1 statuses 1 1 3 2\n" +
+		"array run 2/2 present 2 absent 1 mismatch 1 statuses 1 1 3 2\n" +
+		"load n_ok 1 mismatch 1/9 ok 0/0\n" +
+		"cache block 2 untouched 1, cache block 3 loaded 1\n"
+	if stderr.String() != want {
+		t.Fatalf("C client said:\n%s\nwant:\n%s", stderr.String(), want)
 	}
 }
