@@ -66,7 +66,7 @@ func (s *Store) dropGroups(blocks []uint64, edit func(h *Header, block uint64) (
 	missing := 0
 	s.mu.Lock()
 	for _, b := range blocks {
-		slot, ok := s.mu.index[b]
+		slot, ok := s.mu.idx.Slot(b)
 		if !ok {
 			missing++
 			continue
@@ -119,9 +119,10 @@ func (s *Store) dropGroups(blocks []uint64, edit func(h *Header, block uint64) (
 	for _, c := range changes {
 		st := &s.mu.slots[c.slot]
 		st.hdr, st.cur, st.gen = c.hdr, c.copy, c.hdr.Gen
+		s.mu.idx.SetFull(c.slot, s.fullLocked(c.hdr))
 	}
 	for _, slot := range empties {
-		delete(s.mu.index, s.mu.slots[slot].hdr.Block)
+		s.mu.idx.Remove(slot)
 		s.releaseLocked(slot)
 	}
 	s.mu.Unlock()

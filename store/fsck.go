@@ -217,7 +217,7 @@ func (s *Store) rewriteHeaders(slots []int64) error {
 func (s *Store) slotOf(id uint64) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot, ok := s.mu.index[id]; ok {
+	if slot, ok := s.mu.idx.Slot(id); ok {
 		return slot
 	}
 	return -1

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+
+	"github.com/kvfs/kvfs/store/index"
 )
 
 // Slot header, one copy (HeaderBytes, zero padded):
@@ -36,7 +38,8 @@ type Header struct {
 	Block   uint64
 	Gen     uint64
 	Live    bool
-	Present []uint64 // bitmap, one bit per group index
+	Meta    index.Meta // the block's tag and parent
+	Present []uint64   // bitmap, one bit per group index
 	CRC     []uint32
 	MTime   []int64
 }

@@ -237,7 +237,7 @@ func (s *Store) pinBlockLocked(p *blockPinner, b uint64, pins []int64) []int64 {
 		return pins
 	}
 	p.block, p.have, p.hdr = b, true, nil
-	slot, ok := s.mu.index[b]
+	slot, ok := s.mu.idx.Slot(b)
 	if !ok {
 		return pins
 	}
@@ -245,7 +245,7 @@ func (s *Store) pinBlockLocked(p *blockPinner, b uint64, pins []int64) []int64 {
 	if slot != p.slot {
 		s.mu.slots[slot].pins++
 		pins = append(pins, slot)
-		s.touchLocked(slot)
+		s.mu.idx.Touch(slot)
 		p.slot = slot
 	}
 	return pins

@@ -30,7 +30,7 @@ func (s *Store) RenameBlock(from, to uint64) error {
 		return err
 	}
 	s.mu.Lock()
-	slot, ok := s.mu.index[from]
+	slot, ok := s.mu.idx.Slot(from)
 	if !ok {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: block %016x", ErrNotFound, from)
@@ -39,7 +39,7 @@ func (s *Store) RenameBlock(from, to uint64) error {
 		s.mu.Unlock()
 		return nil
 	}
-	if _, taken := s.mu.index[to]; taken {
+	if _, taken := s.mu.idx.Slot(to); taken {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: block %016x", ErrBlockExists, to)
 	}
@@ -61,12 +61,8 @@ func (s *Store) RenameBlock(from, to uint64) error {
 	}
 	s.mu.Lock()
 	st.hdr, st.cur, st.gen = h, copyNo, h.Gen
-	delete(s.mu.index, from)
-	s.mu.index[to] = slot
-	if st.lru != nil {
-		st.lru.Value = to
-		s.mu.lru.MoveToFront(st.lru)
-	}
+	s.mu.idx.Rename(slot, to)
+	s.mu.idx.Touch(slot)
 	s.mu.Unlock()
 	return nil
 }

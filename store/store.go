@@ -1,7 +1,6 @@
 package store
 
 import (
-	"container/list"
 	"errors"
 	"fmt"
 	"runtime"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/kvfs/kvfs/internal/freelist"
 	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store/index"
 )
 
 // Options control Open.
@@ -61,6 +61,10 @@ type Options struct {
 	// OpenProgress, when set, is called during Open's scan of every slot's
 	// headers with the bytes of header copies read so far of the total.
 	OpenProgress func(done, total int64)
+	// Evict is the eviction policy: index.Prefix (the zero value) evicts
+	// leaves of the prefix forest that the blocks' parents form, least
+	// recently used first; index.LRU evicts the least recently used block.
+	Evict index.Policy
 }
 
 // slotState is the in-memory copy of one slot's current header. Guarded by
@@ -74,15 +78,15 @@ type slotState struct {
 	// free-list bookkeeping
 	quarantined bool // unknown on-disk state after a failed write: not reused until reopen
 	releasing   bool // freed while pinned: goes to the free list on the last unpin
-	lru         *list.Element
 	stream      uint16
 }
 
 // Store is an open slot store. All methods are safe for concurrent use.
 //
 // Lock order: wmu before mu. wmu serialises every operation that writes
-// (Write, Delete, DeleteBlock, RenameBlock, Fsck); mu guards the index, the slot states,
-// the LRU and the free list, and is never held across I/O.
+// (Write, Delete, DeleteBlock, RenameBlock, Fsck); mu guards the index (with
+// its eviction order), the slot states and the free list, and is never held
+// across I/O.
 type Store struct {
 	e    Engine
 	sb   Superblock
@@ -160,10 +164,10 @@ type Store struct {
 		sync.Mutex
 		closed bool
 		slots  []slotState
-		index  map[uint64]int64 // block id → slot
+		// idx maps blocks to slots and keeps the eviction order.
+		idx    *index.Index
 		free   []int64
-		lru    *list.List // front = most recently used; values are block ids
-		gen    uint64     // last generation handed out
+		gen    uint64 // last generation handed out
 		allocs uint64
 		// readers counts Read batches holding pins; with none (and wmu
 		// held) no slot is pinned.
@@ -395,8 +399,8 @@ const scanChunk = 256
 func (s *Store) rebuildIndex() error {
 	n := s.sb.Slots
 	s.mu.slots = make([]slotState, n)
-	s.mu.index = make(map[uint64]int64)
-	s.mu.lru = list.New()
+	s.mu.idx = index.New(n, s.opts.Evict)
+	byBlock := make(map[uint64]int64)
 	type live struct {
 		slot int64
 		gen  uint64
@@ -425,7 +429,7 @@ func (s *Store) rebuildIndex() error {
 			if !h.Live || h.Count() == 0 {
 				continue
 			}
-			if old, ok := s.mu.index[h.Block]; ok {
+			if old, ok := byBlock[h.Block]; ok {
 				if s.mu.slots[old].gen > h.Gen {
 					losers = append(losers, slot)
 					st.hdr = h
@@ -434,19 +438,18 @@ func (s *Store) rebuildIndex() error {
 				losers = append(losers, old)
 			}
 			st.hdr = h
-			s.mu.index[h.Block] = slot
+			byBlock[h.Block] = slot
 		}
 	}
-	for slot := range n {
-		if st := &s.mu.slots[slot]; st.hdr != nil && s.mu.index[st.hdr.Block] == slot {
-			lives = append(lives, live{slot, st.gen})
-		}
+	for _, slot := range byBlock {
+		lives = append(lives, live{slot, s.mu.slots[slot].gen})
 	}
-	// LRU: the most recently written block is the most recently used.
-	sort.Slice(lives, func(i, j int) bool { return lives[i].gen > lives[j].gen })
+	// Recency: the most recently written block is the most recently used,
+	// so blocks are indexed oldest first.
+	sort.Slice(lives, func(i, j int) bool { return lives[i].gen < lives[j].gen })
 	for _, l := range lives {
-		st := &s.mu.slots[l.slot]
-		st.lru = s.mu.lru.PushBack(st.hdr.Block)
+		h := s.mu.slots[l.slot].hdr
+		s.mu.idx.Insert(l.slot, h.Block, h.Meta, s.fullLocked(h))
 	}
 	if len(losers) > 0 {
 		if s.opts.ReadOnly {
@@ -472,7 +475,7 @@ func (s *Store) rebuildIndex() error {
 		}
 	}
 	s.log.Info("store: opened", zap.String("uuid", s.sb.UUIDString()), zap.Int64("slots", n),
-		zap.Int("blocks", len(s.mu.index)), zap.String("geometry", s.geo.String()))
+		zap.Int("blocks", s.mu.idx.Len()), zap.String("geometry", s.geo.String()))
 	return nil
 }
 
@@ -617,7 +620,7 @@ func (s *Store) Engine() Engine { return s.e }
 // Info describes the store.
 func (s *Store) Info() Info {
 	s.mu.Lock()
-	used := int64(len(s.mu.index))
+	used := int64(s.mu.idx.Len())
 	s.mu.Unlock()
 	return Info{
 		UUID: s.sb.UUIDString(), Version: s.sb.Version, Geometry: s.geo,
@@ -664,10 +667,11 @@ func blockInfo(h *Header) BlockInfo {
 // Blocks lists the blocks in the store, sorted by id.
 func (s *Store) Blocks() []BlockInfo {
 	s.mu.Lock()
-	out := make([]BlockInfo, 0, len(s.mu.index))
-	for _, slot := range s.mu.index {
+	out := make([]BlockInfo, 0, s.mu.idx.Len())
+	s.mu.idx.Each(func(slot int64, _ uint64) bool {
 		out = append(out, blockInfo(s.mu.slots[slot].hdr))
-	}
+		return true
+	})
 	s.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -677,7 +681,7 @@ func (s *Store) Blocks() []BlockInfo {
 func (s *Store) Block(id uint64) (BlockInfo, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	slot, ok := s.mu.index[id]
+	slot, ok := s.mu.idx.Slot(id)
 	if !ok {
 		return BlockInfo{}, false
 	}
@@ -701,7 +705,7 @@ func (s *Store) Stat(k layout.Key) (GroupInfo, error) {
 	idx := s.geo.Index(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	slot, ok := s.mu.index[k.Block]
+	slot, ok := s.mu.idx.Slot(k.Block)
 	if !ok || !s.mu.slots[slot].hdr.Has(idx) {
 		return GroupInfo{}, fmt.Errorf("%w: %v", ErrNotFound, k)
 	}
@@ -709,12 +713,8 @@ func (s *Store) Stat(k layout.Key) (GroupInfo, error) {
 	return GroupInfo{Key: k, Size: s.geo.GroupBytes(), CRC: h.CRC[idx], MTime: time.Unix(0, h.MTime[idx]), Slot: slot}, nil
 }
 
-// touchLocked moves the block in slot to the front of the LRU.
-func (s *Store) touchLocked(slot int64) {
-	if e := s.mu.slots[slot].lru; e != nil {
-		s.mu.lru.MoveToFront(e)
-	}
-}
+// fullLocked reports whether h holds every group of its block.
+func (s *Store) fullLocked(h *Header) bool { return h.Count() == s.geo.GroupsPerBlock() }
 
 // unpin drops one pin of each slot; a slot freed while pinned goes to the
 // free list when its last pin drops. reader is true for the pins of a Read
@@ -736,14 +736,11 @@ func (s *Store) unpin(slots []int64, reader bool) {
 }
 
 // releaseLocked returns a slot whose on-disk header is a tombstone to the
-// free list (or marks it to go there once unpinned).
+// free list (or marks it to go there once unpinned). The slot is no longer
+// indexed (the caller removed it, or indexed its block elsewhere).
 func (s *Store) releaseLocked(slot int64) {
 	st := &s.mu.slots[slot]
 	st.hdr = nil
-	if st.lru != nil {
-		s.mu.lru.Remove(st.lru)
-		st.lru = nil
-	}
 	if st.quarantined {
 		return
 	}

@@ -256,7 +256,7 @@ func (s *Store) placePlans(plans []*plan) (victims, evicted, writerPins []int64)
 	}
 	need := 0
 	for _, p := range plans {
-		slot, ok := s.mu.index[p.block]
+		slot, ok := s.mu.idx.Slot(p.block)
 		if !ok {
 			need++
 			continue
@@ -279,16 +279,20 @@ func (s *Store) placePlans(plans []*plan) (victims, evicted, writerPins []int64)
 		writerPins = append(writerPins, slot)
 		need++
 	}
+	// A victim is a block no one uses that is not part of this batch, in
+	// the index's eviction order.
+	skip := func(slot int64) bool {
+		b, _ := s.mu.idx.Block(slot)
+		return s.mu.slots[slot].pins > 0 || inBatch[b]
+	}
 	for need > len(s.mu.free) {
-		victim := s.lruVictimLocked(inBatch)
+		victim := s.mu.idx.Victim(skip)
 		if victim < 0 {
 			break
 		}
 		st := &s.mu.slots[victim]
 		s.log.Debug("store: evict", zap.String("block", fmt.Sprintf("%016x", st.hdr.Block)))
-		delete(s.mu.index, st.hdr.Block)
-		s.mu.lru.Remove(st.lru)
-		st.lru = nil
+		s.mu.idx.Remove(victim)
 		st.pins++ // held by this writer until the tombstone is durable
 		writerPins = append(writerPins, victim)
 		victims = append(victims, victim)
@@ -427,12 +431,7 @@ func (s *Store) commitPlans(plans []*plan) {
 		case p.err == nil:
 			st := &s.mu.slots[p.target]
 			st.hdr, st.cur, st.gen = p.hdr, p.copy, p.hdr.Gen
-			s.mu.index[p.block] = p.target
-			if st.lru == nil {
-				st.lru = s.mu.lru.PushFront(p.block)
-			} else {
-				s.mu.lru.MoveToFront(st.lru)
-			}
+			s.indexCommitLocked(p)
 			if p.old >= 0 && p.old != p.target {
 				replaced = append(replaced, p.old)
 			}
@@ -498,17 +497,20 @@ func livePlans(plans []*plan) []*plan {
 	return out
 }
 
-// lruVictimLocked is the least recently used block that no one uses and that
-// is not part of the current batch; -1 when there is none.
-func (s *Store) lruVictimLocked(skip map[uint64]bool) int64 {
-	for e := s.mu.lru.Back(); e != nil; e = e.Prev() {
-		id := e.Value.(uint64)
-		slot := s.mu.index[id]
-		if !skip[id] && s.mu.slots[slot].pins == 0 {
-			return slot
+// indexCommitLocked indexes the block of a committed plan in its target
+// slot as just used: in place, the entry is updated; a block that moved
+// (copy-on-write) leaves its old slot's entry for the new one; a new block
+// is inserted.
+func (s *Store) indexCommitLocked(p *plan) {
+	m, full := p.hdr.Meta, s.fullLocked(p.hdr)
+	if slot, ok := s.mu.idx.Slot(p.block); ok {
+		if slot == p.target {
+			s.mu.idx.Update(slot, m, full)
+			return
 		}
+		s.mu.idx.Remove(slot)
 	}
-	return -1
+	s.mu.idx.Insert(p.target, p.block, m, full)
 }
 
 // carryGroups reads, for copy-on-write plans, the old slot's groups that the
