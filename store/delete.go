@@ -97,7 +97,7 @@ func (s *Store) dropGroups(blocks []uint64, edit func(h *Header, block uint64) (
 		ios := make([]IO, len(changes))
 		for i, c := range changes {
 			b := buf[i*hb : (i+1)*hb]
-			MarshalHeader(b, s.sb.UUID, c.hdr)
+			s.marshalHeader(b, c.hdr)
 			ios[i] = IO{Op: OpWrite, Off: s.headerOffset(c.slot, c.copy), Buf: b, Stream: StreamMeta}
 		}
 		if err := s.failpoint("before-headers"); err != nil {

@@ -36,6 +36,10 @@ func CheckedAtClose(s *Store) (ran bool, err error) {
 	return true, err
 }
 
+// HeaderUsed is the bytes a slot header of version v for n groups uses (the
+// rest of its copy is zero padding).
+func HeaderUsed(n int, v uint32) int { return int(hdrUsed(n, v)) - 4 }
+
 // Corruptions lists what Corrupt can break.
 var Corruptions = []string{
 	"index-drop", "index-wrong-slot", "index-meta", "index-full", "free-twice", "free-leak",

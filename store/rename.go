@@ -48,6 +48,9 @@ func (s *Store) RenameBlock(from, to uint64) error {
 	h := old.clone()
 	s.mu.gen++
 	h.Block, h.Gen = to, s.mu.gen
+	if h.Meta.HasParent && h.Meta.Parent == to {
+		h.Meta.HasParent, h.Meta.Parent = false, 0 // a block is not its own parent
+	}
 	copyNo := 1 - max(st.cur, 0)
 	s.mu.Unlock()
 
@@ -76,7 +79,7 @@ func (s *Store) writeHeader(slot int64, c int, h *Header) error {
 		return err
 	}
 	defer s.freeBuf(buf)
-	MarshalHeader(buf, s.sb.UUID, h)
+	s.marshalHeader(buf, h)
 	if err := s.failpoint("before-headers"); err != nil {
 		return err
 	}

@@ -16,6 +16,14 @@ import (
 	"github.com/kvfs/kvfs/store/index"
 )
 
+// Tag is a block's 16-byte tag: the caller's hash of what the block stands
+// for (model, dtype, shard, token chain). The zero tag is "untagged".
+type Tag = index.Tag
+
+// BlockMeta is what a block says of itself besides its groups: its tag and
+// its parent (the block before it in its sequence).
+type BlockMeta = index.Meta
+
 // Options control Open.
 type Options struct {
 	// Logger receives the store's log lines; nil means none.
@@ -177,7 +185,7 @@ type Store struct {
 }
 
 type metrics struct {
-	reads, writes, bytesRead, bytesWritten, hits, misses, evictions, corrupt, ioErrors, bounced, writeBounced, commits atomic.Uint64
+	reads, writes, bytesRead, bytesWritten, hits, misses, evictions, corrupt, ioErrors, bounced, writeBounced, commits, tagMismatch atomic.Uint64
 }
 
 // Metrics is a snapshot of the store's counters.
@@ -200,12 +208,16 @@ type Metrics struct {
 	// Commits counts write commits: one Write call, or several concurrent
 	// ones committed together (group commit), each with its own syncs.
 	Commits uint64
+	// TagMismatch counts read requests that found their block stored
+	// under another tag than the one they expected (ErrTagMismatch; their
+	// groups also count as misses).
+	TagMismatch uint64
 }
 
 // Info describes an open store.
 type Info struct {
 	UUID        string
-	Version     uint32
+	Version     uint32 // format version (FormatVersion, or an older one the store was made with)
 	Geometry    layout.Geometry
 	GroupBytes  int
 	GroupStride int64
@@ -519,7 +531,7 @@ func (s *Store) tombstone(slots []int64) error {
 			copies[i] = 0
 		}
 		b := buf[i*hb : (i+1)*hb]
-		MarshalHeader(b, s.sb.UUID, h)
+		s.marshalHeader(b, h)
 		ios[i] = IO{Op: OpWrite, Off: s.headerOffset(slot, copies[i]), Buf: b, Stream: StreamMeta}
 	}
 	s.mu.Unlock()
@@ -638,6 +650,7 @@ func (s *Store) Metrics() Metrics {
 		BytesRead: s.m.bytesRead.Load(), BytesWritten: s.m.bytesWritten.Load(),
 		Hits: s.m.hits.Load(), Misses: s.m.misses.Load(), Evictions: s.m.evictions.Load(),
 		Corrupt: s.m.corrupt.Load(), IOErrors: s.m.ioErrors.Load(), Bounced: s.m.bounced.Load(), WriteBounced: s.m.writeBounced.Load(), Commits: s.m.commits.Load(),
+		TagMismatch: s.m.tagMismatch.Load(),
 	}
 }
 
@@ -647,13 +660,14 @@ type BlockInfo struct {
 	Groups  int       // present groups
 	MTime   time.Time // latest group write
 	Present []uint64  // bitmap by layout.Index
+	Meta    BlockMeta // tag and parent (zero in a format version 1 store)
 }
 
 // Has reports whether group idx of the block is present.
 func (b BlockInfo) Has(idx int) bool { return b.Present[idx/64]&(1<<(idx%64)) != 0 }
 
 func blockInfo(h *Header) BlockInfo {
-	bi := BlockInfo{ID: h.Block, Groups: h.Count(), Present: append([]uint64(nil), h.Present...)}
+	bi := BlockInfo{ID: h.Block, Groups: h.Count(), Present: append([]uint64(nil), h.Present...), Meta: h.Meta}
 	var t int64
 	for i, mt := range h.MTime {
 		if h.Has(i) && mt > t {
@@ -686,6 +700,46 @@ func (s *Store) Block(id uint64) (BlockInfo, bool) {
 		return BlockInfo{}, false
 	}
 	return blockInfo(s.mu.slots[slot].hdr), true
+}
+
+// lookupChunk is how many ids Lookup answers per hold of mu, so that a
+// large lookup does not hold readers and writers off for its whole length.
+const lookupChunk = 1024
+
+// Lookup answers, for each blocks[i] with the tag tags[i] it is expected to
+// carry (zero, or beyond the end of tags: any tag), whether the block is
+// stored whole with that tag (index.Present), stored under another tag
+// (index.TagMismatch) or not stored whole (index.Absent), into out[i]; it
+// answers min(len(blocks), len(out)) ids. It returns the leading run of
+// Present answers: how many blocks of a prefix the store can serve. It does
+// no I/O, pins nothing and is no use of a block (eviction order stays).
+func (s *Store) Lookup(blocks []uint64, tags []Tag, out []index.Status) (run int) {
+	n := min(len(blocks), len(out))
+	run = -1
+	for lo := 0; lo < n; lo += lookupChunk {
+		hi := min(lo+lookupChunk, n)
+		s.mu.Lock()
+		for i := lo; i < hi; i++ {
+			var t Tag
+			if i < len(tags) {
+				t = tags[i]
+			}
+			out[i] = s.mu.idx.Lookup(blocks[i], t)
+		}
+		s.mu.Unlock()
+		if run < 0 {
+			for i := lo; i < hi; i++ {
+				if out[i] != index.Present {
+					run = i
+					break
+				}
+			}
+		}
+	}
+	if run < 0 {
+		run = n
+	}
+	return run
 }
 
 // GroupInfo describes one present group.
