@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/kvfs/kvfs/layout"
@@ -450,5 +451,128 @@ func TestFormatVersion1Store(t *testing.T) {
 	rep, err := s.Fsck(false)
 	if err != nil || len(rep.Problems) != 0 || rep.FormatVersion != 1 {
 		t.Fatalf("fsck: %v %v, format version %d", err, rep.Problems, rep.FormatVersion)
+	}
+}
+
+// Lookup and tagged reads under concurrent stores, replacements, deletes
+// and evictions: a Lookup answer is one the store's history explains (a
+// Present (block, tag) was stored whole under that tag, a TagMismatch block
+// was stored under another), its run is its leading Present answers, and a
+// tagged read returns exactly that tag's bytes or nothing.
+func TestLookupConcurrent(t *testing.T) {
+	s, _ := newMemStore(t, 6, testGeo)
+	const ids, versions = 10, 3
+	tagOf := func(id uint64, v int) store.Tag { return store.Tag{byte(id), byte(v), 0x7a} }
+	var mu sync.Mutex
+	tried := map[uint64]map[int]bool{} // versions each block was ever written with
+	note := func(id uint64, v int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if tried[id] == nil {
+			tried[id] = map[int]bool{}
+		}
+		tried[id][v] = true
+	}
+	explains := func(id uint64, v int, st index.Status) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		switch st {
+		case index.Present:
+			return v == 0 && len(tried[id]) > 0 || tried[id][v]
+		case index.TagMismatch:
+			for w := range tried[id] {
+				if w != v {
+					return true
+				}
+			}
+			return false
+		}
+		return true
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id, v := uint64(r.IntN(ids)+1), r.IntN(versions)+1
+				if i%17 == 0 {
+					if err := s.DeleteBlock(id); err != nil && !errors.Is(err, store.ErrNotFound) {
+						errs <- err
+						return
+					}
+					continue
+				}
+				note(id, v)
+				m := &store.BlockMeta{Tag: tagOf(id, v), Parent: id - 1, HasParent: id > 1}
+				if err := writeMeta(s, id, m, v, all(id)...); err != nil && !errors.Is(err, store.ErrFull) {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(stop)
+		r := rand.New(rand.NewPCG(9, 9))
+		for range 3000 {
+			n := r.IntN(6) + 1
+			blocks, tags, vs := make([]uint64, n), make([]store.Tag, n), make([]int, n)
+			for i := range n {
+				blocks[i], vs[i] = uint64(r.IntN(ids)+1), r.IntN(versions+1)
+				if vs[i] > 0 {
+					tags[i] = tagOf(blocks[i], vs[i])
+				}
+			}
+			out := make([]index.Status, n)
+			run := s.Lookup(blocks, tags, out)
+			lead := 0
+			for lead < n && out[lead] == index.Present {
+				lead++
+			}
+			if run != lead {
+				errs <- fmt.Errorf("lookup run %d, answers %v", run, out)
+				return
+			}
+			for i := range n {
+				if !explains(blocks[i], vs[i], out[i]) {
+					errs <- fmt.Errorf("lookup of block %d version %d: %v, which no write explains", blocks[i], vs[i], out[i])
+					return
+				}
+			}
+			// A tagged read gets its version's bytes or nothing.
+			k := testGeo.KeyAt(blocks[0], r.IntN(testGeo.GroupsPerBlock()))
+			v := r.IntN(versions) + 1
+			got, err := getTag(s, k, tagOf(k.Block, v))
+			switch {
+			case err == nil && !bytes.Equal(got, groupData(testGeo, k, v)):
+				errs <- fmt.Errorf("tagged read of %v version %d: another version's bytes", k, v)
+				return
+			case err != nil && !errors.Is(err, store.ErrNotFound):
+				errs <- fmt.Errorf("tagged read of %v: %w", k, err)
+				return
+			case err != nil && !untouched(got):
+				errs <- fmt.Errorf("failed tagged read of %v wrote its destination", k)
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := s.CheckInvariants(); err != nil {
+		t.Fatal(err)
 	}
 }

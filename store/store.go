@@ -403,8 +403,9 @@ func (s *Store) scanHeaders(first, n int64) ([]headerScan, error) {
 
 const scanChunk = 256
 
-// rebuildIndex rebuilds the in-memory state (index, slot states, LRU, free
-// list) from every slot's current header; Open runs it. When two
+// rebuildIndex rebuilds the in-memory state (the index with its recency
+// order, slot states, free list) from every slot's current header; Open
+// runs it. When two
 // slots claim the same block (a crash between a copy-on-write commit and the
 // old slot's tombstone), the higher generation wins and the other slot is
 // tombstoned before it can be reused.
