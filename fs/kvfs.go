@@ -219,6 +219,7 @@ func (f *FS) statsText() []byte {
 	line("store_misses", sm.Misses)
 	line("store_evictions", sm.Evictions)
 	line("store_corrupt", sm.Corrupt)
+	line("store_tag_mismatch", sm.TagMismatch)
 	line("store_io_errors", sm.IOErrors)
 	line("fs_lookups", fm.Lookups)
 	line("fs_opens", fm.Opens)
