@@ -83,13 +83,12 @@ func TestLookupHostileHeaders(t *testing.T) {
 	}
 }
 
-// requirePrefix skips the test while the daemon has no minor-3 handlers
-// (tagged entries, LOOKUP): the ctl wiring over the store's tags is not on
-// this branch yet.
+// requirePrefix fails the test unless the daemon offers minor 3 (it does
+// on the format-version-2 stores these tests mount).
 func requirePrefix(t *testing.T, c *client.Client) {
 	t.Helper()
-	if i := c.Info(); !i.Has(abi.CapPrefix) {
-		t.Skip("the daemon does not serve tagged entries and LOOKUP yet (no KVFS_CAP_PREFIX)")
+	if i := c.Info(); !i.Has(abi.CapPrefix) || i.ABIMinor != abi.Minor {
+		t.Fatalf("daemon without KVFS_CAP_PREFIX: %+v", i)
 	}
 }
 
@@ -356,6 +355,10 @@ func TestTagCollision(t *testing.T) {
 			cc.place(cc.want, geo, k, 3, groupData(e.gb, k, 2))
 		}
 		cc.check(t, "untagged load")
+	}
+	// Two mismatched loads per layout, each of every group of the block.
+	if got, want := e.st.Metrics().TagMismatch, uint64(2*len(layouts(geo))); got < want {
+		t.Fatalf("tag mismatches counted: %d, want at least %d", got, want)
 	}
 }
 
