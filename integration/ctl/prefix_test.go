@@ -396,3 +396,82 @@ func TestPrefixCClient(t *testing.T) {
 		t.Fatalf("C client said:\n%s\nwant:\n%s", stderr.String(), want)
 	}
 }
+
+// TestGoClientPrefix: the Go client's tagged STORE_BLOCKS and LOAD_BLOCKS
+// of more entries than one inline call holds (through its entry array, 64
+// bytes an entry), and a LOOKUP of more pairs than one call takes (two
+// calls, the run carried across).
+func TestGoClientPrefix(t *testing.T) {
+	const nb = 300 // > abi.BlocksInlineTaggedMax
+	e := mountEnv(t, envOptions{slots: nb + 8})
+	c := openClient(t, e)
+	requirePrefix(t, c)
+	geo := e.geo
+	cc := newCache(t, c, layouts(geo)[1], nb, 0, geo.Layers, 0, geo.KVHeads)
+	for i := range nb {
+		for _, k := range blockKeys(geo, 0x10000+uint64(i)) {
+			cc.place(cc.buf.Mem, geo, k, i, groupData(e.gb, k, 3))
+		}
+	}
+	tagOf := func(i int) client.Tag { return client.Tag{byte(i), byte(i >> 8), 15: 0x7e} }
+	es := make([]client.BlockEntry, nb)
+	for i := range es {
+		es[i] = cc.t.WholeBlock(0x10000+uint64(i), i)
+		es[i].Tag = tagOf(i)
+		if i > 0 {
+			es[i].Parent, es[i].HasParent = 0x10000+uint64(i-1), true
+		}
+	}
+	if n, err := c.StoreBlocks(cc.id, es); err != nil || n != nb {
+		t.Fatalf("tagged store of %d: %d OK, %v", nb, n, err)
+	}
+	if bi, ok := e.st.Block(0x10000 + 7); !ok || bi.Meta.Tag != tagOf(7) || !bi.Meta.HasParent || bi.Meta.Parent != 0x10000+6 {
+		t.Fatalf("stored block's meta: %+v %v", bi.Meta, ok)
+	}
+
+	const np = abi.LookupMax + 4464 // two LOOKUP calls
+	ps := make([]client.LookupPair, np)
+	for i := range ps {
+		ps[i] = client.LookupPair{Block: 0x90000 + uint64(i)}
+	}
+	for i := range nb {
+		ps[i] = client.LookupPair{Block: 0x10000 + uint64(i), Tag: tagOf(i)}
+	}
+	ps[abi.LookupMax+1] = client.LookupPair{Block: 0x10000, Tag: tagOf(0)}
+	ps[abi.LookupMax+2] = client.LookupPair{Block: 0x10001, Tag: tagOf(2)}
+	r, err := c.Lookup(ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Run != nb || r.Present != nb+1 || r.Mismatch != 1 || r.Absent != np-nb-2 ||
+		r.Statuses[nb-1] != client.LookupPresent || r.Statuses[nb] != client.LookupAbsent ||
+		r.Statuses[abi.LookupMax+1] != client.LookupPresent || r.Statuses[abi.LookupMax+2] != client.LookupTagMismatch {
+		t.Fatalf("lookup of %d pairs: run %d present %d absent %d mismatch %d", np, r.Run, r.Present, r.Absent, r.Mismatch)
+	}
+
+	// Load everything back under its tag, but block 5 under block 6's:
+	// its cache block stays as it was.
+	for i := range cc.buf.Mem {
+		cc.buf.Mem[i] = guardByte
+	}
+	cc.want = bytes.Clone(cc.buf.Mem)
+	for i := range es {
+		es[i].Status, es[i].Detail, es[i].GroupsOK = 0, 0, 0
+	}
+	es[5].Tag = tagOf(6)
+	if n, err := c.LoadBlocks(cc.id, es); err != nil || n != nb-1 {
+		t.Fatalf("tagged load of %d: %d OK, %v", nb, n, err)
+	}
+	if es[5].Status != client.Absent || es[5].Detail != client.TagMismatch || es[4].Status != client.OK {
+		t.Fatalf("entries 4, 5: %+v %+v", es[4], es[5])
+	}
+	for i := range nb {
+		if i == 5 {
+			continue
+		}
+		for _, k := range blockKeys(geo, 0x10000+uint64(i)) {
+			cc.place(cc.want, geo, k, i, groupData(e.gb, k, 3))
+		}
+	}
+	cc.check(t, "tagged load back")
+}
