@@ -46,7 +46,6 @@ func TestLookupParse(t *testing.T) {
 // TestLookupCommand asks a real mount about whole, partial and missing
 // blocks.
 func TestLookupCommand(t *testing.T) {
-	t.Skip("needs the daemon's LOOKUP handler (the ctl wiring of store.Lookup), not on this branch")
 	mnt, st := mountForLoad(t)
 	var reqs []store.WriteReq
 	for l := range testGeo.Layers {
