@@ -576,3 +576,27 @@ func TestLookupConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// In one Write, a block's requests without Meta go with those that have
+// it: all of them replace a block stored under another tag.
+func TestWriteMetaMixed(t *testing.T) {
+	s, _ := newMemStore(t, 4, testGeo)
+	geo := s.Geometry()
+	putMeta(t, s, 3, &store.BlockMeta{Tag: tagA}, 1, all(3)...)
+	k1, k2, k5 := geo.KeyAt(3, 1), geo.KeyAt(3, 2), geo.KeyAt(3, 5)
+	reqs := []store.WriteReq{
+		{Key: k1, Data: groupData(geo, k1, 2)},
+		{Key: k2, Data: groupData(geo, k2, 2), Meta: &store.BlockMeta{Tag: tagB}},
+	}
+	if err := s.Write(reqs); err != nil || reqs[0].Err != nil || reqs[1].Err != nil {
+		t.Fatal(err, reqs[0].Err, reqs[1].Err)
+	}
+	for _, k := range []layout.Key{k1, k2} {
+		if got, err := getTag(s, k, tagB); err != nil || !bytes.Equal(got, groupData(geo, k, 2)) {
+			t.Fatalf("%v under the new tag: %v", k, err)
+		}
+	}
+	if _, err := getTag(s, k5, store.Tag{}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the old prefix's group %v: %v", k5, err)
+	}
+}

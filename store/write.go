@@ -33,10 +33,11 @@ type WriteReq struct {
 	// groups is kept (they stand for another prefix). Nil keeps an
 	// existing block's tag and parent, and gives a new block the zero tag
 	// and no parent. The requests of one block in one Write that set Meta
-	// must agree; otherwise every request of that block fails with
-	// ErrInvalid. A parent equal to the block itself is no parent. A
-	// format version 1 store records neither: a nonzero Meta fails there
-	// with ErrVersion.
+	// must agree (those without take it); otherwise every request of that
+	// block fails with ErrInvalid. A parent equal to the block itself is
+	// no parent. A format version 1 store records neither: a nonzero Meta
+	// fails there with ErrVersion. Write may point Meta at a normalised
+	// copy.
 	Meta *BlockMeta
 	// Err is set by Write: nil once the group is durable.
 	Err error
@@ -50,14 +51,17 @@ type plan struct {
 	crcs   map[int]uint32 // group index → CRC32C of its data
 	base   *Header        // header the new one starts from (nil: new block)
 	meta   *BlockMeta     // the block's new tag and parent; nil keeps the stored ones
-	tag    Tag            // the tag the plan's groups are written under
-	old    int64          // slot being replaced (copy-on-write), -1 when none
-	target int64          // slot receiving the payloads and the new header
-	fresh  bool           // target came from the free list
-	hdr    *Header        // header to commit
-	copy   int            // header copy to write
-	err    error
-	carry  map[int][]byte // groups copied from the old slot (copy-on-write)
+	tag    Tag            // the tag the plan's groups are written under, once tagKnown
+	// tagKnown: tag is set (by the first request with Meta, or looked up
+	// when one follows groups queued without).
+	tagKnown bool
+	old      int64   // slot being replaced (copy-on-write), -1 when none
+	target   int64   // slot receiving the payloads and the new header
+	fresh    bool    // target came from the free list
+	hdr      *Header // header to commit
+	copy     int     // header copy to write
+	err      error
+	carry    map[int][]byte // groups copied from the old slot (copy-on-write)
 }
 
 func (p *plan) fail(err error) {
@@ -197,11 +201,19 @@ func (s *Store) commit(calls []*writeCall) {
 					n++
 				}
 				p = &plan{block: r.Key.Block, groups: make(map[int][]byte, n), crcs: make(map[int]uint32, n), old: -1, target: -1}
-				p.tag = s.storedTag(p.block)
 				byBlock[r.Key.Block] = p
 				plans = append(plans, p)
 			}
 			if m := r.Meta; m != nil {
+				if !p.tagKnown {
+					// Groups queued before under no meta go under the
+					// stored tag; with none queued there is nothing to
+					// replace.
+					p.tag, p.tagKnown = m.Tag, true
+					if len(p.groups) > 0 {
+						p.tag = s.storedTag(p.block)
+					}
+				}
 				if m.Tag != p.tag {
 					// A call queued later replaces the block: the
 					// groups queued before it under the old tag go.
@@ -539,8 +551,9 @@ func livePlans(plans []*plan) []*plan {
 
 // checkMeta fails the requests of every block whose requests' Meta
 // disagree, or that carry a tag or parent a version 1 store cannot record,
-// and normalises the rest (a block is not its own parent). It returns how
-// many requests it failed.
+// and normalises the rest (a block is not its own parent; a request
+// without Meta takes its block's Meta in the call). It returns how many
+// requests it failed.
 func (s *Store) checkMeta(reqs []WriteReq) int {
 	var meta map[uint64]*BlockMeta
 	var bad map[uint64]error
@@ -577,13 +590,16 @@ func (s *Store) checkMeta(reqs []WriteReq) int {
 		}
 	}
 	failed := 0
-	if bad != nil {
-		for i := range reqs {
-			r := &reqs[i]
-			if err := bad[r.Key.Block]; err != nil && r.Err == nil {
-				r.Err = err
-				failed++
-			}
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Err != nil || meta == nil {
+			continue
+		}
+		if err := bad[r.Key.Block]; err != nil {
+			r.Err = err
+			failed++
+		} else if r.Meta == nil {
+			r.Meta = meta[r.Key.Block] // the block's meta in this call, if any
 		}
 	}
 	return failed
