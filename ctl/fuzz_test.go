@@ -41,6 +41,17 @@ func FuzzIoctl(f *testing.F) {
 	(&abi.RegisterFD{ABI: abi.Version, FD: 0}).Marshal(rf)
 	f.Add(abi.CmdRegisterFD, rf, true)
 	f.Add(abi.CmdUnregister, []byte{1, 0, 0, 0, 9, 0, 0, 0}, true)
+	// LOOKUP, inline and in the registered buffer (near its end too).
+	lk := make([]byte, abi.LookupSize+2*abi.LookupPairSize)
+	(&abi.LookupHeader{ABI: abi.Version, Count: 2}).Marshal(lk)
+	(&abi.LookupPair{Block: 1}).Marshal(lk[abi.LookupSize:])
+	(&abi.LookupPair{Block: 1, Tag: abi.Tag{1}}).Marshal(lk[abi.LookupSize+abi.LookupPairSize:])
+	f.Add(abi.CmdLookupInline, lk, true)
+	for _, off := range []uint64{64, uint64(s.n - abi.LookupPairSize)} {
+		lr := make([]byte, abi.LookupSize)
+		(&abi.LookupHeader{ABI: abi.Version, Count: 3, Buffer: id, Offset: off}).Marshal(lr)
+		f.Add(abi.CmdLookup, lr, true)
+	}
 	junk := make([]byte, 200)
 	for i := range junk {
 		junk[i] = byte(rand.Uint32())

@@ -3,8 +3,9 @@
 // KV-cache block holding all its groups (see package layout for the order).
 //
 // It owns the on-disk format (superblock, slot headers: Format, Open,
-// Fsck), the in-memory index of blocks to slots with its LRU eviction and
-// free list, and the crash-safe protocols of Write, Delete and Read. It
+// Fsck), the in-memory index of blocks to slots (package index: each
+// block's tag, parent and eviction order, prefix-aware or LRU) and free
+// list, and the crash-safe protocols of Write, Delete and Read. It
 // defines the I/O seam, Engine (with IO, Op, streams, BufferAllocator), and
 // knows no engine: package engine chooses and opens one, and tests use the
 // crash-simulating and fault-injecting engines of package storetest.
@@ -40,8 +41,8 @@
 // and the store's tests run it whenever a store is closed):
 //
 //   - The index maps each block to the one slot whose current header is
-//     live and lists it; that slot is in the LRU list, and the LRU list
-//     holds exactly the indexed blocks.
+//     live and lists it, with the header's tag, parent and completeness;
+//     its eviction lists hold exactly the indexed blocks.
 //   - Every slot is in exactly one place: indexed, on the free list,
 //     releasing (freed while a reader pins it; it joins the free list at
 //     the last unpin) or quarantined (its on-disk state is unknown after a
@@ -120,8 +121,8 @@
 // done.
 //
 // Store.wmu (serialises writers: Write, Delete, DeleteBlock, RenameBlock,
-// Fsck, Close, CheckInvariants) is taken before Store.mu (index, slot
-// states, LRU, free list, counters of pins and readers), which is never
+// Fsck, Close, CheckInvariants) is taken before Store.mu (index and its
+// eviction order, slot states, free list, counters of pins and readers), which is never
 // held across I/O.
 // Readers take only mu, to pin the slots they read: a pinned slot is not
 // evicted, reused or overwritten in place. Store.bounce (the idle I/O
