@@ -96,9 +96,9 @@ const fusectlDir = "/sys/fs/fuse/connections"
 // abortConn aborts FUSE connection conn (the minor device number of the
 // mount) by writing its fusectl abort file. Where fusectl is not mounted
 // (no such connection directory there), a root daemon mounts it itself on
-// a private temporary directory, aborts, and unmounts it again: fusectl has
-// one instance, so any mount of it shows every connection, and the system's
-// mounts stay as they were.
+// a temporary directory of its own, aborts, and unmounts it again: fusectl
+// has one instance, so any mount of it shows every connection, and
+// /sys/fs/fuse/connections stays as it was.
 func abortConn(conn uint32) error {
 	if conn == 0 {
 		return errors.New("no connection number (the mount point could not be stat'ed)")
