@@ -589,10 +589,13 @@ func (s *Store) checkMeta(reqs []WriteReq) int {
 			}
 		}
 	}
+	if meta == nil {
+		return 0 // no request carries meta
+	}
 	failed := 0
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Err != nil || meta == nil {
+		if r.Err != nil {
 			continue
 		}
 		if err := bad[r.Key.Block]; err != nil {
