@@ -27,7 +27,9 @@ fuzz:
 	FUZZTIME=$(FUZZTIME) bash scripts/fuzz.sh
 
 # The Python client installed with `pip install ./python` into a venv under
-# out/ and its pytest suite run against that install and a real mount; see
+# out/ and its pytest suite run against that install and a real mount, with
+# torch and transformers (python/requirements-test.txt) from a venv kept
+# outside the checkout and reused while that file is unchanged; see
 # scripts/test-python.sh.
 test-python: deps
 	GO=$(GO) bash scripts/test-python.sh

@@ -1,14 +1,13 @@
 package bench
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -367,13 +366,13 @@ func DaemonCPUSeconds(mountpoint string) (float64, bool) {
 	if err != nil {
 		return 0, false
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "daemon_cpu_seconds "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return f, err == nil
-		}
+	var st struct {
+		CPU *float64 `json:"daemon_cpu_seconds"`
 	}
-	return 0, false
+	if json.Unmarshal(data, &st) != nil || st.CPU == nil {
+		return 0, false
+	}
+	return *st.CPU, true
 }
 
 // ListBlocks returns the blocks present under mountpoint (the union over

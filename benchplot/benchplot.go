@@ -17,6 +17,9 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+	"gonum.org/v1/plot/vg/vgsvg"
 )
 
 // ErrFormat is returned for a file name whose extension is neither .svg
@@ -37,10 +40,14 @@ type Chart struct {
 	Series                []Series
 }
 
-// Size of the image.
+// Size of the image, the blank margin around the plot (so the title and
+// the axis labels never touch the edge), and the resolution of a PNG
+// (1200×750 pixels).
 const (
-	Width  = 16 * vg.Centimeter
-	Height = 10 * vg.Centimeter
+	Width  = 8 * vg.Inch
+	Height = 5 * vg.Inch
+	Margin = 0.2 * vg.Inch
+	DPI    = 150
 )
 
 // FormatOf returns "svg" or "png" for path's extension, or ErrFormat;
@@ -116,11 +123,15 @@ func (c Chart) Render(w io.Writer, format string) error {
 	}
 	// Throughput rises with depth: the bottom right corner is the emptiest.
 	p.Legend.Top, p.Legend.Left = false, false
-	wt, err := p.WriterTo(Width, Height, format)
-	if err != nil {
-		return fmt.Errorf("benchplot: %w", err)
+	p.Title.Padding = 0.12 * vg.Inch
+	var cv vg.CanvasWriterTo
+	if format == "png" {
+		cv = vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(Width, Height), vgimg.UseDPI(DPI))}
+	} else {
+		cv = vgsvg.New(Width, Height)
 	}
-	if _, err := wt.WriteTo(w); err != nil {
+	p.Draw(draw.Crop(draw.New(cv), Margin, -Margin, Margin, -Margin))
+	if _, err := cv.WriteTo(w); err != nil {
 		return fmt.Errorf("benchplot: %w", err)
 	}
 	return nil

@@ -93,8 +93,30 @@ func TestWritePNG(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the PNG does not decode: %v", err)
 	}
-	if r := img.Bounds(); r.Dx() < 100 || r.Dy() < 100 {
-		t.Fatalf("a %v image", r)
+	r := img.Bounds()
+	if r.Dx() != 1200 || r.Dy() != 750 {
+		t.Fatalf("a %dx%d image, want 1200x750", r.Dx(), r.Dy())
+	}
+	// A blank margin on every side: nothing (the title, the labels) is
+	// drawn within 20 pixels of an edge, and the plot is drawn inside.
+	white := func(x, y int) bool {
+		cr, cg, cb, _ := img.At(x, y).RGBA()
+		return cr == 0xffff && cg == 0xffff && cb == 0xffff
+	}
+	drawn := 0
+	for y := r.Min.Y; y < r.Max.Y; y++ {
+		for x := r.Min.X; x < r.Max.X; x++ {
+			edge := x-r.Min.X < 20 || r.Max.X-x <= 20 || y-r.Min.Y < 20 || r.Max.Y-y <= 20
+			switch {
+			case edge && !white(x, y):
+				t.Fatalf("pixel (%d, %d) in the margin is drawn", x, y)
+			case !white(x, y):
+				drawn++
+			}
+		}
+	}
+	if drawn < 1000 {
+		t.Fatalf("only %d pixels drawn", drawn)
 	}
 }
 

@@ -33,14 +33,15 @@ type LookupResult struct {
 }
 
 // Lookup asks whether each pair's block is stored whole under its tag
-// (abi.CapPrefix; ENOTTY without). It reads no payload and pins nothing;
+// (a daemon of ABI minor 3 or later; ENOTTY before). It reads no payload
+// and pins nothing;
 // the answer may be stale by the next LOAD. Up to abi.LookupInlineMax pairs
 // go inline in one ioctl; more go through a registered array,
 // abi.LookupMax pairs per ioctl, with Run carried across them. No pairs:
 // an empty result, no ioctl.
 func (c *Client) Lookup(ps []LookupPair) (LookupResult, error) {
 	r := LookupResult{Statuses: make([]LookupStatus, len(ps))}
-	if !c.info.Has(abi.CapPrefix) {
+	if !c.HasLookup() {
 		return r, &Error{Op: "lookup", Errno: syscall.ENOTTY}
 	}
 	if len(ps) == 0 {
@@ -93,6 +94,11 @@ func (c *Client) LookupIn(buf *HostBuffer, off int, ps []LookupPair, r *LookupRe
 	decodeLookup(r, raw[:], mem, at, len(ps))
 	return nil
 }
+
+// HasLookup reports whether the daemon serves LOOKUP: every daemon of ABI
+// minor 3 or later, on any store (abi.CapPrefix, tagged entries, needs a
+// format version 2 store as well).
+func (c *Client) HasLookup() bool { return c.info.ABIMinor >= 3 || c.info.Has(abi.CapPrefix) }
 
 // encodeLookup writes the header of a LOOKUP of ps into b, and the pairs
 // after it for the inline form (buffer 0).

@@ -138,7 +138,11 @@ func TestLookupEncoding(t *testing.T) {
 	if res2.Run != 0 || res2.Present != 2 {
 		t.Fatalf("run after a leading absent pair: %+v", res2)
 	}
-	if _, err := (&Client{info: Info{Caps: abi.CapBlocks}}).Lookup(ps); !errors.Is(err, syscall.ENOTTY) {
-		t.Fatalf("Lookup without CapPrefix: %v", err)
+	if _, err := (&Client{info: Info{Caps: abi.CapBlocks, ABIMinor: 2}}).Lookup(ps); !errors.Is(err, syscall.ENOTTY) {
+		t.Fatalf("Lookup from a minor-2 daemon: %v", err)
+	}
+	// A minor-3 daemon serving a version-1 store has LOOKUP but no tags.
+	if c := (&Client{info: Info{Caps: abi.CapBlocks, ABIMinor: 3}}); !c.HasLookup() {
+		t.Fatal("a minor-3 daemon without CapPrefix has no LOOKUP")
 	}
 }

@@ -23,7 +23,7 @@
 //
 //	layer-<L>/block-<16 hex>/head-<H>/K and V   one group each
 //	.kvfs/ctl       ioctls, forwarded to Options.Ctl (a CtlHandler)
-//	.kvfs/stats     text, one "name value" per line
+//	.kvfs/stats     JSON: counters and sizes (slots used, groups, reads, rejections…)
 //	.kvfs/geometry  JSON
 //
 // Names come from package layout (zero-padded layer and head numbers, 16
@@ -186,6 +186,15 @@
 // store closed ESHUTDOWN, bad size or request EINVAL, a rename onto an
 // existing block ENOTEMPTY; anything else is logged and becomes EIO. No
 // input makes the daemon exit.
+//
+// A refusal whose errno alone does not explain it is logged as a warning
+// ("fs: refused", with the op, the path and why, through FS.refuse): a
+// name the tree has no place for (mkdir layer-00/foo, a create in a block
+// directory), a link, a rename kvfs does not do, a write past the group,
+// and a group file closed for good holding other than one group's bytes
+// (logged at RELEASE, once: a shell's redirection never looks at the
+// EINVAL of close(2), and a close of a dup'd descriptor flushes before the
+// writes are done).
 //
 // # Locks
 //

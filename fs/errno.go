@@ -15,6 +15,16 @@ import (
 // rather than serve bytes the store no longer holds.
 var errGone = errors.New("fs: group deleted or evicted since open")
 
+// refuse logs why a request naming path is refused and returns errno. The
+// errno alone ("Invalid argument", "Operation not permitted") rarely tells
+// a user what kvfs expected, and a shell ignores the error of the close(2)
+// that refuses a short write, so the daemon's log says it.
+func (f *FS) refuse(op, path, why string, errno syscall.Errno) syscall.Errno {
+	f.log.Warn("fs: refused", zap.String("op", op), zap.String("path", path),
+		zap.String("why", why), zap.String("errno", errno.Error()))
+	return errno
+}
+
 // toErrno converts an error from the store or layout into the errno a FUSE
 // request returns. It is the only place where errors become errnos. Errors
 // it does not know are logged (with op, the request that failed) and become

@@ -84,7 +84,7 @@ func (g *groupFile) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.Se
 		if h == nil || !h.write {
 			// truncate(2) by path: only to the size the group has.
 			if gi, err := f.st.Stat(g.k()); err != nil || uint64(gi.Size) != size {
-				return syscall.EPERM
+				return f.refuse("truncate", f.geo.Name(g.k()), fmt.Sprintf("a group is always %d bytes; truncate it through a handle open for writing, then write it whole", f.geo.GroupBytes()), syscall.EPERM)
 			}
 		} else if errno := h.truncate(size); errno != 0 {
 			return errno
@@ -356,7 +356,7 @@ func (h *groupHandle) Write(ctx context.Context, data []byte, off int64) (uint32
 		// The file would be larger than a group: fail this write and
 		// every later close, so nothing of it is ever stored.
 		h.failed = syscall.EFBIG
-		return 0, syscall.EFBIG
+		return 0, h.fs.refuse("write", h.fs.geo.Name(h.key), fmt.Sprintf("a write to bytes %d..%d passes the end of the group (%d bytes): nothing of this file will be stored", off, end, gb), syscall.EFBIG)
 	}
 	if errno := h.loadLocked(); errno != 0 {
 		return 0, errno
@@ -408,7 +408,7 @@ func (h *groupHandle) storeLocked() syscall.Errno {
 	}
 	if h.size != f.geo.GroupBytes() {
 		f.m.rejected.Add(1)
-		return syscall.EINVAL
+		return syscall.EINVAL // Release logs it, once the file is closed for good
 	}
 	reqs := []store.WriteReq{{Key: h.key, Data: h.buf}}
 	err := f.st.Write(reqs)
@@ -436,8 +436,18 @@ func (h *groupHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 	return h.storeLocked()
 }
 
+// Release ends the handle. A handle closed for good holding other than one
+// group's bytes stored nothing: every close(2) of it failed with EINVAL,
+// and the log says so once, here (a shell's redirection ignores close's
+// error, and a close of a dup'd descriptor flushes before the writes).
 func (h *groupHandle) Release(ctx context.Context) syscall.Errno {
 	if h.write {
+		h.mu.Lock()
+		if h.dirty && h.failed == 0 && h.size != h.fs.geo.GroupBytes() {
+			h.fs.refuse("close", h.fs.geo.Name(h.key), fmt.Sprintf("the file was closed holding %d bytes, a group %d: a group file is stored only when written whole, so nothing was stored",
+				h.size, h.fs.geo.GroupBytes()), syscall.EINVAL)
+		}
+		h.mu.Unlock()
 		f := h.fs
 		f.mu.Lock()
 		ws := slices.DeleteFunc(f.mu.writers[h.key], func(w *groupHandle) bool { return w == h })

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -38,7 +40,7 @@ var kvfsEntries = []kvfsEntry{
 		return &textFile{leafBase: leafBase{fs: f}, ino: inoGeometry, render: f.geometryJSON}
 	}},
 	{"stats", inoStats, func(f *FS) gofs.InodeEmbedder {
-		return &textFile{leafBase: leafBase{fs: f}, ino: inoStats, render: f.statsText}
+		return &textFile{leafBase: leafBase{fs: f}, ino: inoStats, render: f.statsJSON}
 	}},
 }
 
@@ -181,8 +183,12 @@ func (f *FS) geometryJSON() []byte {
 		Slots          int64  `json:"slots"`
 		UUID           string `json:"uuid"`
 		Version        uint32 `json:"format_version"`
+		HeaderBytes    int64  `json:"header_bytes"`
+		Size           int64  `json:"size"`
+		Created        string `json:"created"`
 	}{g.Layers, g.KVHeads, g.HeadDim, g.BlockTokens, g.DType.String(), g.Align, g.Shape(),
-		g.GroupBytes(), g.GroupStride(), g.GroupsPerBlock(), in.SlotBytes, in.Slots, in.UUID, in.Version}
+		g.GroupBytes(), g.GroupStride(), g.GroupsPerBlock(), in.SlotBytes, in.Slots, in.UUID, in.Version,
+		in.HeaderBytes, in.Size, in.Created.UTC().Format(time.RFC3339Nano)}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		f.log.Error("fs: geometry", zap.Error(err))
@@ -190,8 +196,10 @@ func (f *FS) geometryJSON() []byte {
 	return append(b, '\n')
 }
 
-// statsText renders .kvfs/stats: one "name value" per line.
-func (f *FS) statsText() []byte {
+// statsJSON renders .kvfs/stats: one JSON object of counters and sizes,
+// keys in a fixed order (the same convention as .kvfs/geometry; the
+// Prometheus text of the same counters is at --metrics-addr's /metrics).
+func (f *FS) statsJSON() []byte {
 	in := f.st.Info()
 	sm := f.st.Metrics()
 	fm := f.Metrics()
@@ -201,54 +209,65 @@ func (f *FS) statsText() []byte {
 		groups += b.Groups
 	}
 	var sb strings.Builder
-	line := func(name string, v any) { fmt.Fprintf(&sb, "%s %v\n", name, v) }
-	line("engine", in.Engine)
-	line("uuid", in.UUID)
-	line("slots", in.Slots)
-	line("slots_used", in.UsedSlots)
-	line("slots_free", in.FreeSlots)
-	line("slot_bytes", in.SlotBytes)
-	line("blocks", len(blocks))
-	line("groups", groups)
-	line("group_bytes", in.GroupBytes)
-	line("store_reads", sm.Reads)
-	line("store_writes", sm.Writes)
-	line("store_bytes_read", sm.BytesRead)
-	line("store_bytes_written", sm.BytesWritten)
-	line("store_hits", sm.Hits)
-	line("store_misses", sm.Misses)
-	line("store_evictions", sm.Evictions)
-	line("store_corrupt", sm.Corrupt)
-	line("store_tag_mismatch", sm.TagMismatch)
-	line("store_io_errors", sm.IOErrors)
-	line("fs_lookups", fm.Lookups)
-	line("fs_opens", fm.Opens)
-	line("fs_reads", fm.Reads)
-	line("fs_read_bytes", fm.ReadBytes)
-	line("fs_stored", fm.Stored)
-	line("fs_stored_bytes", fm.StoredBytes)
-	line("fs_deletes", fm.Deletes)
-	line("fs_rejected", fm.Rejected)
-	line("fs_corrupt", fm.Corrupt)
-	line("fs_errors", fm.Errors)
-	line("fs_panics", fm.Panics)
-	line("fs_cache_hits", fm.CacheHits)
-	line("fs_cache_misses", fm.CacheMisses)
-	line("fs_pending_dirs", fm.PendingDirs)
-	line("fs_staged", fm.Staged)
-	line("fs_staged_stored", fm.StagedStored)
-	line("fs_renames", fm.Renames)
-	line("ctl_sessions_open", fm.CtlOpen)
-	line("ctl_sessions", fm.CtlSessions)
-	line("ctl_ioctls", fm.Ioctls)
-	line("uptime_seconds", fmt.Sprintf("%.0f", fm.MountSeconds))
+	sb.WriteString("{")
+	sep := "\n"
+	field := func(name string, v any) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			f.log.Error("fs: stats", zap.String("field", name), zap.Error(err))
+			return
+		}
+		fmt.Fprintf(&sb, "%s  %q: %s", sep, name, b)
+		sep = ",\n"
+	}
+	field("engine", in.Engine)
+	field("uuid", in.UUID)
+	field("slots", in.Slots)
+	field("slots_used", in.UsedSlots)
+	field("slots_free", in.FreeSlots)
+	field("slot_bytes", in.SlotBytes)
+	field("blocks", len(blocks))
+	field("groups", groups)
+	field("group_bytes", in.GroupBytes)
+	field("store_reads", sm.Reads)
+	field("store_writes", sm.Writes)
+	field("store_bytes_read", sm.BytesRead)
+	field("store_bytes_written", sm.BytesWritten)
+	field("store_hits", sm.Hits)
+	field("store_misses", sm.Misses)
+	field("store_evictions", sm.Evictions)
+	field("store_corrupt", sm.Corrupt)
+	field("store_tag_mismatch", sm.TagMismatch)
+	field("store_io_errors", sm.IOErrors)
+	field("fs_lookups", fm.Lookups)
+	field("fs_opens", fm.Opens)
+	field("fs_reads", fm.Reads)
+	field("fs_read_bytes", fm.ReadBytes)
+	field("fs_stored", fm.Stored)
+	field("fs_stored_bytes", fm.StoredBytes)
+	field("fs_deletes", fm.Deletes)
+	field("fs_rejected", fm.Rejected)
+	field("fs_corrupt", fm.Corrupt)
+	field("fs_errors", fm.Errors)
+	field("fs_panics", fm.Panics)
+	field("fs_cache_hits", fm.CacheHits)
+	field("fs_cache_misses", fm.CacheMisses)
+	field("fs_pending_dirs", fm.PendingDirs)
+	field("fs_staged", fm.Staged)
+	field("fs_staged_stored", fm.StagedStored)
+	field("fs_renames", fm.Renames)
+	field("ctl_sessions_open", fm.CtlOpen)
+	field("ctl_sessions", fm.CtlSessions)
+	field("ctl_ioctls", fm.Ioctls)
+	field("uptime_seconds", int64(math.Round(fm.MountSeconds)))
 	// The daemon's CPU time (getrusage RUSAGE_SELF, user + system): bench-load
 	// reports its difference over a run as cpu_s.
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
-		cpu := float64(ru.Utime.Sec+ru.Stime.Sec) + float64(ru.Utime.Usec+ru.Stime.Usec)/1e6
-		line("daemon_cpu_seconds", fmt.Sprintf("%.6f", cpu))
+		us := (ru.Utime.Sec+ru.Stime.Sec)*1e6 + int64(ru.Utime.Usec+ru.Stime.Usec)
+		field("daemon_cpu_seconds", float64(us)/1e6)
 	}
+	sb.WriteString("\n}\n")
 	return []byte(sb.String())
 }
 

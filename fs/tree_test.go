@@ -212,18 +212,17 @@ func TestKvfsFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stats := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		f := strings.Fields(l)
-		if len(f) != 2 {
-			t.Fatalf("stats line %q is not 'name value'", l)
-		}
-		stats[f[0]] = f[1]
+	stats := map[string]any{}
+	if err := json.Unmarshal(b, &stats); err != nil {
+		t.Fatalf("stats are not one JSON object: %v\n%s", err, b)
 	}
-	for k, v := range map[string]string{"slots": "4", "slots_used": "2", "slots_free": "2", "blocks": "2", "groups": "2", "store_writes": "2"} {
+	for k, v := range map[string]float64{"slots": 4, "slots_used": 2, "slots_free": 2, "blocks": 2, "groups": 2, "store_writes": 2} {
 		if stats[k] != v {
-			t.Fatalf("stats %s = %q, want %q\n%s", k, stats[k], v, b)
+			t.Fatalf("stats %s = %v, want %v\n%s", k, stats[k], v, b)
 		}
+	}
+	if cpu, ok := stats["daemon_cpu_seconds"].(float64); !ok || cpu <= 0 {
+		t.Fatalf("stats daemon_cpu_seconds = %v\n%s", stats["daemon_cpu_seconds"], b)
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(filepath.Join(e.dir, ".kvfs", "stats"), &st); err != nil || st.Mode&0o777 != 0o444 {

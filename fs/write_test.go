@@ -6,9 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/layout"
@@ -329,4 +333,58 @@ func TestRemoveGroupsAndBlocks(t *testing.T) {
 func other(k layout.Key) layout.Key {
 	k.Kind = 1 - k.Kind
 	return k
+}
+
+// TestRefusalsAreLogged: a refusal whose errno alone does not explain it
+// (the close that refuses a short write, which a shell's redirection
+// ignores; a create or mkdir of a name the tree has no place for) is logged
+// with its path and the reason.
+func TestRefusalsAreLogged(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	e := mountEnv(t, 4, Options{Logger: zap.New(core)})
+	k := layout.Key{Block: 0xbeef, Layer: 1, Head: 0, Kind: layout.K}
+	e.put(k)
+	blk := e.blockPath(1, 0xbeef)
+	head := filepath.Dir(e.path(k))
+	rel := func(p string) string { r, _ := filepath.Rel(e.dir, p); return r }
+
+	f, err := os.Create(filepath.Join(head, "V"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("hi\n")); err != nil {
+		t.Fatal(err)
+	}
+	wantErrno(t, "close after a short write", f.Close(), syscall.EINVAL)
+	wantErrno(t, "mkdir in a layer", os.Mkdir(filepath.Join(e.dir, "layer-1", "foo"), 0o755), syscall.EPERM)
+	wantErrno(t, "mkdir in a block", os.Mkdir(filepath.Join(blk, "foo"), 0o755), syscall.EPERM)
+	wantErrno(t, "mkdir in the root", os.Mkdir(filepath.Join(e.dir, "foo"), 0o755), syscall.EPERM)
+	_, err = os.Create(filepath.Join(blk, "notes"))
+	wantErrno(t, "create in a block", err, syscall.EPERM)
+
+	for _, want := range []struct{ op, path, why string }{
+		{"close", rel(filepath.Join(head, "V")), "closed holding 3 bytes"},
+		{"mkdir", "layer-1/foo", "block-<16 lowercase hex digits>"},
+		{"mkdir", rel(filepath.Join(blk, "foo")), "head-<H>"},
+		{"mkdir", "foo", "layer-<L>"},
+		{"create", rel(filepath.Join(blk, "notes")), "nothing else can be made here"},
+	} {
+		// The close is logged at FUSE's RELEASE, which close(2) does
+		// not wait for.
+		found := false
+		for deadline := time.Now().Add(5 * time.Second); !found && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			for _, l := range logs.FilterMessage("fs: refused").All() {
+				c := l.ContextMap()
+				if c["op"] == want.op && c["path"] == want.path && strings.Contains(c["why"].(string), want.why) {
+					found = true
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no refusal logged for %s %s (%q); logged: %v", want.op, want.path, want.why, logs.All())
+		}
+	}
+	if bs := e.st.Blocks(); len(bs) != 1 || bs[0].Groups != 1 {
+		t.Fatalf("store holds %+v", bs)
+	}
 }

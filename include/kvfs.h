@@ -48,7 +48,8 @@
 #define KVFS_CAP_REGISTER_FD   (1ull << 5) /* REGISTER_FD */
 #define KVFS_CAP_LIMITS        (1ull << 6) /* kvfs_info.abi_minor and max_pinned_* are filled in */
 #define KVFS_CAP_BLOCKS        (1ull << 7) /* REGISTER_TARGET, LOAD_BLOCKS, STORE_BLOCKS (minor 2) */
-#define KVFS_CAP_PREFIX        (1ull << 8) /* tagged block entries, KVFS_TAG_MISMATCH, LOOKUP (minor 3) */
+#define KVFS_CAP_PREFIX        (1ull << 8) /* tagged block entries, KVFS_TAG_MISMATCH (minor 3, format-2 store);
+                                            * LOOKUP needs only abi_minor >= 3 */
 
 /* dtype values (kvfs_info.dtype), as stored on disk. */
 #define KVFS_DTYPE_BF16 1u

@@ -12,10 +12,14 @@ need cc gcc                # the ABI test compiles include/kvfs.h
 need hexdump bsdextrautils # hexdump in the FUSE tests
 need fio fio               # kvfs bench --vs-fio and its tests
 need rsync rsync           # rsync round trips through the mount (integration/fuse tools tests)
-# The Python client installed with pip into a venv and tested with pytest
-# (scripts/test-python.sh), all from Debian: no Python package registry.
+# The venvs of scripts/test-python.sh (Debian's python3 with venv and pip;
+# what the tests import comes from python/requirements-test.txt through pip),
+# and flock for its install lock; pip, setuptools and wheel for the README's
+# offline `pip install --no-build-isolation --no-index ./python`
+# (integration/readme runs it with Debian's python3).
 needpkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed' || want+=("$1"); }
-for p in python3-venv python3-pytest python3-setuptools python3-wheel; do needpkg "$p"; done
+for p in python3-venv python3-pip python3-setuptools python3-wheel; do needpkg "$p"; done
+need flock util-linux
 need systemd-analyze systemd # systemd-analyze verify of dist/kvfs@.service (integration/fuse)
 if [ ${#want[@]} -eq 0 ]; then exit 0; fi
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

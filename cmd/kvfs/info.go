@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -60,6 +62,10 @@ type infoReport struct {
 	// Owner is the store's ownership lease (docs/scale-out.md), absent
 	// when no writer ever took one.
 	Owner *infoOwner `json:"owner,omitempty"`
+	// MountedAt is the mount point of the daemon that holds the store,
+	// when the report comes from its .kvfs/ files (the store is locked):
+	// then Owner, FDP and Attachment are absent.
+	MountedAt string `json:"mounted_at,omitempty"`
 }
 
 // infoOwner is the ownership lease record as info reports it.
@@ -139,8 +145,12 @@ func init() {
 	c := &cobra.Command{
 		Use:   "info STORE",
 		Short: "Show a store's geometry, sizes and slot usage",
-		Args:  storeArg,
-		RunE:  func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
+		Long: `Show a store's geometry, sizes and slot usage. A store that a running
+daemon holds (kvfs mount) is reported from the daemon's own view, the
+mount's .kvfs/geometry and .kvfs/stats, found through /proc/mounts; the
+ownership lease and the FDP state are shown only for a store not in use.`,
+		Args: storeArg,
+		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
 	}
 	c.Flags().BoolVar(&o.json, "json", false, "print JSON (snake_case keys)")
 	addEngineFlag(c, &o.engine)
@@ -148,26 +158,15 @@ func init() {
 }
 
 func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
-	s, closeAll, _, err := o.openStore(cmd, path, true)
+	r, err := o.report(cmd, path)
 	if err != nil {
-		return err
-	}
-	defer closeInto(&err, closeAll)
-	r := newInfoReport(path, s)
-	if r.FDP, err = fdpReport(s.Engine()); err != nil {
-		return err
-	}
-	if a, ok := s.Engine().(attachReporter); ok {
-		r.Attachment = a.Attachment()
-	}
-	if r.Owner, err = ownerReport(s, time.Now()); err != nil {
 		return err
 	}
 	w := cmd.OutOrStdout()
 	if o.json {
 		return writeJSON(w, r)
 	}
-	g := s.Geometry()
+	g := r.Geometry
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, l := range [][2]string{
 		{"store", r.Path},
@@ -177,7 +176,7 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 		{"geometry", fmt.Sprintf("layers=%d kv_heads=%d head_dim=%d block_tokens=%d dtype=%s align=%d",
 			g.Layers, g.KVHeads, g.HeadDim, g.BlockTokens, g.DType, g.Align)},
 		{"groups per block", fmt.Sprint(r.GroupsPerBlock)},
-		{"group bytes", fmt.Sprintf("%d (%s %s)", r.GroupBytes, g.Shape(), g.DType)},
+		{"group bytes", fmt.Sprintf("%d (%dx%d %s)", r.GroupBytes, g.BlockTokens, g.HeadDim, g.DType)},
 		{"group stride", fmt.Sprint(r.GroupStride)},
 		{"header bytes", fmt.Sprint(r.HeaderBytes)},
 		{"slot bytes", fmt.Sprintf("%d (%s)", r.SlotBytes, bytesize.Format(r.SlotBytes))},
@@ -187,6 +186,10 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 		{"created", r.Created.Format(time.RFC3339)},
 	} {
 		fmt.Fprintf(tw, "%s:\t%s\n", l[0], l[1])
+	}
+	if r.MountedAt != "" {
+		fmt.Fprintf(tw, "mounted at:\t%s (the daemon holds the store: these figures are its own, from %s)\n",
+			r.MountedAt, filepath.Join(r.MountedAt, ".kvfs"))
 	}
 	if wb := r.WrittenBytes; wb != nil {
 		line := fmt.Sprintf("%d (%s)", *wb, bytesize.Format(*wb))
@@ -212,6 +215,28 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 		_, err = fmt.Fprintln(w, r.FDP.Text)
 	}
 	return err
+}
+
+// report opens the store read-only and reports on it; a store another
+// process holds is reported from its mount (lockedInfo).
+func (o *infoOptions) report(cmd *cobra.Command, path string) (r infoReport, err error) {
+	s, closeAll, _, err := o.openStore(cmd, path, true)
+	if errors.Is(err, store.ErrLocked) {
+		return lockedInfo(path, err)
+	}
+	if err != nil {
+		return r, err
+	}
+	defer closeInto(&err, closeAll)
+	r = newInfoReport(path, s)
+	if r.FDP, err = fdpReport(s.Engine()); err != nil {
+		return r, err
+	}
+	if a, ok := s.Engine().(attachReporter); ok {
+		r.Attachment = a.Attachment()
+	}
+	r.Owner, err = ownerReport(s, time.Now())
+	return r, err
 }
 
 func newInfoReport(path string, s *store.Store) infoReport {

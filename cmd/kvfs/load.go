@@ -288,8 +288,10 @@ Reports GB/s (wall clock), µs per ioctl (mean, p50, p99 of each call's
 latency) and µs per group (mean call latency / groups per call). --sweep runs
 the measurement with 1, 2, 4, 8 and 16 callers and prints a table; --plot
 FILE.svg|.png also draws GB/s against callers.
---daemon-pid PID adds the daemon's CPU time during each measurement
-(/proc/PID/stat), in core-seconds per GB moved. Compare with
+The report includes the daemon's CPU time during each measurement, in
+core-seconds per GB moved, read from the mount's .kvfs/stats
+(daemon_cpu_seconds); --daemon-pid PID reads it from /proc/PID/stat
+instead, for a daemon whose stats do not carry it. Compare with
 'kvfs bench STORE --blocks B --qd J' on the same store, unmounted, for the
 store's own cost with the same access pattern.`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -312,7 +314,7 @@ store's own cost with the same access pattern.`,
 	f.StringVar(&o.layout, "layout", "nhd", "cache layout of --blocks-per-call: nhd, hnd or hf")
 	f.BoolVar(&o.sweep, "sweep", false, "measure with 1, 2, 4, 8 and 16 callers and print a table")
 	f.StringVar(&o.plot, "plot", "", "with --sweep: write a plot of GB/s against callers to FILE (.svg or .png)")
-	f.IntVar(&o.daemonPID, "daemon-pid", 0, "the daemon's pid: report its CPU core-seconds per GB")
+	f.IntVar(&o.daemonPID, "daemon-pid", 0, "read the daemon's CPU time from /proc/PID/stat instead of the mount's .kvfs/stats")
 	f.StringVar(&o.into, "into", "host", "where the targets live: host (/dev/shm), cuda (device 0), cuda:N or cuda:N,M (jobs round-robin over the devices; per-device and aggregate GB/s, with the pinned H2D rate measured in the same run), or pinned[:N,…] (host targets pinned for CUDA, the client copies to the GPU after each call); needs --blocks-per-call")
 	f.StringVar(&o.h2dChunk, "h2d-chunk", "4MiB", "bytes per copy of the pinned H2D measurement of --into cuda")
 	f.BoolVar(&o.scatter, "scatter", false, "with --blocks-per-call: land each call's blocks in the target's cache blocks in a random order, drawn per call (as a paged cache's free list hands them out)")

@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvfs/kvfs/client"
-	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/layout"
 )
 
@@ -83,8 +82,8 @@ func (o *lookupOptions) run(cmd *cobra.Command, mountpoint string, ids []string)
 		return err
 	}
 	defer closeInto(&err, c.Close)
-	if i := c.Info(); !i.Has(abi.CapPrefix) {
-		return fmt.Errorf("the daemon serving %s has no LOOKUP (ABI minor %d, without KVFS_CAP_PREFIX)", mountpoint, i.ABIMinor)
+	if !c.HasLookup() {
+		return fmt.Errorf("the daemon serving %s has no LOOKUP (ABI minor %d; LOOKUP needs 3)", mountpoint, c.Info().ABIMinor)
 	}
 	r, err := c.Lookup(ps)
 	if err != nil {

@@ -56,6 +56,15 @@ func TestLookupCommand(t *testing.T) {
 		}
 	}
 	reqs = append(reqs, store.WriteReq{Key: layout.Key{Block: 0xa2}, Data: group(9)})
+	// Block 0xa4: whole, under tag 11…11.
+	meta := &store.BlockMeta{Tag: store.Tag{0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11}}
+	for l := range testGeo.Layers {
+		for h := range testGeo.KVHeads {
+			for _, k := range []layout.Kind{layout.K, layout.V} {
+				reqs = append(reqs, store.WriteReq{Key: layout.Key{Block: 0xa4, Layer: l, Head: h, Kind: k}, Data: group(7), Meta: meta})
+			}
+		}
+	}
 	if err := st.Write(reqs); err != nil {
 		t.Fatal(err)
 	}
@@ -68,12 +77,14 @@ func TestLookupCommand(t *testing.T) {
 			t.Fatalf("output lacks %q:\n%s", s, out)
 		}
 	}
-	r = kvfs(t, []byte("a1\na1:"+strings.Repeat("11", 16)+"\na2\n"), "lookup", mnt, "--json")
+	tag := strings.Repeat("11", 16)
+	r = kvfs(t, []byte("a4:"+tag+" a1 # the zero tag matches any\na1:"+tag+"\na2\na4:"+strings.Repeat("22", 16)+"\n"), "lookup", mnt, "--json")
 	r.want(t, 0)
 	var rep lookupReport
 	decodeJSON(t, r.stdout, &rep)
-	if rep.Count != 3 || rep.Run != 1 || rep.Present != 1 || rep.TagMismatch != 1 || rep.Absent != 1 ||
-		rep.Blocks[1].Status != "tag-mismatch" || rep.Blocks[1].Tag != strings.Repeat("11", 16) || rep.Blocks[2].Status != "absent" {
+	if rep.Count != 5 || rep.Run != 2 || rep.Present != 2 || rep.TagMismatch != 2 || rep.Absent != 1 ||
+		rep.Blocks[0].Status != "present" || rep.Blocks[0].Tag != tag || rep.Blocks[1].Tag != "" ||
+		rep.Blocks[2].Status != "tag-mismatch" || rep.Blocks[3].Status != "absent" || rep.Blocks[4].Status != "tag-mismatch" {
 		t.Fatalf("json %+v", rep)
 	}
 }

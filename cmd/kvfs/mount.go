@@ -129,11 +129,11 @@ always does); the GOMAXPROCS environment variable sets it instead.`,
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a Go CPU profile of the daemon, from mount to unmount, to FILE (go tool pprof)")
 	f.StringVar(&o.mutexProfile, "mutexprofile", "", "write the daemon's mutex contention and blocking profiles, at unmount, to FILE and FILE.block (go tool pprof)")
 	f.BoolVar(&o.debugFUSE, "debug-fuse", false, "log every FUSE request (very verbose)")
-	f.StringVar(&o.maxIO, "max-io", "2MiB", "largest read or write the store coalesces adjacent groups into (4KiB to 64MiB): one I/O of the engine; 2 MiB, a whole block of a Llama-3-8B-class model, measured faster than 1 MiB on the H200 disk")
+	f.StringVar(&o.maxIO, "max-io", "2MiB", "largest read or write the store coalesces adjacent groups into (4KiB to 64MiB): one I/O of the engine; 2 MiB, a whole block of a Llama-3-8B-class model, measured faster than 1 MiB on disk (docs/performance.md)")
 	f.StringVar(&o.readAhead, "read-ahead", "1MiB", "largest layer extent read with one group file's read, with a 32 MiB cache (0: neither)")
 	f.StringVar(&o.maxPinned, "max-pinned", "", "cap on client memory the engine pins for zero-copy I/O, all callers (default half the RAM; one uid gets half of it; see docs/abi.md)")
 	f.BoolVar(&o.gpu, "gpu", true, "serve REGISTER_CUDA and loads into GPU memory when the CUDA driver has a device (false: GPU requests fail with ENODEV)")
-	f.IntVar(&o.gpuStaging, "gpu-staging-buffers", 32, "pinned staging buffers per GPU (created on the GPU's first registration; shared by all callers: 8 callers gained from 128 on the H200, docs/performance.md)")
+	f.IntVar(&o.gpuStaging, "gpu-staging-buffers", 32, "pinned staging buffers per GPU (created on the GPU's first registration; shared by all callers, and more let more callers' copies overlap: docs/performance.md)")
 	f.StringVar(&o.gpuBufSize, "gpu-staging-size", "16MiB", "bytes of each GPU staging buffer (the default pool pins 512 MiB per GPU)")
 	f.IntVar(&o.gpuDepth, "gpu-depth", 16, "staging buffers one GPU load keeps in flight (at most --gpu-staging-buffers)")
 	f.StringVar(&o.hostID, "host-id", "", "this host's id in the store's ownership lease (default: the host name; unique per host)")
@@ -430,9 +430,9 @@ func checkMountpoint(mountpoint string) (stale bool, err error) {
 // call keeps its P until the runtime's monitor takes it back, 20 µs to
 // 10 ms later, and the daemon always has one: go-fuse keeps a reader
 // waiting in read(2) on /dev/fuse while others handle requests. With
-// GOMAXPROCS at the core count, the cores of the 2-core development VM sat
-// idle 11 % of an 8-caller load while calls waited to run; with one P more
-// 2–4 %, with two 1 % (docs/performance.md, stop 31).
+// GOMAXPROCS at the core count, cores sit idle during a many-caller load
+// while calls wait to run; two Ps more remove nearly all of that idle time
+// (docs/performance.md, "LOAD_BLOCKS into host memory").
 const syscallProcs = 2
 
 // raiseProcs sets GOMAXPROCS to the runtime's default plus syscallProcs,
@@ -485,22 +485,15 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 		return err
 	}
 	procs := raiseProcs()
-	if o.cpuProfile != "" {
-		stop, err := startCPUProfile(o.cpuProfile)
-		if err != nil {
-			return err
+	stopProfiles, err := o.startProfiles()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if perr := stopProfiles(); perr != nil && err == nil {
+			err = perr
 		}
-		defer stop()
-	}
-	if o.mutexProfile != "" {
-		runtime.SetMutexProfileFraction(1)
-		runtime.SetBlockProfileRate(int(time.Microsecond))
-		defer func() {
-			if werr := writeProfiles(o.mutexProfile, "mutex", "block"); werr != nil && err == nil {
-				err = werr
-			}
-		}()
-	}
+	}()
 
 	// Signals are ours from here to the end, store close included: a
 	// second one during shutdown aborts the FUSE connection rather than
@@ -556,21 +549,11 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	var httpSrv *http.Server
 	if o.metricsAddr != "" {
 		pm.register(s, srv.FS, ctlSrv)
-		ln, err := net.Listen("tcp", o.metricsAddr)
-		if err != nil {
+		if httpSrv, err = serveMetrics(log, o.metricsAddr, pm); err != nil {
 			_ = fs.Detach(mountpoint)
 			srv.Wait()
-			return fmt.Errorf("--metrics-addr: %w", err)
+			return err
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(pm.reg, promhttp.HandlerOpts{}))
-		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("mount: metrics server", zap.Error(err))
-			}
-		}()
-		log.Info("mount: metrics", zap.String("addr", ln.Addr().String()))
 	}
 
 	if sent, err := sdnotify.Notify("READY=1\nMAINPID=" + strconv.Itoa(os.Getpid())); err != nil {
@@ -581,25 +564,7 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case sig := <-sigs:
-				log.Info("mount: signal, unmounting", zap.String("signal", sig.String()))
-				_, _ = sdnotify.Notify("STOPPING=1")
-				shutdown(log, mountpoint, fuseConn, sigs, done)
-				return
-			case <-hups:
-				if err := sink.Reopen(); err != nil {
-					log.Error("mount: SIGHUP: reopening the log file", zap.Error(err))
-				} else {
-					log.Info("mount: SIGHUP: log file reopened", zap.String("path", sink.Path()))
-				}
-			case <-done:
-				return
-			}
-		}
-	})
+	wg.Go(func() { handleSignals(log, sink, mountpoint, fuseConn, sigs, hups, done) })
 	srv.Wait()
 	close(done)
 	wg.Wait()
@@ -610,6 +575,72 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	}
 	log.Info("mount: unmounted; closing the store", zap.String("mountpoint", mountpoint))
 	return nil
+}
+
+// startProfiles starts the profiles --cpuprofile and --mutexprofile ask
+// for; the function it returns stops them and writes them out.
+func (o *mountOptions) startProfiles() (func() error, error) {
+	stopCPU := func() {}
+	if o.cpuProfile != "" {
+		stop, err := startCPUProfile(o.cpuProfile)
+		if err != nil {
+			return nil, err
+		}
+		stopCPU = stop
+	}
+	if o.mutexProfile != "" {
+		runtime.SetMutexProfileFraction(1)
+		runtime.SetBlockProfileRate(int(time.Microsecond))
+	}
+	return func() error {
+		stopCPU()
+		if o.mutexProfile != "" {
+			return writeProfiles(o.mutexProfile, "mutex", "block")
+		}
+		return nil
+	}, nil
+}
+
+// serveMetrics serves pm's Prometheus text at addr's /metrics until the
+// returned server is shut down.
+func serveMetrics(log *zap.Logger, addr string, pm *promMetrics) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(pm.reg, promhttp.HandlerOpts{}))
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("mount: metrics server", zap.Error(err))
+		}
+	}()
+	log.Info("mount: metrics", zap.String("addr", ln.Addr().String()))
+	return httpSrv, nil
+}
+
+// handleSignals runs while the mount serves: SIGINT or SIGTERM unmounts
+// (shutdown), SIGHUP reopens the log file; it returns after the unmount it
+// started, or when done closes (an unmount from outside).
+func handleSignals(log *zap.Logger, sink *logsink.Sink, mountpoint string, fuseConn uint32, sigs, hups <-chan os.Signal, done <-chan struct{}) {
+	for {
+		select {
+		case sig := <-sigs:
+			log.Info("mount: signal, unmounting", zap.String("signal", sig.String()))
+			_, _ = sdnotify.Notify("STOPPING=1")
+			shutdown(log, mountpoint, fuseConn, sigs, done)
+			return
+		case <-hups:
+			if err := sink.Reopen(); err != nil {
+				log.Error("mount: SIGHUP: reopening the log file", zap.Error(err))
+			} else {
+				log.Info("mount: SIGHUP: log file reopened", zap.String("path", sink.Path()))
+			}
+		case <-done:
+			return
+		}
+	}
 }
 
 // shutdown unmounts after a signal: a clean unmount, retried while files are

@@ -51,8 +51,9 @@ const BlocksTagged uint32 = 1 << 0
 // MetaParent in BlockEntryTagged.MetaFlags: the entry names a parent.
 const MetaParent uint32 = 1 << 0
 
-// CapPrefix: tagged block entries (BlocksTagged), the TagMismatch detail
-// and LOOKUP (minor 3).
+// CapPrefix: tagged block entries (BlocksTagged) and the TagMismatch
+// detail (minor 3, on a store that records tags). LOOKUP is served by every
+// daemon of minor 3 or later.
 const CapPrefix uint64 = 1 << 8
 
 // Details of minor 3.

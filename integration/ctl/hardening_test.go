@@ -7,6 +7,7 @@ package ctl
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -14,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -240,15 +240,13 @@ func storeCorrupt(t *testing.T, e *env) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "store_corrupt "); ok {
-			n, _ := strconv.Atoi(v)
-			return n
-		}
+	var st struct {
+		StoreCorrupt *int `json:"store_corrupt"`
 	}
-	t.Fatal("no store_corrupt in stats")
-	return 0
+	if err := json.Unmarshal(b, &st); err != nil || st.StoreCorrupt == nil {
+		t.Fatalf("no store_corrupt in stats (%v): %s", err, b)
+	}
+	return *st.StoreCorrupt
 }
 
 // TestOverlapRefused: the LOAD_SMALL of issue 10 — two groups into the

@@ -13,13 +13,16 @@ import (
 // TestPythonClient runs the Python client's suite against a real mount:
 // test_client.py (round trips through the files, many entries, pitch,
 // absent and corrupt groups, hostile requests, register refusals), and with
-// KVFS_PYTHON all of python/tests (kvfs.torch's too, where torch is
-// installed).
+// KVFS_PYTHON all of python/tests: kvfs.torch's pinned path on CPU tensors
+// (test_torch_cpu.py) and a tiny random Llama's transformers cache stored
+// and loaded back with identical generation (test_hf_roundtrip.py).
 //
 // With KVFS_PYTHON set (scripts/test-python.sh: a venv where `pip install
-// ./python` put the client) it runs `$KVFS_PYTHON -m pytest python/tests`
-// against that install, from outside the checkout; otherwise it runs
-// test_client.py with python3 and PYTHONPATH=python.
+// ./python` put the client, with torch and transformers) it runs
+// `$KVFS_PYTHON -m pytest python/tests` against that install, from outside
+// the checkout; KVFS_TEST_REQUIRE from the environment then makes a skipped
+// test fail (python/tests/conftest.py). Otherwise it runs test_client.py
+// with python3 and PYTHONPATH=python.
 func TestPythonClient(t *testing.T) {
 	py, installed := os.Getenv("KVFS_PYTHON"), true
 	if py == "" {

@@ -88,7 +88,7 @@ func TestStandardTools(t *testing.T) {
 	if out := run("find layer-00 -type f | sort | xargs cat | wc -c"); strings.TrimSpace(out) != "12288" {
 		t.Fatalf("find | xargs cat: %q bytes", out)
 	}
-	if out := run("grep -E '^(slots_used|groups) ' .kvfs/stats | tr '\\n' ' '"); out != "slots_used 1 groups 3 " {
+	if out := run("grep -E '\"(slots_used|groups)\"' .kvfs/stats | tr -d ' \\n'"); out != `"slots_used":1,"groups":3,` {
 		t.Fatalf("stats: %q", out)
 	}
 	// rm of a group, then rm -r of the block.
@@ -100,7 +100,7 @@ func TestStandardTools(t *testing.T) {
 	if out := run("ls layer-00"); out != "" {
 		t.Fatalf("ls layer-00 after rm -r: %q", out)
 	}
-	if out := run("grep -E '^slots_used ' .kvfs/stats"); out != "slots_used 0\n" {
+	if out := run("grep -E '\"slots_used\"' .kvfs/stats | tr -d ' '"); out != "\"slots_used\":0,\n" {
 		t.Fatalf("stats after rm -r: %q", out)
 	}
 }
@@ -148,7 +148,7 @@ func TestFlippedByteOnDiskReadsEIO(t *testing.T) {
 	if err := fileEqual(t, filepath.Join(mnt, defaultGeo.Name(nb)), h); err != nil {
 		t.Fatalf("neighbour: %v", err)
 	}
-	if out := mustSh(t, mnt, "grep -E '^(store_corrupt|fs_corrupt) ' .kvfs/stats | tr '\\n' ' '"); out != "store_corrupt 1 fs_corrupt 1 " {
+	if out := mustSh(t, mnt, "grep -E '\"(store_corrupt|fs_corrupt)\"' .kvfs/stats | tr -d ' \\n'"); out != `"store_corrupt":1,"fs_corrupt":1,` {
 		t.Fatalf("stats: %q", out)
 	}
 	// Rewriting the group heals it.
@@ -176,7 +176,7 @@ cmptree() {
 	[ -n "$a" ] || { echo "cmptree: $1 is empty"; return 1; }
 	(cd "$1" && find . -type f -print0 | xargs -0 -I{} cmp {} "$d/{}")
 }
-stat1() { grep -E "^$1 " .kvfs/stats | cut -d' ' -f2; }
+stat1() { grep -E "\"$1\":" .kvfs/stats | tr -dc '0-9.'; echo; }
 `
 
 // TestToolsRoundTrip backs a block up out of the mount and restores it

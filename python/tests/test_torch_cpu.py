@@ -16,6 +16,7 @@ import random
 import unittest
 
 import kvfs
+import torch_on_cpu
 
 try:
     import torch
@@ -25,34 +26,17 @@ except ImportError:  # pragma: no cover
 MOUNT = os.environ.get("KVFS_MOUNT")
 
 
-class _Nop:
-    def __init__(self, *a, **k):
-        pass
-
-    def __getattr__(self, name):
-        return lambda *a, **k: None
-
-
 @unittest.skipUnless(torch is not None and MOUNT, "needs torch and KVFS_MOUNT")
 class PinnedPathTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         import kvfs.torch as kt
         cls.kt = kt
-        cls.saved = (kt._CPU_FOR_TESTS, kt.CudaDriver, torch.cuda.device, torch.cuda.stream,
-                     torch.cuda.current_stream, torch.cuda.Event)
-        kt._CPU_FOR_TESTS = True
-        kt.CudaDriver = _Nop
-        torch.cuda.device = lambda *a: contextlib.nullcontext()
-        torch.cuda.stream = lambda *a: contextlib.nullcontext()
-        torch.cuda.current_stream = lambda *a: _Nop()
-        torch.cuda.Event = _Nop
+        cls.saved = torch_on_cpu.enter(kt, torch)
 
     @classmethod
     def tearDownClass(cls):
-        kt = cls.kt
-        (kt._CPU_FOR_TESTS, kt.CudaDriver, torch.cuda.device, torch.cuda.stream,
-         torch.cuda.current_stream, torch.cuda.Event) = cls.saved
+        torch_on_cpu.leave(cls.kt, torch, cls.saved)
 
     def setUp(self):
         self.c = kvfs.Client(MOUNT)
