@@ -79,14 +79,14 @@ type blockScratch struct {
 // 40 MiB of items again, which brought the next collection sooner: the
 // collector became a large share of the daemon's CPU under GPU loads.
 // Up to 16 idle: one per caller of a busy daemon; items beyond
-// maxKeptItems (one call's GPU items, 80 B each, and their owners) are
+// maxKeptItems (one call's GPU items, 96 B each, and their owners) are
 // not kept.
 var blockScratches = freelist.List[blockScratch]{Max: 16}
 
-// maxKeptItems bounds the GPU items an idle scratch keeps: 1 Mi items (84
+// maxKeptItems bounds the GPU items an idle scratch keeps: 1 Mi items (100
 // MiB with their owners, a 2,048-block call of a Llama-3-8B shape). A
 // larger call's go to the collector, so 16 idle scratches hold at most
-// 1.3 GiB of items.
+// 1.6 GiB of items.
 const maxKeptItems = 1 << 20
 
 // putBlockScratch keeps sc for the next call, without items past

@@ -77,11 +77,12 @@ func (s *Store) FsckProgress(repair bool, progress func(done, total int64)) (*Fs
 			}
 		}
 	}
-	rep := &FsckReport{FormatVersion: s.sb.Version, Slots: s.sb.Slots}
+	rep := &FsckReport{FormatVersion: s.formatVersion(), Slots: s.sb.Slots}
 	for _, msg := range s.sbProblems {
 		p := Problem{Slot: -1, Reason: msg}
 		if repair {
-			if err := writeSuperblocks(s.e, &s.sb, []int{0, 1}); err != nil {
+			sb := s.Superblock()
+			if err := writeSuperblocks(s.e, &sb, []int{0, 1}); err != nil {
 				return nil, err
 			}
 			p.Fixed = true

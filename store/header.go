@@ -242,5 +242,5 @@ func decodeMeta(b []byte, h *Header) error {
 
 // marshalHeader encodes h into b in the store's format version.
 func (s *Store) marshalHeader(b []byte, h *Header) {
-	MarshalHeaderVersion(b, s.sb.UUID, h, s.sb.Version)
+	MarshalHeaderVersion(b, s.sb.UUID, h, s.formatVersion())
 }

@@ -38,8 +38,9 @@ type Options struct {
 	// ReadOnly opens the store without recovery writes.
 	ReadOnly bool
 	// Failpoint, when set, is called at named points of the write path
-	// ("before-tombstones", "before-payloads", "before-headers", "before-sync");
-	// an error it returns fails the operation there, as an engine error would.
+	// ("before-tombstones", "before-payloads", "before-headers",
+	// "before-sync"; "before-superblocks" of UpgradeFormat); an error it
+	// returns fails the operation there, as an engine error would.
 	Failpoint func(name string) error
 	// ScatterMin is the shortest memory segment (a row of a pitched read
 	// destination, or a whole contiguous one) that the store reads
@@ -96,8 +97,11 @@ type slotState struct {
 // its eviction order), the slot states and the free list, and is never held
 // across I/O.
 type Store struct {
-	e    Engine
-	sb   Superblock
+	e  Engine
+	sb Superblock // as read at Open (the version may have moved on: ver)
+	// ver is the format version in force: sb.Version, raised by
+	// UpgradeFormat.
+	ver  atomic.Uint32
 	geo  layout.Geometry
 	log  *zap.Logger
 	now  func() time.Time
@@ -278,6 +282,7 @@ func Open(e Engine, o Options) (*Store, error) {
 		return nil, err
 	}
 	s.sb = *sb
+	s.ver.Store(sb.Version)
 	s.geo = sb.Geometry
 	if gb := s.geo.GroupBytes(); haveNT && haveCRCCopy && gb%256 == 0 {
 		s.shift4 = newCRCShift(gb / 4)
@@ -625,7 +630,11 @@ func (s *Store) freeBuf(b []byte) {
 func (s *Store) Geometry() layout.Geometry { return s.geo }
 
 // Superblock returns a copy of the superblock in use.
-func (s *Store) Superblock() Superblock { return s.sb }
+func (s *Store) Superblock() Superblock {
+	sb := s.sb
+	sb.Version = s.formatVersion()
+	return sb
+}
 
 // Engine is the engine the store runs on.
 func (s *Store) Engine() Engine { return s.e }
@@ -636,7 +645,7 @@ func (s *Store) Info() Info {
 	used := int64(s.mu.idx.Len())
 	s.mu.Unlock()
 	return Info{
-		UUID: s.sb.UUIDString(), Version: s.sb.Version, Geometry: s.geo,
+		UUID: s.sb.UUIDString(), Version: s.formatVersion(), Geometry: s.geo,
 		GroupBytes: s.geo.GroupBytes(), GroupStride: s.geo.GroupStride(),
 		HeaderBytes: s.sb.HeaderBytes, SlotBytes: s.sb.SlotBytes,
 		Slots: s.sb.Slots, UsedSlots: used, FreeSlots: s.sb.Slots - used,

@@ -573,12 +573,12 @@ func (s *Store) checkMeta(reqs []WriteReq) int {
 		switch first, ok := meta[r.Key.Block]; {
 		case !ok:
 			meta[r.Key.Block] = m
-			if s.sb.Version < headerVersion2 && *m != (BlockMeta{}) {
+			if v := s.formatVersion(); v < headerVersion2 && *m != (BlockMeta{}) {
 				if bad == nil {
 					bad = map[uint64]error{}
 				}
 				bad[r.Key.Block] = fmt.Errorf("%w: block %016x: a format version %d store records no tag or parent (see docs/format.md, 'Moving a store to version 2')",
-					ErrVersion, r.Key.Block, s.sb.Version)
+					ErrVersion, r.Key.Block, v)
 			}
 		case *first != *m:
 			if bad == nil {
@@ -589,10 +589,13 @@ func (s *Store) checkMeta(reqs []WriteReq) int {
 			}
 		}
 	}
+	if meta == nil {
+		return 0 // no request carries meta
+	}
 	failed := 0
 	for i := range reqs {
 		r := &reqs[i]
-		if r.Err != nil || meta == nil {
+		if r.Err != nil {
 			continue
 		}
 		if err := bad[r.Key.Block]; err != nil {

@@ -13,8 +13,9 @@ import (
 // fsckOptions are the flags of kvfs fsck.
 type fsckOptions struct {
 	storeFlags
-	repair bool
-	json   bool
+	repair  bool
+	upgrade bool
+	json    bool
 }
 
 // fsckProblem is one problem of kvfs fsck's output. Layer, head and kind
@@ -49,12 +50,15 @@ var errProblems = errors.New("problems found")
 func init() {
 	var o fsckOptions
 	c := &cobra.Command{
-		Use:   "fsck STORE [--repair]",
+		Use:   "fsck STORE [--repair] [--upgrade]",
 		Short: "Check a store's superblocks, slot headers and group checksums",
 		Long: `Check both superblock copies, both header copies of every slot and the
 checksum of every present group, and list each problem (block, layer,
 head, kind, reason). With --repair, rewrite damaged superblock and header
-copies from the good ones and drop groups whose checksum fails.
+copies from the good ones and drop groups whose checksum fails. With
+--upgrade, first move a format version 1 store to version 2 in place
+(its superblocks only; refused where the geometry's version 2 headers do
+not fit, see docs/format.md), so that it records block tags and parents.
 
 Exit status: 0 clean (or, with --repair, every problem repaired),
 1 problems remain.`,
@@ -62,6 +66,7 @@ Exit status: 0 clean (or, with --repair, every problem repaired),
 		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0]) },
 	}
 	c.Flags().BoolVar(&o.repair, "repair", false, "repair what can be repaired")
+	c.Flags().BoolVar(&o.upgrade, "upgrade", false, "move a format version 1 store to version 2 in place, then check it")
 	c.Flags().BoolVar(&o.json, "json", false, "print JSON (snake_case keys)")
 	addEngineFlag(c, &o.engine)
 	addCommand(c)
@@ -69,13 +74,22 @@ Exit status: 0 clean (or, with --repair, every problem repaired),
 
 func (o *fsckOptions) run(cmd *cobra.Command, path string) (err error) {
 	scan := progress.New(cmd.ErrOrStderr(), "fsck: open", "", progress.Bytes, 0)
-	s, closeAll, _, err := o.openStoreProgress(cmd, path, !o.repair, scan.Update)
+	s, closeAll, _, err := o.openStoreProgress(cmd, path, !o.repair && !o.upgrade, scan.Update)
 	if err != nil {
 		scan.Clear()
 		return err
 	}
 	scan.Done()
 	defer closeInto(&err, closeAll)
+	if o.upgrade {
+		changed, err := s.UpgradeFormat()
+		if err != nil {
+			return err
+		}
+		if changed && !o.json {
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: upgraded to format version %d\n", path, store.FormatVersion)
+		}
+	}
 	m := progress.New(cmd.ErrOrStderr(), "fsck: check", "", progress.Bytes, 0)
 	rep, err := s.FsckProgress(o.repair, m.Update)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/index"
 )
@@ -47,5 +48,44 @@ func TestMountEvictOption(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// fsck --upgrade moves a format version 1 store to version 2 in place:
+// its groups read as before, info and fsck report version 2, and a second
+// upgrade changes nothing.
+func TestFsckUpgrade(t *testing.T) {
+	path := newStore(t)
+	sb, _ := layoutOf(t, path, layout.Key{Block: 1})
+	for c, off := range []int64{0, superblockCopy1} {
+		v := sb
+		v.Version, v.Copy = 1, uint32(c)
+		patch(t, path, off, store.MarshalSuperblock(&v))
+	}
+	put(t, path, "1", 0, 0, "K", group(1))
+	r := kvfs(t, nil, "fsck", path)
+	r.want(t, 0)
+	if !bytes.Contains(r.stdout, []byte("format version 1,")) {
+		t.Fatalf("fsck of a version 1 store: %s", r.stdout)
+	}
+	r = kvfs(t, nil, "fsck", path, "--upgrade")
+	r.want(t, 0)
+	if !bytes.Contains(r.stdout, []byte("upgraded to format version 2")) || !bytes.Contains(r.stdout, []byte("format version 2,")) {
+		t.Fatalf("fsck --upgrade: %s", r.stdout)
+	}
+	if r := get(t, path, "1", 0, 0, "K"); !bytes.Equal(r.stdout, group(1)) {
+		t.Fatal("group lost in the upgrade")
+	}
+	r = kvfs(t, nil, "info", path, "--json")
+	r.want(t, 0)
+	var info infoReport
+	decodeJSON(t, r.stdout, &info)
+	if info.FormatVersion != 2 {
+		t.Fatalf("info after the upgrade: format version %d", info.FormatVersion)
+	}
+	r = kvfs(t, nil, "fsck", path, "--upgrade")
+	r.want(t, 0)
+	if bytes.Contains(r.stdout, []byte("upgraded")) {
+		t.Fatalf("second upgrade: %s", r.stdout)
 	}
 }
