@@ -156,6 +156,13 @@ type blockState struct {
 // [LayerFirst, LayerFirst+LayerCount), heads [HeadFirst,
 // HeadFirst+HeadCount) and Kinds, to or from cache block CacheBlock of the
 // target. Status, Detail and GroupsOK are set by the call.
+//
+// Tag and Parent (minor 3, abi.CapPrefix): a STORE records them in the
+// block; a LOAD serves the block only if it is stored under Tag (zero:
+// unchecked), else the entry is Absent with Detail TagMismatch. A call
+// whose entries all have a zero Tag and no parent uses the minor-2 form,
+// which leaves a stored block's tag and parent as they are; a call with
+// any tag or parent sends every entry's (zeros included).
 type BlockEntry struct {
 	Block                  uint64
 	CacheBlock             uint32
@@ -165,6 +172,28 @@ type BlockEntry struct {
 	Status                 Status
 	Detail                 Detail
 	GroupsOK               uint32
+	Tag                    Tag
+	Parent                 uint64 // with HasParent: the block before this one in its sequence
+	HasParent              bool
+}
+
+// Tag is a block's tag: the caller's hash of what the block stands for
+// (model, dtype, shard, token chain); all zeros is no tag.
+type Tag = abi.Tag
+
+// TagMismatch is the Detail of a LOAD entry (status Absent) whose block is
+// stored under another tag.
+const TagMismatch = abi.TagMismatch
+
+// taggedForm reports whether es need the 64-byte entries: some entry has a
+// tag or a parent.
+func taggedForm(es []BlockEntry) bool {
+	for i := range es {
+		if es[i].Tag != (Tag{}) || es[i].HasParent || es[i].Parent != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // WholeBlock is the entry for every group of block id in the target's
@@ -176,8 +205,11 @@ func (t Target) WholeBlock(id uint64, cacheBlock int) BlockEntry {
 
 // LoadBlocks loads the entries' groups into the target; each entry gets
 // its outcome. It returns the entries with status OK. Up to
-// abi.BlocksInlineMax entries go inline in one ioctl; more go through an
-// entry array in a registered buffer, abi.BlocksMax entries per ioctl.
+// abi.BlocksInlineMax entries (abi.BlocksInlineTaggedMax with tags or
+// parents) go inline in one ioctl; more go through an entry array in a
+// registered buffer, abi.BlocksMax entries per ioctl (half as many with
+// tags or parents). Entries with tags or parents need abi.CapPrefix
+// (EOPNOTSUPP without).
 func (c *Client) LoadBlocks(t TargetID, es []BlockEntry) (int, error) {
 	return c.blocks(true, t, es)
 }
@@ -195,12 +227,14 @@ func (c *Client) blocks(load bool, t TargetID, es []BlockEntry) (int, error) {
 	if load {
 		op = "load-blocks"
 	}
-	if len(es) <= abi.BlocksInlineMax {
+	flags, size, inlineMax := c.blocksForm(es)
+	if size == 0 {
+		return 0, &Error{Op: op, Errno: syscall.EOPNOTSUPP}
+	}
+	if len(es) <= inlineMax {
 		raw := make([]byte, abi.BlocksInlineSize)
-		(&abi.Blocks{ABI: abi.Version, Target: uint32(t), Count: uint32(len(es))}).Marshal(raw)
-		for i := range es {
-			marshalBlock(&es[i], raw[abi.BlocksSize+i*abi.BlockEntrySize:])
-		}
+		(&abi.Blocks{ABI: abi.Version, Flags: flags, Target: uint32(t), Count: uint32(len(es))}).Marshal(raw)
+		encodeBlocks(raw[abi.BlocksSize:], es, size)
 		cmd := abi.CmdStoreBlocksInline
 		if load {
 			cmd = abi.CmdLoadBlocksInline
@@ -208,7 +242,7 @@ func (c *Client) blocks(load bool, t TargetID, es []BlockEntry) (int, error) {
 		if _, err := c.Ioctl(cmd, raw); err != nil {
 			return 0, &Error{Op: op, Errno: err.(syscall.Errno)}
 		}
-		return unmarshalBlocks(es, raw[abi.BlocksSize:]), nil
+		return unmarshalBlocks(es, raw[abi.BlocksSize:], size), nil
 	}
 	arr, err := c.entryArray()
 	if err != nil {
@@ -216,8 +250,9 @@ func (c *Client) blocks(load bool, t TargetID, es []BlockEntry) (int, error) {
 	}
 	defer c.putEntryArray(arr)
 	nok := 0
-	for lo := 0; lo < len(es); lo += abi.BlocksMax {
-		part := es[lo:min(len(es), lo+abi.BlocksMax)]
+	per := min(abi.BlocksMax, len(arr.Mem)/size)
+	for lo := 0; lo < len(es); lo += per {
+		part := es[lo:min(len(es), lo+per)]
 		n, err := c.BlocksIn(load, t, arr, 0, part)
 		nok += n
 		if err != nil {
@@ -236,31 +271,56 @@ func (c *Client) BlocksIn(load bool, t TargetID, buf *HostBuffer, off int, es []
 	if load {
 		op, cmd = "load-blocks", abi.CmdLoadBlocks
 	}
-	if off < 0 || off+len(es)*abi.BlockEntrySize > len(buf.Mem) {
+	flags, size, _ := c.blocksForm(es)
+	if size == 0 {
+		return 0, &Error{Op: op, Errno: syscall.EOPNOTSUPP}
+	}
+	if off < 0 || off+len(es)*size > len(buf.Mem) {
 		return 0, &Error{Op: op, Errno: syscall.ERANGE}
 	}
 	mem := buf.Mem[off:]
-	for i := range es {
-		marshalBlock(&es[i], mem[i*abi.BlockEntrySize:])
-	}
+	encodeBlocks(mem, es, size)
 	var raw [abi.BlocksSize]byte
-	(&abi.Blocks{ABI: abi.Version, Target: uint32(t), Count: uint32(len(es)), Buffer: uint32(buf.ID), Offset: uint64(off)}).Marshal(raw[:])
+	(&abi.Blocks{ABI: abi.Version, Flags: flags, Target: uint32(t), Count: uint32(len(es)), Buffer: uint32(buf.ID), Offset: uint64(off)}).Marshal(raw[:])
 	if _, err := c.Ioctl(cmd, raw[:]); err != nil {
 		return 0, &Error{Op: op, Errno: err.(syscall.Errno)}
 	}
-	return unmarshalBlocks(es, mem), nil
+	return unmarshalBlocks(es, mem, size), nil
 }
 
-func marshalBlock(e *BlockEntry, b []byte) {
-	(&abi.BlockEntry{Block: e.Block, CacheBlock: e.CacheBlock, LayerFirst: e.LayerFirst, LayerCount: e.LayerCount,
-		HeadFirst: e.HeadFirst, HeadCount: e.HeadCount, Kinds: e.Kinds}).Marshal(b)
+// blocksForm is the entry form of a call with es: the header flags, the
+// entry size and the inline limit. size is 0 when es need tagged entries
+// and the daemon has none (abi.CapPrefix): sending them as 32-byte entries
+// would drop the tags a LOAD must check.
+func (c *Client) blocksForm(es []BlockEntry) (flags uint32, size, inlineMax int) {
+	if !taggedForm(es) {
+		return 0, abi.BlockEntrySize, abi.BlocksInlineMax
+	}
+	if !c.info.Has(abi.CapPrefix) {
+		return 0, 0, 0
+	}
+	return abi.BlocksTagged, abi.BlockEntryTaggedSize, abi.BlocksInlineTaggedMax
 }
 
-func unmarshalBlocks(es []BlockEntry, b []byte) int {
+// encodeBlocks writes es into b as entries of size bytes.
+func encodeBlocks(b []byte, es []BlockEntry, size int) {
+	for i := range es {
+		e := &es[i]
+		a := abi.BlockEntryTagged{BlockEntry: abi.BlockEntry{Block: e.Block, CacheBlock: e.CacheBlock, LayerFirst: e.LayerFirst,
+			LayerCount: e.LayerCount, HeadFirst: e.HeadFirst, HeadCount: e.HeadCount, Kinds: e.Kinds},
+			Tag: e.Tag, Parent: e.Parent}
+		if e.HasParent {
+			a.MetaFlags = abi.MetaParent
+		}
+		a.MarshalSized(b[i*size:], size)
+	}
+}
+
+func unmarshalBlocks(es []BlockEntry, b []byte, size int) int {
 	nok := 0
 	for i := range es {
 		var a abi.BlockEntry
-		a.Unmarshal(b[i*abi.BlockEntrySize:])
+		a.Unmarshal(b[i*size:])
 		es[i].Status, es[i].Detail, es[i].GroupsOK = a.Status, a.Detail, a.GroupsOK
 		if a.Status == OK {
 			nok++

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvfs.h — the control ABI of kvfs, version 1 (minor 2).
+ * kvfs.h — the control ABI of kvfs, version 1 (minor 3).
  *
  * A kvfs daemon mounts a KV-cache store (default /mnt/kvcache). The file
  * <mountpoint>/.kvfs/ctl answers the ioctls below. FUSE forwards only
@@ -32,8 +32,9 @@
 #include <linux/types.h>
 
 #define KVFS_ABI_VERSION 1u
-#define KVFS_ABI_MINOR   2u /* kvfs_info.abi_minor: 1 adds REGISTER_FD, pinning limits, BAD_OVERLAP;
-                             * 2 adds KV-cache targets and LOAD_BLOCKS/STORE_BLOCKS */
+#define KVFS_ABI_MINOR   3u /* kvfs_info.abi_minor: 1 adds REGISTER_FD, pinning limits, BAD_OVERLAP;
+                             * 2 adds KV-cache targets and LOAD_BLOCKS/STORE_BLOCKS;
+                             * 3 adds block tags and parents, TAG_MISMATCH and LOOKUP */
 
 /* ioctl type byte. Unused by the VFS (do_vfs_ioctl) and by FUSE itself. */
 #define KVFS_IOC_MAGIC 0xB7
@@ -47,6 +48,7 @@
 #define KVFS_CAP_REGISTER_FD   (1ull << 5) /* REGISTER_FD */
 #define KVFS_CAP_LIMITS        (1ull << 6) /* kvfs_info.abi_minor and max_pinned_* are filled in */
 #define KVFS_CAP_BLOCKS        (1ull << 7) /* REGISTER_TARGET, LOAD_BLOCKS, STORE_BLOCKS (minor 2) */
+#define KVFS_CAP_PREFIX        (1ull << 8) /* tagged block entries, KVFS_TAG_MISMATCH, LOOKUP (minor 3) */
 
 /* dtype values (kvfs_info.dtype), as stored on disk. */
 #define KVFS_DTYPE_BF16 1u
@@ -74,6 +76,9 @@
 #define KVFS_BAD_PITCH    4u /* 0 < pitch < row_bytes (rows would overlap) */
 #define KVFS_BAD_RESERVED 5u /* a reserved field is not zero */
 #define KVFS_BAD_OVERLAP  6u /* LOAD: the destination overlaps another entry's in the batch */
+#define KVFS_BAD_PARENT   7u /* minor 3: parent is the block itself, or set without KVFS_META_PARENT */
+#define KVFS_BAD_META     8u /* minor 3: STORE entries give one block different tags or parents */
+#define KVFS_TAG_MISMATCH 9u /* minor 3, with status KVFS_ABSENT: the block is stored under another tag */
 
 /* INFO: what the daemon serves. 192 bytes, out only. */
 struct kvfs_info {
@@ -318,6 +323,78 @@ struct kvfs_blocks_inline {
 #define KVFS_IOC_LOAD_BLOCKS_INLINE  _IOWR(KVFS_IOC_MAGIC, 0x24, struct kvfs_blocks_inline)   /* 0xffe0b724 */
 #define KVFS_IOC_STORE_BLOCKS_INLINE _IOWR(KVFS_IOC_MAGIC, 0x25, struct kvfs_blocks_inline)   /* 0xffe0b725 */
 
+/*
+ * Minor 3: prefix identity (KVFS_CAP_PREFIX).
+ *
+ * With KVFS_BLOCKS_TAGGED in kvfs_blocks.flags, LOAD_BLOCKS/STORE_BLOCKS
+ * entries are struct kvfs_block_entry_tagged (64 bytes): the minor-2 entry
+ * followed by a 16-byte tag and a parent. STORE records the tag and parent
+ * in the block (a zero tag is no tag; a STORE of another tag replaces the
+ * block); LOAD expects the tag (zeros: unchecked): a block stored under
+ * another tag is KVFS_ABSENT with detail KVFS_TAG_MISMATCH and none of its
+ * bytes reach the cache. 32-byte entries (no flag) behave as in minor 2 and
+ * leave a stored block's tag and parent as they are.
+ *
+ * LOOKUP answers up to 65,536 (block id, tag) pairs — present, absent or
+ * tag mismatch — and the length of the leading present run (also its return
+ * value). It reads no payload and pins nothing.
+ */
+#define KVFS_BLOCKS_TAGGED             (1u << 0) /* kvfs_blocks.flags: 64-byte entries */
+#define KVFS_META_PARENT               (1u << 0) /* kvfs_block_entry_tagged.meta_flags: parent is set */
+#define KVFS_TAG_SIZE                  16
+#define KVFS_BLOCKS_INLINE_TAGGED_MAX  254   /* 64 + 254 * 64 = 16320 of the 16352-byte inline argument */
+#define KVFS_LOOKUP_MAX                65536 /* pairs in a registered buffer */
+#define KVFS_LOOKUP_INLINE_MAX         509   /* 64 + 509 * 32 = 16352 */
+
+/* LOOKUP pair statuses (kvfs_lookup_pair.status, out; 0 is never written). */
+#define KVFS_LOOKUP_PRESENT      1u /* stored whole, under the pair's tag (or the tag is zero) */
+#define KVFS_LOOKUP_ABSENT       2u /* not stored, or not every group of it */
+#define KVFS_LOOKUP_TAG_MISMATCH 3u /* stored under another tag */
+
+struct kvfs_block_entry_tagged {
+	struct kvfs_block_entry entry; /*   0 as in minor 2 */
+	__u8  tag[KVFS_TAG_SIZE];    /*  32 STORE: recorded; LOAD: expected (zeros: unchecked) */
+	__u64 parent;                /*  48 STORE: the block before this one in its sequence */
+	__u32 meta_flags;            /*  56 KVFS_META_PARENT when parent is set (never the block itself) */
+	__u32 reserved2;             /*  60 0 */
+};                               /*  64 */
+
+struct kvfs_blocks_inline_tagged {
+	struct kvfs_blocks             hdr; /* flags = KVFS_BLOCKS_TAGGED */
+	struct kvfs_block_entry_tagged e[KVFS_BLOCKS_INLINE_TAGGED_MAX];
+	__u8                           pad[32]; /* the inline argument stays 16352 bytes */
+};                               /* 16352 */
+
+struct kvfs_lookup_pair {
+	__u64 block;                 /*   0 block id */
+	__u8  tag[KVFS_TAG_SIZE];    /*   8 expected tag (zeros: unchecked) */
+	__u8  status;                /*  24 out: KVFS_LOOKUP_* (ignored on input) */
+	__u8  reserved[7];           /*  25 0 */
+};                               /*  32 */
+
+/* LOOKUP: count pairs at offset of registered buffer buffer (statuses are
+ * written back there). LOOKUP_INLINE carries them after the header. */
+struct kvfs_lookup {
+	__u32 abi;                   /*   0 in: KVFS_ABI_VERSION */
+	__u32 flags;                 /*   4 in: 0 */
+	__u32 count;                 /*   8 in: 1..KVFS_LOOKUP_MAX (inline: KVFS_LOOKUP_INLINE_MAX) */
+	__u32 buffer;                /*  12 in: buffer holding the pairs (0 inline) */
+	__u64 offset;                /*  16 in: of the pair array, a multiple of 8 (0 inline) */
+	__u32 present;               /*  24 out: pairs KVFS_LOOKUP_PRESENT; 0 on input */
+	__u32 absent;                /*  28 out: pairs KVFS_LOOKUP_ABSENT; 0 on input */
+	__u32 mismatch;              /*  32 out: pairs KVFS_LOOKUP_TAG_MISMATCH; 0 on input */
+	__u32 run;                   /*  36 out: leading pairs present (the return value); 0 on input */
+	__u64 reserved[3];           /*  40 0 */
+};                               /*  64 */
+
+struct kvfs_lookup_inline {
+	struct kvfs_lookup      hdr;
+	struct kvfs_lookup_pair p[KVFS_LOOKUP_INLINE_MAX];
+};                               /* 16352 */
+
+#define KVFS_IOC_LOOKUP        _IOWR(KVFS_IOC_MAGIC, 0x26, struct kvfs_lookup)        /* 0xc040b726 */
+#define KVFS_IOC_LOOKUP_INLINE _IOWR(KVFS_IOC_MAGIC, 0x27, struct kvfs_lookup_inline) /* 0xffe0b727 */
+
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(struct kvfs_info) == 192, "kvfs_info");
 _Static_assert(sizeof(struct kvfs_register_host) == 4096, "kvfs_register_host");
@@ -332,6 +409,11 @@ _Static_assert(sizeof(struct kvfs_target) == 16320, "kvfs_target");
 _Static_assert(sizeof(struct kvfs_block_entry) == 32, "kvfs_block_entry");
 _Static_assert(sizeof(struct kvfs_blocks) == 64, "kvfs_blocks");
 _Static_assert(sizeof(struct kvfs_blocks_inline) == 16352, "kvfs_blocks_inline");
+_Static_assert(sizeof(struct kvfs_block_entry_tagged) == 64, "kvfs_block_entry_tagged");
+_Static_assert(sizeof(struct kvfs_blocks_inline_tagged) == 16352, "kvfs_blocks_inline_tagged");
+_Static_assert(sizeof(struct kvfs_lookup_pair) == 32, "kvfs_lookup_pair");
+_Static_assert(sizeof(struct kvfs_lookup) == 64, "kvfs_lookup");
+_Static_assert(sizeof(struct kvfs_lookup_inline) == 16352, "kvfs_lookup_inline");
 #endif
 
 #endif /* KVFS_H */

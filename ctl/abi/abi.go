@@ -19,8 +19,10 @@ const Version = 1
 // Info.ABIMinor. Minor 1 added REGISTER_FD, the pinning limits of INFO, the
 // per-entry BadOverlap detail and strict path registration; a daemon of
 // minor 0 reports 0 there (the field was reserved). Minor 2 added KV-cache
-// targets and block-granular LOAD/STORE (blocks.go, CapBlocks).
-const Minor = 2
+// targets and block-granular LOAD/STORE (blocks.go, CapBlocks). Minor 3
+// added block tags and parents, the TagMismatch detail and LOOKUP
+// (prefix.go, CapPrefix).
+const Minor = 3
 
 // Magic is the ioctl type byte of kvfs.
 const Magic = 0xB7
@@ -119,7 +121,8 @@ func (s Status) String() string {
 	return "status(" + itoa(int(s)) + ")"
 }
 
-// Detail says why an entry is BadRequest.
+// Detail says why an entry is BadRequest (or, TagMismatch, why it is
+// Absent).
 type Detail uint8
 
 // Entry details.
@@ -149,6 +152,12 @@ func (d Detail) String() string {
 		return "reserved field not zero"
 	case BadOverlap:
 		return "destination overlaps another entry's in the same load"
+	case BadParent:
+		return "parent is the block itself or lacks its flag"
+	case BadMeta:
+		return "entries of one block disagree on tag or parent"
+	case TagMismatch:
+		return "block stored under another tag"
 	}
 	return "detail(" + itoa(int(d)) + ")"
 }

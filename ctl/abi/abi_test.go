@@ -44,6 +44,9 @@ func goLayout() []layoutField {
 	add("kvfs_unregister_target", UnregisterTarget{})
 	add("kvfs_blocks", Blocks{})
 	add("kvfs_block_entry", BlockEntry{})
+	add("kvfs_block_entry_tagged", BlockEntryTagged{})
+	add("kvfs_lookup", LookupHeader{})
+	add("kvfs_lookup_pair", LookupPair{})
 	return fs
 }
 
@@ -52,6 +55,7 @@ func cName(goName string) string {
 		"ABI": "abi", "KVHeads": "kv_heads", "DType": "dtype", "DTypeBytes": "dtype_bytes",
 		"NOK": "n_ok", "UUID": "uuid", "MaxRegisteredBytes": "max_registered_bytes",
 		"FD": "fd", "MaxPinnedPerUID": "max_pinned_per_uid", "ABIMinor": "abi_minor", "GroupsOK": "groups_ok",
+		"BlockEntry": "entry",
 	}
 	if s, ok := special[goName]; ok {
 		return s
@@ -86,6 +90,9 @@ func TestGoLayout(t *testing.T) {
 		{"UnregisterTarget", unsafe.Sizeof(UnregisterTarget{}), UnregisterTargetSize},
 		{"Blocks", unsafe.Sizeof(Blocks{}), BlocksSize},
 		{"BlockEntry", unsafe.Sizeof(BlockEntry{}), BlockEntrySize},
+		{"BlockEntryTagged", unsafe.Sizeof(BlockEntryTagged{}), BlockEntryTaggedSize},
+		{"LookupHeader", unsafe.Sizeof(LookupHeader{}), LookupSize},
+		{"LookupPair", unsafe.Sizeof(LookupPair{}), LookupPairSize},
 	} {
 		if int(c.got) != c.want {
 			t.Errorf("sizeof %s = %d, want %d", c.name, c.got, c.want)
@@ -99,7 +106,10 @@ func TestGoLayout(t *testing.T) {
 		unsafe.Offsetof(Target{}.Target) != TargetOutOff || unsafe.Offsetof(Blocks{}.NOK) != BlocksNOKOff ||
 		unsafe.Offsetof(Blocks{}.Groups) != BlocksGroupsOff || unsafe.Offsetof(BlockEntry{}.Status) != BlockStatusOff ||
 		unsafe.Offsetof(BlockEntry{}.Detail) != BlockDetailOff || unsafe.Offsetof(BlockEntry{}.GroupsOK) != BlockGroupsOKOff ||
-		unsafe.Offsetof(Target{}.Regions) != TargetHeaderSize {
+		unsafe.Offsetof(Target{}.Regions) != TargetHeaderSize ||
+		unsafe.Offsetof(LookupHeader{}.Present) != LookupPresentOff || unsafe.Offsetof(LookupHeader{}.Absent) != LookupAbsentOff ||
+		unsafe.Offsetof(LookupHeader{}.Mismatch) != LookupMismatchOff || unsafe.Offsetof(LookupHeader{}.Run) != LookupRunOff ||
+		unsafe.Offsetof(LookupPair{}.Status) != LookupStatusOff {
 		t.Fatal("output field offsets")
 	}
 }
@@ -114,7 +124,7 @@ func TestMarshalOffsets(t *testing.T) {
 	}
 	type marshaler interface{ Marshal([]byte) }
 	for _, v := range []marshaler{&Info{}, &RegisterHost{}, &Unregister{}, &RegisterFD{}, &BatchHeader{}, &Entry{},
-		&Target{}, &UnregisterTarget{}, &Blocks{}, &BlockEntry{}} {
+		&Target{}, &UnregisterTarget{}, &Blocks{}, &BlockEntry{}, &BlockEntryTagged{}, &LookupHeader{}, &LookupPair{}} {
 		rv := reflect.ValueOf(v).Elem()
 		size := rv.Type().Size()
 		img := unsafe.Slice((*byte)(rv.Addr().UnsafePointer()), size)
@@ -176,6 +186,14 @@ func TestCHeader(t *testing.T) {
 		"KVFS_BLOCKS_MAX": BlocksMax, "KVFS_BLOCKS_INLINE_MAX": BlocksInlineMax,
 		"sizeof(struct kvfs_blocks_inline)": BlocksInlineSize,
 		"KVFS_KINDS_K":                      KindsK, "KVFS_KINDS_V": KindsV, "KVFS_KINDS_BOTH": KindsBoth,
+		"KVFS_CAP_PREFIX": uint32(CapPrefix), "KVFS_BAD_PARENT": uint32(BadParent), "KVFS_BAD_META": uint32(BadMeta),
+		"KVFS_TAG_MISMATCH": uint32(TagMismatch), "KVFS_BLOCKS_TAGGED": BlocksTagged, "KVFS_META_PARENT": MetaParent,
+		"KVFS_TAG_SIZE": TagSize, "KVFS_BLOCKS_INLINE_TAGGED_MAX": BlocksInlineTaggedMax,
+		"KVFS_LOOKUP_MAX": LookupMax, "KVFS_LOOKUP_INLINE_MAX": LookupInlineMax,
+		"KVFS_LOOKUP_PRESENT": uint32(LookupPresent), "KVFS_LOOKUP_ABSENT": uint32(LookupAbsent),
+		"KVFS_LOOKUP_TAG_MISMATCH": uint32(LookupTagMismatch),
+		"KVFS_IOC_LOOKUP":          CmdLookup, "KVFS_IOC_LOOKUP_INLINE": CmdLookupInline,
+		"sizeof(struct kvfs_lookup_inline)": LookupInlineSize, "sizeof(struct kvfs_blocks_inline_tagged)": BlocksInlineSize,
 	}
 	for name := range cmds {
 		fmt.Fprintf(&src, "\tprintf(\"%s %%llu\\n\", (unsigned long long)(%s));\n", name, name)
@@ -237,6 +255,7 @@ func TestIoctlNumbers(t *testing.T) {
 		{CmdLoad, 0xfff0b710}, {CmdStore, 0xfff0b711}, {CmdLoadSmall, 0xc7f0b712}, {CmdStoreSmall, 0xc7f0b713},
 		{CmdRegisterTarget, 0xffc0b720}, {CmdUnregisterTarget, 0x4008b721}, {CmdLoadBlocks, 0xc040b722},
 		{CmdStoreBlocks, 0xc040b723}, {CmdLoadBlocksInline, 0xffe0b724}, {CmdStoreBlocksInline, 0xffe0b725},
+		{CmdLookup, 0xc040b726}, {CmdLookupInline, 0xffe0b727},
 	} {
 		if c.cmd != c.want {
 			t.Errorf("command %#x, want %#x", c.cmd, c.want)
@@ -253,7 +272,8 @@ func TestIoctlNumbers(t *testing.T) {
 		0x80111500, 0x80811501, // FS_IOC_GETFSUUID FS_IOC_GETFSSYSFSPATH
 	}
 	for _, ours := range []uint32{CmdInfo, CmdRegisterHost, CmdUnregister, CmdRegisterFD, CmdLoad, CmdStore, CmdLoadSmall, CmdStoreSmall,
-		CmdRegisterTarget, CmdUnregisterTarget, CmdLoadBlocks, CmdStoreBlocks, CmdLoadBlocksInline, CmdStoreBlocksInline} {
+		CmdRegisterTarget, CmdUnregisterTarget, CmdLoadBlocks, CmdStoreBlocks, CmdLoadBlocksInline, CmdStoreBlocksInline,
+		CmdLookup, CmdLookupInline} {
 		for _, v := range vfs {
 			if ours == v || (ours>>8&0xff) == (v>>8&0xff) {
 				t.Errorf("command %#x shares a type byte with VFS ioctl %#x", ours, v)

@@ -339,8 +339,8 @@ type BlocksRequest struct {
 	Target           *Target          // OpRegisterTarget (allocated only for it)
 	UnregisterTarget UnregisterTarget // OpUnregisterTarget
 	Header           Blocks           // OpLoadBlocks, OpStoreBlocks
-	// Entries: the inline entries (Count × BlockEntrySize bytes of the
-	// input); nil for the registered-buffer form.
+	// Entries: the inline entries (Count × Header.EntrySize() bytes of
+	// the input); nil for the registered-buffer form.
 	Entries []byte
 }
 
@@ -370,20 +370,24 @@ func decodeBlocks(c Command, in []byte, r *BlocksRequest) error {
 		if err := checkVersion(h.ABI); err != nil {
 			return err
 		}
-		if h.Flags != 0 {
+		if h.Flags&^BlocksTagged != 0 {
 			return fmt.Errorf("%w: blocks flags %#x", ErrFlags, h.Flags)
 		}
 		if h.NOK != 0 || h.Groups != 0 || h.Reserved != [3]uint64{} {
 			return fmt.Errorf("%w: in blocks header", ErrReserved)
 		}
-		if h.Count > uint32(c.Max) {
-			return fmt.Errorf("%w: %d block entries, at most %d", ErrCount, h.Count, c.Max)
+		limit := c.Max
+		if c.Inline && h.Tagged() {
+			limit = BlocksInlineTaggedMax
+		}
+		if h.Count > uint32(limit) {
+			return fmt.Errorf("%w: %d block entries, at most %d", ErrCount, h.Count, limit)
 		}
 		if c.Inline {
 			if h.Buffer != 0 || h.Offset != 0 {
 				return fmt.Errorf("%w: inline blocks name buffer %d offset %d", ErrReserved, h.Buffer, h.Offset)
 			}
-			r.Entries = in[BlocksSize : BlocksSize+int(h.Count)*BlockEntrySize]
+			r.Entries = in[BlocksSize : BlocksSize+int(h.Count)*h.EntrySize()]
 		} else if h.Count > 0 && (h.Buffer == 0 || h.Offset%8 != 0) {
 			return fmt.Errorf("%w: buffer %d offset %d", ErrEntriesAt, h.Buffer, h.Offset)
 		}

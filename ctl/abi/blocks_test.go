@@ -292,22 +292,28 @@ func FuzzBlocks(f *testing.F) {
 			_, _ = small.CheckTarget(tg, func(uint32) (uint64, bool) { return 1 << 20, true })
 		case OpLoadBlocks, OpStoreBlocks:
 			hd := r.Blocks.Header
-			if hd.ABI != Version || hd.Flags != 0 || hd.NOK != 0 || hd.Groups != 0 || hd.Count > uint32(r.Max) {
+			if hd.ABI != Version || hd.Flags&^BlocksTagged != 0 || hd.NOK != 0 || hd.Groups != 0 || hd.Count > uint32(r.Max) {
 				t.Fatalf("accepted header %+v", hd)
 			}
+			sz := hd.EntrySize()
 			if r.Inline {
-				if hd.Buffer != 0 || hd.Offset != 0 || len(r.Blocks.Entries) != int(hd.Count)*BlockEntrySize {
+				if hd.Buffer != 0 || hd.Offset != 0 || len(r.Blocks.Entries) != int(hd.Count)*sz || BlocksSize+len(r.Blocks.Entries) > len(arg) {
 					t.Fatalf("inline header %+v, %d entry bytes", hd, len(r.Blocks.Entries))
 				}
 			} else if hd.Count > 0 && (hd.Buffer == 0 || hd.Offset%8 != 0) {
 				t.Fatalf("entry array %+v", hd)
 			}
-			for i := 0; i < len(r.Blocks.Entries); i += BlockEntrySize {
-				var e BlockEntry
-				e.Unmarshal(r.Blocks.Entries[i:])
-				n, err := lay.CheckBlock(&e)
+			for i := 0; i < len(r.Blocks.Entries); i += sz {
+				var et BlockEntryTagged
+				et.UnmarshalSized(r.Blocks.Entries[i:], sz)
+				e := et.BlockEntry
+				n, err := lay.CheckTagged(&et)
 				if err != nil {
 					continue
+				}
+				if et.Reserved2 != 0 || et.MetaFlags&^MetaParent != 0 || (et.HasParent() && et.Parent == et.Block) ||
+					(!et.HasParent() && et.Parent != 0) {
+					t.Fatalf("accepted tagged entry %+v", et)
 				}
 				if e.CacheBlock >= lay.NumBlocks || uint32(e.LayerFirst) < lay.LayerFirst ||
 					uint32(e.LayerFirst)+uint32(e.LayerCount) > lay.LayerEnd || uint32(e.HeadFirst) < lay.HeadFirst ||

@@ -60,6 +60,8 @@ func (o Op) String() string {
 		return "register-fd"
 	case OpRegisterCUDA:
 		return "register-cuda"
+	case OpLookup:
+		return "lookup"
 	}
 	if b := o.blocksString(); b != "" {
 		return b
@@ -73,8 +75,12 @@ type Command struct {
 	Size int // _IOC_SIZE
 	In   bool
 	Out  bool
-	Max  int // batch capacity (OpLoad, OpStore, OpLoadBlocks, OpStoreBlocks)
-	// Inline: LOAD_BLOCKS/STORE_BLOCKS with the entries in the argument.
+	// Max: batch capacity (OpLoad, OpStore, OpLoadBlocks, OpStoreBlocks:
+	// of 32-byte entries; BlocksInlineTaggedMax applies to tagged inline
+	// entries), or the pairs of OpLookup.
+	Max int
+	// Inline: LOAD_BLOCKS/STORE_BLOCKS/LOOKUP with the entries in the
+	// argument.
 	Inline bool
 }
 
@@ -103,6 +109,9 @@ func Lookup(cmd uint32) (Command, error) {
 	default:
 		var ok bool
 		if c, ok = lookupBlocks(cmd); !ok {
+			c, ok = lookupPrefix(cmd)
+		}
+		if !ok {
 			return Command{}, fmt.Errorf("%w: %#08x", ErrCommand, cmd)
 		}
 	}
@@ -127,6 +136,8 @@ type Request struct {
 
 	// Blocks is the input of the minor-2 commands (blocks.go).
 	Blocks BlocksRequest
+	// Lookup is the input of LOOKUP (prefix.go).
+	Lookup LookupRequest
 }
 
 // Decode checks an ioctl's command and argument sizes and decodes its input.
@@ -210,6 +221,10 @@ func Decode(cmd uint32, in []byte, outLen int) (Request, error) {
 			return r, fmt.Errorf("%w: %d entries, at most %d", ErrCount, r.Header.Count, c.Max)
 		}
 		r.Entries = in[BatchHeaderSize : BatchHeaderSize+int(r.Header.Count)*EntrySize]
+	case OpLookup:
+		if err := decodeLookup(c, in, &r.Lookup); err != nil {
+			return r, err
+		}
 	default:
 		if err := decodeBlocks(c, in, &r.Blocks); err != nil {
 			return r, err
@@ -297,6 +312,10 @@ func DetailOf(err error) Detail {
 		return BadPitch
 	case errors.Is(err, ErrOverlap):
 		return BadOverlap
+	case errors.Is(err, ErrParent):
+		return BadParent
+	case errors.Is(err, ErrMeta):
+		return BadMeta
 	}
 	return BadRange
 }
