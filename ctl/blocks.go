@@ -23,7 +23,13 @@ const maxGroupsPerCall = 16384
 
 // blockEnt is one decoded block entry and its outcome.
 type blockEnt struct {
-	e      abi.BlockEntry
+	e abi.BlockEntry
+	// meta is a tagged entry's tag and parent (ABI minor 3): a STORE
+	// records them (WriteReq.Meta), a LOAD expects the tag (ReadReq.Tag).
+	// Zero for a 32-byte entry, whose STORE keeps the stored block's and
+	// whose LOAD checks none.
+	meta   store.BlockMeta
+	tagged bool // the call's entries are the 64-byte form
 	valid  bool
 	groups int32 // groups the entry moves
 	ok     uint32
@@ -92,21 +98,28 @@ func putBlockScratch(sc *blockScratch) {
 	blockScratches.Put(sc)
 }
 
+// metaOf is the store meta of a tagged entry to store: nil for a 32-byte
+// entry (the stored block keeps its tag and parent).
+func (e *blockEnt) metaOf() *store.BlockMeta {
+	if !e.tagged {
+		return nil
+	}
+	return &e.meta
+}
+
 // blocks serves LOAD_BLOCKS and STORE_BLOCKS (and their inline forms):
 // look up the target and the entry array, copy the entries into daemon
 // memory (a client changing them during the call changes nothing), check
 // each in O(1) against the target validated at registration, refuse LOAD
-// entries that share a group of a cache block, then move the groups of the
-// valid entries in as few store calls as the staging budget allows and
-// write each entry's outcome back.
+// entries that share a group of a cache block (and STORE entries that give
+// one block two tags or parents), then move the groups of the valid entries
+// in as few store calls as the staging budget allows and write each entry's
+// outcome back. Entries are 32 bytes, or 64 with a tag and parent
+// (abi.BlocksTagged, minor 3).
 func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	h := &req.Blocks.Header
 	load := req.Op == abi.OpLoadBlocks
-	if h.Tagged() {
-		// 64-byte entries (minor 3) are not served here yet: refused
-		// whole rather than misread as 32-byte ones.
-		return 0, fmt.Errorf("%w: tagged block entries (KVFS_BLOCKS_TAGGED) not served", abi.ErrFlags)
-	}
+	esz, tagged := h.EntrySize(), h.Tagged()
 	start, err := ss.admit(load, in, out)
 	if err != nil {
 		return 0, err
@@ -135,7 +148,7 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 		if eb == nil {
 			return 0, fmt.Errorf("%w: %d", ErrEntryBuffer, h.Buffer)
 		}
-		size := uint64(n) * abi.BlockEntrySize
+		size := uint64(n) * uint64(esz)
 		if l := uint64(len(eb.mem)); h.Offset > l || size > l-h.Offset {
 			return 0, fmt.Errorf("%w: %d entries at offset %d of a buffer of %d bytes", abi.ErrEntries, n, h.Offset, l)
 		}
@@ -156,6 +169,10 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 		src = arr
 	}
 	if err := ss.guard(t.ownsOr(eb), func() error {
+		if tagged {
+			decodeTagged(ents, src)
+			return nil
+		}
 		for i := range ents {
 			ents[i] = blockEnt{}
 			ents[i].e.Unmarshal(src[i*abi.BlockEntrySize:])
@@ -167,6 +184,10 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	bad := 0
 	for i := range ents {
 		e := &ents[i]
+		if e.st != abi.OK { // a tagged entry's meta refused it
+			bad++
+			continue
+		}
 		g, err := t.lay.CheckBlock(&e.e)
 		if err != nil {
 			e.st, e.det = abi.BadRequest, abi.DetailOf(err)
@@ -177,6 +198,8 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	}
 	if load {
 		bad += markBlockOverlaps(ents, &t.lay, sc)
+	} else if tagged {
+		bad += markMetaConflicts(ents)
 	}
 
 	switch {
@@ -206,7 +229,7 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	if arr != nil {
 		if err := ss.guard(t.ownsOr(eb), func() error {
 			for i := range ents {
-				put(arr[i*abi.BlockEntrySize:], &ents[i])
+				put(arr[i*esz:], &ents[i])
 			}
 			return nil
 		}); err != nil {
@@ -214,13 +237,61 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 		}
 	} else {
 		for i := range ents {
-			put(out[abi.BlocksSize+i*abi.BlockEntrySize:], &ents[i])
+			put(out[abi.BlocksSize+i*esz:], &ents[i])
 		}
 	}
 	binary.LittleEndian.PutUint32(out[abi.BlocksNOKOff:], uint32(nok))
 	binary.LittleEndian.PutUint64(out[abi.BlocksGroupsOff:], groups)
 	ss.count(load, bad, groups)
 	return int32(min(nok, 1<<31-1)), nil
+}
+
+// decodeTagged decodes 64-byte entries from src into ents, refusing
+// (BadRequest with its detail) each whose tag-and-parent fields are not
+// valid (abi.BlockEntryTagged.CheckMeta). A LOAD entry's parent is checked
+// alike but not used.
+func decodeTagged(ents []blockEnt, src []byte) {
+	var te abi.BlockEntryTagged
+	for i := range ents {
+		e := &ents[i]
+		te.Unmarshal(src[i*abi.BlockEntryTaggedSize:])
+		*e = blockEnt{e: te.BlockEntry, tagged: true}
+		e.meta = store.BlockMeta{Tag: te.Tag, Parent: te.Parent, HasParent: te.HasParent()}
+		if err := te.CheckMeta(); err != nil {
+			e.st, e.det = abi.BadRequest, abi.DetailOf(err)
+		}
+	}
+}
+
+// markMetaConflicts refuses (BadRequest/BadMeta) every valid entry of a
+// tagged STORE_BLOCKS whose block another valid entry of the call names
+// with another tag or parent: which of the two the block is would depend
+// on the order the store saw them. It returns how many it refused.
+func markMetaConflicts(ents []blockEnt) int {
+	first := make(map[uint64]int32, len(ents))
+	conflict := map[uint64]bool{}
+	for i := range ents {
+		e := &ents[i]
+		if !e.valid {
+			continue
+		}
+		if j, ok := first[e.e.Block]; !ok {
+			first[e.e.Block] = int32(i)
+		} else if ents[j].meta != e.meta {
+			conflict[e.e.Block] = true
+		}
+	}
+	if len(conflict) == 0 {
+		return 0
+	}
+	refused := 0
+	for i := range ents {
+		if e := &ents[i]; e.valid && conflict[e.e.Block] {
+			e.valid, e.st, e.det = false, abi.BadRequest, abi.BadMeta
+			refused++
+		}
+	}
+	return refused
 }
 
 // markBlockOverlaps refuses (BadRequest/BadOverlap) every valid LOAD entry
@@ -411,7 +482,7 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 		for i := lo; i < hi; i++ {
 			if e := &ents[i]; e.valid {
 				out.read(reqs[:used], k+e.reqs())
-				k = t.fillReads(reqs[:n], k, &e.e, span, reqPitch, reqRowBytes)
+				k = t.fillReads(reqs[:n], k, e, span, reqPitch, reqRowBytes)
 			}
 		}
 		out.read(reqs[:used], used)
@@ -473,11 +544,12 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 	}
 }
 
-// fillReads writes the requests of valid entry e, one per (layer, kind) in
+// fillReads writes the requests of valid entry be, one per (layer, kind) in
 // slot order (layer, K before V) for its heads, into reqs from index k on,
 // and returns the index past them. Every field the store reads is written
 // except Err and Failed, which the store sets itself; Unverified and CRC
 // stay zero (host loads are verified by the store; clear leaves them so).
+// Each request expects the entry's tag (zero for an untagged entry: any).
 // A request's destination starts at its first head's tile in its region's
 // buffer and spans its heads (span bytes each, headStride apart), its
 // capacity reaching to the end of the mapping (packed tiles adjacent in
@@ -486,7 +558,8 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 // groupsOf does, but as a plain loop: a callback per (layer, kind) is a
 // measurable share of the control path's cost per block
 // (docs/performance.md, "Control-path cost").
-func (t *target) fillReads(reqs []store.ReadReq, k int, e *abi.BlockEntry, span uint64, pitch, rowBytes int) int {
+func (t *target) fillReads(reqs []store.ReadReq, k int, be *blockEnt, span uint64, pitch, rowBytes int) int {
+	e, tag := &be.e, be.meta.Tag
 	block, hs := e.Block, t.lay.HeadStride
 	h0, hn := int(e.HeadFirst), int(e.HeadCount)
 	tileOff := t.lay.TileOffset(e.CacheBlock, uint32(e.HeadFirst))
@@ -504,6 +577,7 @@ func (t *target) fillReads(reqs []store.ReadReq, k int, e *abi.BlockEntry, span 
 			q.Buf = r.b.mem[off : off+uint64(hn-1)*hs+span]
 			q.Pitch, q.RowBytes = pitch, rowBytes
 			q.Heads, q.HeadStride = hn, int(hs)
+			q.Tag = tag
 			k++
 		}
 	}
@@ -541,12 +615,13 @@ func (ss *Session) storeBlocks(t *target, ents []blockEnt, sc *blockScratch) err
 			if !e.valid {
 				continue
 			}
+			meta := e.metaOf()
 			groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
 				// Capacity to the staging buffer's end: the store writes
 				// the groups of a slot that follow each other here with
 				// one I/O, straight from staging (no bounce copy).
 				o := len(reqs) * gb
-				reqs = append(reqs, store.WriteReq{Key: k, Data: stage[o : o+gb]})
+				reqs = append(reqs, store.WriteReq{Key: k, Data: stage[o : o+gb], Meta: meta})
 				srcs = append(srcs, r.b.mem[off:off+span])
 				owner = append(owner, int32(i))
 			})

@@ -30,7 +30,7 @@ func TestInfo(t *testing.T) {
 	var i abi.Info
 	i.Unmarshal(out)
 	want := abi.Info{
-		ABI: 1, Size: abi.InfoSize, Caps: abi.CapHost | abi.CapPitch | abi.CapStore | abi.CapRegisterFD | abi.CapLimits | abi.CapBlocks,
+		ABI: 1, Size: abi.InfoSize, Caps: abi.CapHost | abi.CapPitch | abi.CapStore | abi.CapRegisterFD | abi.CapLimits | abi.CapBlocks | abi.CapPrefix,
 		ABIMinor: abi.Minor, MaxBlockEntries: abi.BlocksMax,
 		Layers: 2, KVHeads: 4, HeadDim: 16, BlockTokens: 16, DType: uint32(layout.BF16), DTypeBytes: 2,
 		Align: 512, GroupBytes: 512, GroupStride: 512, GroupsPerBlock: 16, RowBytes: 32,

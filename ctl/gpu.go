@@ -579,13 +579,14 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 			if !e.valid {
 				continue
 			}
+			meta := e.metaOf()
 			if e.tiles(tiled) {
 				// A tile's checksums: its heads' share of crcs.
 				h := int(e.e.HeadCount)
 				tilesOf(t, &e.e, func(key layout.Key, r *region, off uint64) {
 					if k < end && g+h <= len(crcs) {
 						tiles[k] = gpu.Tile{Heads: h, HeadStride: hs, CRCs: crcs[g : g+h : g+h]}
-						items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr, Tile: &tiles[k]}
+						items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr, Tile: &tiles[k], Meta: meta}
 						owner[k] = int32(i)
 					}
 					k, g = k+1, g+h
@@ -594,7 +595,7 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 			}
 			groupsOf(t, &e.e, func(key layout.Key, r *region, off uint64) {
 				if k < end {
-					items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr}
+					items[k] = gpu.Item{Key: key, Dst: r.b.cuda.addr + off, Pitch: pitch, Mapping: r.b.cuda.addr, Meta: meta}
 					owner[k] = int32(i)
 				}
 				k, g = k+1, g+1

@@ -144,6 +144,8 @@ func loadStatus(err error) (abi.Status, abi.Detail) {
 	switch {
 	case err == nil:
 		return abi.OK, abi.BadNone
+	case errors.Is(err, store.ErrTagMismatch):
+		return abi.Absent, abi.TagMismatch
 	case errors.Is(err, store.ErrNotFound):
 		return abi.Absent, abi.BadNone
 	case errors.Is(err, store.ErrCorrupt):
@@ -160,6 +162,10 @@ func storeStatus(err error) (abi.Status, abi.Detail) {
 		return abi.OK, abi.BadNone
 	case errors.Is(err, store.ErrFull):
 		return abi.NoSpace, abi.BadNone
+	case errors.Is(err, store.ErrVersion):
+		// A tag or parent for a format version 1 store, which has no
+		// room for them.
+		return abi.BadRequest, abi.BadMeta
 	case errors.Is(err, store.ErrInvalid), errors.Is(err, store.ErrSize):
 		return abi.BadRequest, abi.BadKey
 	}

@@ -39,6 +39,8 @@ func (ss *Session) serve(tid uint32, req *abi.Request, in, out []byte) (int32, e
 		return 0, ss.unregisterTarget(req.Blocks.UnregisterTarget.Target)
 	case abi.OpLoadBlocks, abi.OpStoreBlocks:
 		return ss.blocks(req, in, out)
+	case abi.OpLookup:
+		return ss.lookup(req, in, out)
 	}
 	return 0, fmt.Errorf("%w: op %v", abi.ErrCommand, req.Op)
 }

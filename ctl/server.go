@@ -104,6 +104,9 @@ type Metrics struct {
 	// whether that file is registered with the GPUs for it.
 	GPUDirect         uint64
 	GPUHostRegistered bool
+	// Lookups counts LOOKUP ioctls served, LookedUp their pairs and
+	// LookupHits the pairs answered present.
+	Lookups, LookedUp, LookupHits uint64
 }
 
 // Server answers control ioctls for one store.
@@ -128,6 +131,7 @@ type Server struct {
 		loads, stores, loaded, stored, bad atomic.Uint64
 		rejected, faults                   atomic.Uint64
 		batchNs, storeNs                   atomic.Uint64
+		lookups, lookedUp, lookupHits      atomic.Uint64
 	}
 }
 
@@ -184,6 +188,7 @@ func (s *Server) Metrics() Metrics {
 		GroupsLoaded: s.m.loaded.Load(), GroupsStored: s.m.stored.Load(),
 		BadEntries: s.m.bad.Load(), Rejected: s.m.rejected.Load(), Faults: s.m.faults.Load(),
 		BatchNanos: s.m.batchNs.Load(), StoreNanos: s.m.storeNs.Load(),
+		Lookups: s.m.lookups.Load(), LookedUp: s.m.lookedUp.Load(), LookupHits: s.m.lookupHits.Load(),
 	}
 }
 
@@ -199,6 +204,11 @@ func (s *Server) info() abi.Info {
 	in := s.st.Info()
 	g := s.geo
 	caps := abi.CapHost | abi.CapPitch | abi.CapRegisterFD | abi.CapLimits | abi.CapBlocks
+	if in.Version >= 2 {
+		// Tags and parents (and LOOKUP, served on every store): a
+		// format version 1 store has no room to record them.
+		caps |= abi.CapPrefix
+	}
 	if !s.opts.ReadOnly {
 		caps |= abi.CapStore
 	}

@@ -161,7 +161,11 @@
 // user.kvfs.head, user.kvfs.kind (K or V), user.kvfs.dtype (bf16 …),
 // user.kvfs.shape (tokens x head_dim, e.g. 16x128), user.kvfs.crc32c
 // (8 hex, as recorded when written) and user.kvfs.slot (the slot holding
-// the block now); listxattr lists them, so getfattr -d shows them.
+// the block now); listxattr lists them, so getfattr -d shows them. Every
+// stored block's directory has user.kvfs.tag (32 hex, the tag it was
+// stored under, zeros when untagged) and, when it names one,
+// user.kvfs.parent (16 hex, the block before it in its sequence); both
+// read-only (set: accepted and ignored, as on groups).
 //
 // # .kvfs/ctl
 //

@@ -237,6 +237,7 @@ func (f *FS) statsJSON() []byte {
 	field("store_misses", sm.Misses)
 	field("store_evictions", sm.Evictions)
 	field("store_corrupt", sm.Corrupt)
+	field("store_tag_mismatch", sm.TagMismatch)
 	field("store_io_errors", sm.IOErrors)
 	field("fs_lookups", fm.Lookups)
 	field("fs_opens", fm.Opens)

@@ -274,7 +274,7 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 		c.lo, c.hi, c.dev, c.failed = lo, hi, dev, nil
 		c.reqs = c.reqs[:0]
 		for i := lo; i < hi; i++ {
-			c.reqs = append(c.reqs, store.LocateReq{Key: items[i].Key})
+			c.reqs = append(c.reqs, store.LocateReq{Key: items[i].Key, Tag: items[i].tag()})
 		}
 		if c.pins, err = l.Locate(c.reqs, c.pins[:0]); err != nil {
 			p.putDirectChunk(c)

@@ -46,6 +46,12 @@ type Item struct {
 	// memory, and direct loads, which take no tiles, are the ones that
 	// make such calls (docs/performance.md, "LOAD_BLOCKS into GPU memory").
 	Tile *Tile
+	// Meta, when set, is the block's tag and parent: a load reads the
+	// group only from a block stored under Meta.Tag (another tag fails
+	// the item with store.ErrTagMismatch; a zero tag checks none), a store
+	// records them (store.WriteReq.Meta). Nil: any tag, and a store keeps
+	// the stored block's. A pointer, shared by an entry's items.
+	Meta *store.BlockMeta
 	// CRC is the group's recorded CRC32C, set by Load for Verify.
 	CRC uint32
 	// landed marks a pitched tile's group staged into device scratch by
@@ -213,4 +219,12 @@ func copyErr(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrCopy, err)
+}
+
+// tag is the tag a load of the item expects (zero: any).
+func (it *Item) tag() store.Tag {
+	if it.Meta == nil {
+		return store.Tag{}
+	}
+	return it.Meta.Tag
 }

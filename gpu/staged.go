@@ -203,7 +203,7 @@ func (l *stagedLoad) fill(c *chunk, reqs []store.ReadReq, lo, hi int) []store.Re
 			// A tile: one request for its heads, packed in staging,
 			// their checksums straight into the tile.
 			h := it.Tile.Heads
-			reqs = append(reqs, store.ReadReq{Key: it.Key, Buf: mem[off : off+h*gb : len(mem)], Heads: h, HeadStride: gb, Unverified: unverified, CRCs: it.Tile.CRCs})
+			reqs = append(reqs, store.ReadReq{Key: it.Key, Buf: mem[off : off+h*gb : len(mem)], Heads: h, HeadStride: gb, Unverified: unverified, CRCs: it.Tile.CRCs, Tag: it.tag()})
 			c.items = append(c.items, it)
 			c.set = append(c.set, 1)
 			at += h
@@ -214,7 +214,7 @@ func (l *stagedLoad) fill(c *chunk, reqs []store.ReadReq, lo, hi int) []store.Re
 		if n == 1 {
 			// Capacity to the buffer's end: the store lands adjacent
 			// groups of one slot with one read.
-			reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: mem[off : off+gb : len(mem)], Unverified: unverified})
+			reqs = append(reqs, store.ReadReq{Key: items[i].Key, Buf: mem[off : off+gb : len(mem)], Unverified: unverified, Tag: items[i].tag()})
 			c.items = append(c.items, &items[i])
 			c.set = append(c.set, 1)
 			at++
@@ -227,7 +227,7 @@ func (l *stagedLoad) fill(c *chunk, reqs []store.ReadReq, lo, hi int) []store.Re
 		sp := n * rb
 		for j := range n {
 			b := off + j*rb
-			reqs = append(reqs, store.ReadReq{Key: items[i+j].Key, Buf: mem[b : b+(rows-1)*sp+rb], Pitch: sp, RowBytes: rb, Unverified: unverified})
+			reqs = append(reqs, store.ReadReq{Key: items[i+j].Key, Buf: mem[b : b+(rows-1)*sp+rb], Pitch: sp, RowBytes: rb, Unverified: unverified, Tag: items[i+j].tag()})
 			c.items = append(c.items, &items[i+j])
 			c.set = append(c.set, int32(n*btoi(j == 0)))
 			if l.tiled && j > 0 {

@@ -76,7 +76,7 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 				it.Err = copyErr(err)
 				continue
 			}
-			reqs = append(reqs, store.WriteReq{Key: it.Key, Data: c.st.Mem[i*gb : (i+1)*gb]})
+			reqs = append(reqs, store.WriteReq{Key: it.Key, Data: c.st.Mem[i*gb : (i+1)*gb], Meta: it.Meta})
 			idx = append(idx, i)
 		}
 		if len(reqs) == 0 || batchErr != nil {

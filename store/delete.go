@@ -66,7 +66,7 @@ func (s *Store) dropGroups(blocks []uint64, edit func(h *Header, block uint64) (
 	missing := 0
 	s.mu.Lock()
 	for _, b := range blocks {
-		slot, ok := s.mu.index[b]
+		slot, ok := s.mu.idx.Slot(b)
 		if !ok {
 			missing++
 			continue
@@ -97,7 +97,7 @@ func (s *Store) dropGroups(blocks []uint64, edit func(h *Header, block uint64) (
 		ios := make([]IO, len(changes))
 		for i, c := range changes {
 			b := buf[i*hb : (i+1)*hb]
-			MarshalHeader(b, s.sb.UUID, c.hdr)
+			s.marshalHeader(b, c.hdr)
 			ios[i] = IO{Op: OpWrite, Off: s.headerOffset(c.slot, c.copy), Buf: b, Stream: StreamMeta}
 		}
 		if err := s.failpoint("before-headers"); err != nil {
@@ -119,9 +119,10 @@ func (s *Store) dropGroups(blocks []uint64, edit func(h *Header, block uint64) (
 	for _, c := range changes {
 		st := &s.mu.slots[c.slot]
 		st.hdr, st.cur, st.gen = c.hdr, c.copy, c.hdr.Gen
+		s.mu.idx.SetFull(c.slot, s.fullLocked(c.hdr))
 	}
 	for _, slot := range empties {
-		delete(s.mu.index, s.mu.slots[slot].hdr.Block)
+		s.mu.idx.Remove(slot)
 		s.releaseLocked(slot)
 	}
 	s.mu.Unlock()

@@ -1,6 +1,9 @@
 package store
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Every error the store returns wraps one of these (or an
 // engine error); check them with errors.Is.
@@ -24,6 +27,12 @@ var (
 	// that disagrees with itself or with the device: a bug in the store.
 	ErrInvariant = errors.New("store: invariant violated")
 )
+
+// ErrTagMismatch is a read's answer for a request whose expected tag
+// (ReadReq.Tag) is not the stored block's: the block stands for another
+// prefix, and its bytes are not served. It wraps ErrNotFound (to a caller
+// that does not look for it, the group is absent) but is not equal to it.
+var ErrTagMismatch = fmt.Errorf("%w: the block is stored under another tag", ErrNotFound)
 
 // ErrBlockExists is RenameBlock's refusal: the target id is already a
 // block.

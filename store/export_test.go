@@ -36,9 +36,13 @@ func CheckedAtClose(s *Store) (ran bool, err error) {
 	return true, err
 }
 
+// HeaderUsed is the bytes a slot header of version v for n groups uses (the
+// rest of its copy is zero padding).
+func HeaderUsed(n int, v uint32) int { return int(hdrUsed(n, v)) - 4 }
+
 // Corruptions lists what Corrupt can break.
 var Corruptions = []string{
-	"index-drop", "index-wrong-slot", "lru-drop", "lru-extra", "free-twice", "free-leak",
+	"index-drop", "index-wrong-slot", "index-meta", "index-full", "free-twice", "free-leak",
 	"free-indexed", "pin", "reader", "gen", "header", "hits", "releasing",
 }
 
@@ -49,23 +53,30 @@ func Corrupt(s *Store, what string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ids []uint64
-	for id := range s.mu.index {
+	s.mu.idx.Each(func(_ int64, id uint64) bool {
 		ids = append(ids, id)
-	}
+		return true
+	})
 	if len(ids) < 2 || len(s.mu.free) == 0 {
 		return fmt.Errorf("corrupt: need two blocks and a free slot, have %d and %d", len(ids), len(s.mu.free))
 	}
-	id, slot := ids[0], s.mu.index[ids[0]]
+	id := ids[0]
+	slot, _ := s.mu.idx.Slot(id)
 	st := &s.mu.slots[slot]
 	switch what {
-	case "index-drop": // a block the index forgets, still in its slot and the LRU
-		delete(s.mu.index, id)
+	case "index-drop": // a block the index forgets, still in its slot
+		s.mu.idx.Remove(slot)
 	case "index-wrong-slot": // the index sends a block to another block's slot
-		s.mu.index[id] = s.mu.index[ids[1]]
-	case "lru-drop": // an indexed block missing from the LRU list
-		s.mu.lru.Remove(st.lru)
-	case "lru-extra": // a block in the LRU list that nothing indexes
-		s.mu.lru.PushBack(uint64(0xdead))
+		other, _ := s.mu.idx.Slot(ids[1])
+		s.mu.idx.Remove(slot)
+		s.mu.idx.Remove(other)
+		s.mu.idx.Insert(other, id, st.hdr.Meta, false)
+	case "index-meta": // the index's tag no longer the header's
+		m := st.hdr.Meta
+		m.Tag[0] ^= 1
+		s.mu.idx.Update(slot, m, s.mu.idx.Full(slot))
+	case "index-full": // the index's completeness no longer the header's
+		s.mu.idx.SetFull(slot, !s.mu.idx.Full(slot))
 	case "free-twice":
 		s.mu.free = append(s.mu.free, s.mu.free[0])
 	case "free-leak": // a slot in no place at all

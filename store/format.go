@@ -12,7 +12,8 @@ import (
 	"github.com/kvfs/kvfs/layout"
 )
 
-// On-disk format, version 1. All integers little-endian.
+// On-disk format, version 2 (version 1 is still read and written: see
+// FormatVersion). All integers little-endian.
 //
 //	offset 0          superblock copy 0   (SuperblockSize bytes)
 //	offset 64 KiB     superblock copy 1
@@ -22,11 +23,18 @@ import (
 // copy with the highest generation) followed by the group payloads
 // (GroupsPerBlock × GroupStride bytes, in layout.Index order).
 const (
-	FormatVersion   = 1
-	SuperblockSize  = 4096
-	superblockCopy1 = 64 << 10
-	superMagic      = "KVFSSUPR"
-	slotMagic       = "KVFSSLOT"
+	// FormatVersion is the format new stores get. Version 2 slot headers
+	// record each block's tag and parent; a version 1 store (headers
+	// without them, one header-size rounding smaller) opens and serves,
+	// its blocks untagged and without parents, and keeps writing version
+	// 1 headers, so that an older kvfs still reads it.
+	FormatVersion = 2
+	// MinFormatVersion is the oldest format this kvfs opens.
+	MinFormatVersion = 1
+	SuperblockSize   = 4096
+	superblockCopy1  = 64 << 10
+	superMagic       = "KVFSSUPR"
+	slotMagic        = "KVFSSLOT"
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -54,17 +62,17 @@ func (sb *Superblock) UUIDString() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
-// headerBytes is the size of one slot header copy for g.
-func headerBytes(g layout.Geometry) int64 {
-	n := int64(g.GroupsPerBlock())
-	used := int64(hdrFixed) + bitmapBytes(int(n)) + layout.RoundUp(4*n, 8) + 8*n + 8
-	return layout.RoundUp(used, int64(g.Align))
+// headerBytes is the size of one slot header copy for g in format
+// version v.
+func headerBytes(g layout.Geometry, v uint32) int64 {
+	return layout.RoundUp(hdrUsed(g.GroupsPerBlock(), v), int64(g.Align))
 }
 
-// planLayout fills the derived fields of sb from its geometry and size.
+// planLayout fills the derived fields of sb from its version, geometry and
+// size.
 func planLayout(sb *Superblock) error {
 	g := sb.Geometry
-	sb.HeaderBytes = headerBytes(g)
+	sb.HeaderBytes = headerBytes(g, sb.Version)
 	sb.SlotBytes = 2*sb.HeaderBytes + g.PayloadBytes()
 	sb.DataOffset = layout.RoundUp(superblockCopy1+SuperblockSize, int64(g.Align))
 	if sb.Size < sb.DataOffset+sb.SlotBytes {
@@ -75,9 +83,9 @@ func planLayout(sb *Superblock) error {
 	return nil
 }
 
-// SlotBytes is the size of one slot of geometry g: two header copies and the
-// payloads.
-func SlotBytes(g layout.Geometry) int64 { return 2*headerBytes(g) + g.PayloadBytes() }
+// SlotBytes is the size of one slot of geometry g (in the current format):
+// two header copies and the payloads.
+func SlotBytes(g layout.Geometry) int64 { return 2*headerBytes(g, FormatVersion) + g.PayloadBytes() }
 
 // SizeFor is the device size that holds exactly slots slots of geometry g.
 func SizeFor(g layout.Geometry, slots int64) int64 { return MinSize(g) + (slots-1)*SlotBytes(g) }
@@ -85,7 +93,7 @@ func SizeFor(g layout.Geometry, slots int64) int64 { return MinSize(g) + (slots-
 // MinSize is the smallest device that holds one slot of geometry g.
 func MinSize(g layout.Geometry) int64 {
 	sb := Superblock{Geometry: g}
-	sb.HeaderBytes = headerBytes(g)
+	sb.HeaderBytes = headerBytes(g, FormatVersion)
 	return layout.RoundUp(superblockCopy1+SuperblockSize, int64(g.Align)) + 2*sb.HeaderBytes + g.PayloadBytes()
 }
 
@@ -130,8 +138,8 @@ func UnmarshalSuperblock(b []byte) (*Superblock, error) {
 		return nil, fmt.Errorf("%w: checksum %08x, want %08x", ErrSuperblock, got, want)
 	}
 	sb := &Superblock{Version: le.Uint32(b[8:]), Copy: le.Uint32(b[12:])}
-	if sb.Version != FormatVersion {
-		return nil, fmt.Errorf("%w: version %d, this kvfs reads version %d", ErrVersion, sb.Version, FormatVersion)
+	if sb.Version < MinFormatVersion || sb.Version > FormatVersion {
+		return nil, fmt.Errorf("%w: version %d, this kvfs reads versions %d to %d", ErrVersion, sb.Version, MinFormatVersion, FormatVersion)
 	}
 	copy(sb.UUID[:], b[16:32])
 	u32 := func(o int) int { return int(le.Uint32(b[o:])) }
@@ -149,7 +157,7 @@ func UnmarshalSuperblock(b []byte) (*Superblock, error) {
 	sb.Slots = int64(le.Uint64(b[80:]))
 	sb.Size = int64(le.Uint64(b[88:]))
 	sb.Created = time.Unix(0, int64(le.Uint64(b[96:])))
-	want := Superblock{Geometry: sb.Geometry, Size: sb.Size}
+	want := Superblock{Version: sb.Version, Geometry: sb.Geometry, Size: sb.Size}
 	if sb.Size <= 0 || planLayout(&want) != nil || want.HeaderBytes != sb.HeaderBytes ||
 		want.SlotBytes != sb.SlotBytes || want.DataOffset != sb.DataOffset || want.Slots != sb.Slots {
 		return nil, fmt.Errorf("%w: layout fields disagree with the geometry", ErrSuperblock)
@@ -167,6 +175,10 @@ type FormatOptions struct {
 	UUID [16]byte
 	// Now stamps the superblock; nil means time.Now.
 	Now func() time.Time
+	// Version is the format version to write, MinFormatVersion to
+	// FormatVersion; 0 means FormatVersion. An older version is for a
+	// store an older kvfs must read too (and for tests of the upgrade).
+	Version uint32
 }
 
 // Format writes a new, empty store with geometry g through e. It refuses to
@@ -192,7 +204,14 @@ func Format(e Engine, g layout.Geometry, o FormatOptions) (*Superblock, error) {
 	if size == 0 || size > e.Size() {
 		size = e.Size()
 	}
-	sb := &Superblock{Version: FormatVersion, UUID: o.UUID, Geometry: g, Size: size}
+	v := o.Version
+	if v == 0 {
+		v = FormatVersion
+	}
+	if v < MinFormatVersion || v > FormatVersion {
+		return nil, fmt.Errorf("%w: version %d, this kvfs writes versions %d to %d", ErrVersion, v, MinFormatVersion, FormatVersion)
+	}
+	sb := &Superblock{Version: v, UUID: o.UUID, Geometry: g, Size: size}
 	if sb.UUID == ([16]byte{}) {
 		if _, err := rand.Read(sb.UUID[:]); err != nil {
 			return nil, fmt.Errorf("store: uuid: %w", err)

@@ -32,10 +32,12 @@ func (p Problem) String() string {
 
 // FsckReport is the outcome of Fsck.
 type FsckReport struct {
-	Slots    int64     `json:"slots"`
-	Blocks   int       `json:"blocks"`
-	Groups   int       `json:"groups"`
-	Problems []Problem `json:"problems"`
+	// FormatVersion is the store's on-disk format version.
+	FormatVersion uint32    `json:"format_version"`
+	Slots         int64     `json:"slots"`
+	Blocks        int       `json:"blocks"`
+	Groups        int       `json:"groups"`
+	Problems      []Problem `json:"problems"`
 }
 
 // Clean reports whether fsck found nothing wrong.
@@ -75,7 +77,7 @@ func (s *Store) FsckProgress(repair bool, progress func(done, total int64)) (*Fs
 			}
 		}
 	}
-	rep := &FsckReport{Slots: s.sb.Slots}
+	rep := &FsckReport{FormatVersion: s.sb.Version, Slots: s.sb.Slots}
 	for _, msg := range s.sbProblems {
 		p := Problem{Slot: -1, Reason: msg}
 		if repair {
@@ -195,7 +197,7 @@ func (s *Store) rewriteHeaders(slots []int64) error {
 		// Write the non-current copy first, then (after a sync) the other,
 		// so a crash in between leaves one valid copy.
 		for _, cp := range []int{c, 1 - c} {
-			MarshalHeader(buf, s.sb.UUID, h)
+			s.marshalHeader(buf, h)
 			if err := doAll(s.e, []IO{{Op: OpWrite, Off: s.headerOffset(slot, cp), Buf: buf, Stream: StreamMeta}}); err != nil {
 				return fmt.Errorf("store: fsck repair slot %d: %w", slot, err)
 			}
@@ -217,7 +219,7 @@ func (s *Store) rewriteHeaders(slots []int64) error {
 func (s *Store) slotOf(id uint64) int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot, ok := s.mu.index[id]; ok {
+	if slot, ok := s.mu.idx.Slot(id); ok {
 		return slot
 	}
 	return -1

@@ -34,7 +34,8 @@ func FuzzSuperblock(f *testing.F) {
 }
 
 // FuzzSlotHeader: decoding never panics, errors wrap ErrHeader, and a
-// decoded header is self-consistent and re-encodes to the same bytes.
+// decoded header (version 1 or 2) is self-consistent and re-encodes, in its
+// version, to the same bytes, tag and parent included.
 func FuzzSlotHeader(f *testing.F) {
 	s, m := newMemStore(f, 2, testGeo)
 	put(f, s, keysOf(9, 0, 3, 7), 1)
@@ -44,6 +45,19 @@ func FuzzSlotHeader(f *testing.F) {
 	f.Add(img[sb.DataOffset+sb.HeaderBytes : sb.DataOffset+2*sb.HeaderBytes])
 	f.Add([]byte("KVFSSLOT"))
 	n := testGeo.GroupsPerBlock()
+	// Seeds of both versions, with a tag and a parent, and a tombstone.
+	h := &store.Header{Block: 9, Gen: 4, Live: true, Present: make([]uint64, 1), CRC: make([]uint32, n), MTime: make([]int64, n)}
+	h.Present[0], h.CRC[0], h.MTime[0] = 1, 0xabcd, 77
+	h.Meta = store.BlockMeta{Tag: store.Tag{1, 2, 3}, Parent: 8, HasParent: true}
+	for v := uint32(store.MinFormatVersion); v <= store.FormatVersion; v++ {
+		b := make([]byte, sb.HeaderBytes)
+		store.MarshalHeaderVersion(b, sb.UUID, h, v)
+		f.Add(b)
+	}
+	tomb := &store.Header{Gen: 5, Present: make([]uint64, 1), CRC: make([]uint32, n), MTime: make([]int64, n)}
+	b := make([]byte, sb.HeaderBytes)
+	store.MarshalHeader(b, sb.UUID, tomb)
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := store.UnmarshalHeader(b, sb.UUID, 0, n)
 		if err != nil {
@@ -55,10 +69,26 @@ func FuzzSlotHeader(f *testing.F) {
 		if len(h.CRC) != n || h.Count() > n || (!h.Live && h.Count() != 0) {
 			t.Fatalf("inconsistent header: %+v", h)
 		}
+		if h.Version < store.MinFormatVersion || h.Version > store.FormatVersion {
+			t.Fatalf("decoded header version %d", h.Version)
+		}
+		if h.Version == 1 && h.Meta != (store.BlockMeta{}) {
+			t.Fatalf("version 1 header with meta %+v", h.Meta)
+		}
+		if h.Meta.HasParent && h.Meta.Parent == h.Block {
+			t.Fatalf("block %x decoded as its own parent", h.Block)
+		}
+		if !h.Meta.HasParent && h.Meta.Parent != 0 {
+			t.Fatalf("parent %x without the flag", h.Meta.Parent)
+		}
 		re := make([]byte, len(b))
-		store.MarshalHeader(re, sb.UUID, h)
+		store.MarshalHeaderVersion(re, sb.UUID, h, h.Version)
+		used := store.HeaderUsed(n, h.Version)
+		if !bytes.Equal(re[:used], b[:used]) {
+			t.Fatalf("re-encoding differs")
+		}
 		h2, err := store.UnmarshalHeader(re, sb.UUID, 0, n)
-		if err != nil || h2.Gen != h.Gen || h2.Block != h.Block || h2.Count() != h.Count() {
+		if err != nil || h2.Gen != h.Gen || h2.Block != h.Block || h2.Count() != h.Count() || h2.Meta != h.Meta {
 			t.Fatalf("re-encoded header does not decode the same: %v", err)
 		}
 	})

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"container/list"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,10 +16,12 @@ import (
 // What it checks (mu is held for the in-memory part, wmu for all of it):
 //
 //   - index ⇄ slot: every indexed slot holds a live, non-empty header of
-//     that block and slot, and is in the LRU list; every slot with a header
-//     in memory is indexed, or quarantined (a read-only open's stale copy).
-//   - LRU ⇄ index: the list holds exactly the indexed blocks, once each,
-//     and each slot's element is its own.
+//     that block and slot, whose tag, parent and completeness the index
+//     records; every slot with a header in memory is indexed, or
+//     quarantined (a read-only open's stale copy).
+//   - the index's own invariants (index.Index.Check): its eviction lists
+//     hold exactly the indexed blocks, in order, and its children counts
+//     are what the parents imply.
 //   - slots are partitioned: each one is indexed, free, releasing (freed
 //     while pinned) or quarantined, exactly one of these (an indexed slot may
 //     also be quarantined: it leaves use at its next release).
@@ -104,10 +105,20 @@ func (s *Store) checkMemory(p *problems) ([]slotSnap, uint64) {
 		return nil, s.mu.gen
 	}
 	indexed := make([]bool, n)
-	for block, slot := range s.mu.index {
-		if slot < 0 || slot >= n {
-			p.addf("index: block %016x in slot %d of %d", block, slot, n)
+	if s.mu.idx.Slots() != n {
+		p.addf("index covers %d slots of %d", s.mu.idx.Slots(), n)
+		return nil, s.mu.gen
+	}
+	for _, bad := range s.mu.idx.Check() {
+		p.addf("index: %s", bad)
+	}
+	for slot := range n {
+		block, ok := s.mu.idx.Block(slot)
+		if !ok {
 			continue
+		}
+		if s2, _ := s.mu.idx.Slot(block); s2 != slot {
+			p.addf("index: slot %d holds block %016x, indexed in slot %d", slot, block, s2)
 		}
 		indexed[slot] = true
 		st := &s.mu.slots[slot]
@@ -120,6 +131,9 @@ func (s *Store) checkMemory(p *problems) ([]slotSnap, uint64) {
 			p.addf("index: block %016x in slot %d, whose header is block %016x of slot %d", block, slot, h.Block, h.Slot)
 		case !h.Live || h.Count() == 0:
 			p.addf("index: block %016x in slot %d, whose header is a tombstone or empty", block, slot)
+		case s.mu.idx.Meta(slot) != h.Meta || s.mu.idx.Full(slot) != s.fullLocked(h):
+			p.addf("index: block %016x in slot %d: meta %+v full %v, header says %+v full %v",
+				block, slot, s.mu.idx.Meta(slot), s.mu.idx.Full(slot), h.Meta, s.fullLocked(h))
 		}
 		if h.Gen != st.gen {
 			p.addf("slot %d: header generation %d, slot state says %d", slot, h.Gen, st.gen)
@@ -127,35 +141,9 @@ func (s *Store) checkMemory(p *problems) ([]slotSnap, uint64) {
 		if st.cur != 0 && st.cur != 1 {
 			p.addf("slot %d: indexed with no current header copy (%d)", slot, st.cur)
 		}
-		if st.lru == nil {
-			p.addf("slot %d: block %016x indexed but not in the LRU list", slot, block)
-		}
 		if st.releasing {
 			p.addf("slot %d: indexed and releasing", slot)
 		}
-	}
-
-	// LRU ⇄ index.
-	inLRU := map[*list.Element]bool{}
-	count := 0
-	for e := s.mu.lru.Front(); e != nil && count <= len(s.mu.index); e = e.Next() {
-		count++
-		inLRU[e] = true
-		block, ok := e.Value.(uint64)
-		if !ok {
-			p.addf("lru: element of type %T", e.Value)
-			continue
-		}
-		slot, ok := s.mu.index[block]
-		switch {
-		case !ok:
-			p.addf("lru: block %016x is not indexed", block)
-		case slot >= 0 && slot < n && s.mu.slots[slot].lru != e:
-			p.addf("lru: block %016x listed, but slot %d points at another element", block, slot)
-		}
-	}
-	if count != len(s.mu.index) || s.mu.lru.Len() != len(s.mu.index) {
-		p.addf("lru: %d elements (Len %d) for %d indexed blocks", count, s.mu.lru.Len(), len(s.mu.index))
 	}
 
 	// Free list.
@@ -194,12 +182,6 @@ func (s *Store) checkMemory(p *problems) ([]slotSnap, uint64) {
 		}
 		if st.hdr != nil && !indexed[slot] && !st.quarantined {
 			p.addf("slot %d: header of block %016x in memory, but not indexed", slot, st.hdr.Block)
-		}
-		if st.hdr == nil && st.lru != nil {
-			p.addf("slot %d: in the LRU list without a header", slot)
-		}
-		if st.lru != nil && !inLRU[st.lru] {
-			p.addf("slot %d: points at an element that is not in the LRU list", slot)
 		}
 		if st.releasing && (st.hdr != nil || st.pins <= 0 || st.quarantined) {
 			p.addf("slot %d: releasing with header %v, %d pins, quarantined %v", slot, st.hdr != nil, st.pins, st.quarantined)
@@ -285,6 +267,6 @@ func (s *Store) checkDevice(p *problems, snaps []slotSnap, maxGen uint64) {
 }
 
 func sameHeader(a, b *Header) bool {
-	return a.Slot == b.Slot && a.Block == b.Block && a.Gen == b.Gen && a.Live == b.Live &&
+	return a.Slot == b.Slot && a.Block == b.Block && a.Gen == b.Gen && a.Live == b.Live && a.Meta == b.Meta &&
 		slices.Equal(a.Present, b.Present) && slices.Equal(a.CRC, b.CRC) && slices.Equal(a.MTime, b.MTime)
 }

@@ -33,7 +33,11 @@ type LocateReq struct {
 	// caller verifies the bytes it moved against it, and must not use
 	// bytes that differ (Locate reads no payload).
 	CRC uint32
-	// Err is nil, ErrNotFound (the sentinel, no allocation) or ErrInvalid.
+	// Tag, when not zero, is the tag the block must be stored under, as
+	// for ReadReq.Tag: another tag fails the request with ErrTagMismatch.
+	Tag Tag
+	// Err is nil, ErrNotFound or ErrTagMismatch (sentinels, no
+	// allocation) or ErrInvalid.
 	Err error
 }
 
@@ -51,7 +55,7 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 	}
 	first := len(pins)
 	bp := blockPinner{slot: -1}
-	misses := 0
+	misses, mismatches := 0, 0
 	for i := range reqs {
 		r := &reqs[i]
 		r.Off, r.CRC = 0, 0
@@ -60,8 +64,16 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 		}
 		pins = s.pinBlockLocked(&bp, r.Key.Block, pins)
 		idx := s.geo.Index(r.Key)
-		if bp.hdr == nil || !bp.hdr.Has(idx) {
+		switch {
+		case bp.hdr == nil:
 			r.Err = ErrNotFound
+		case !r.Tag.IsZero() && r.Tag != bp.hdr.Meta.Tag:
+			r.Err = ErrTagMismatch
+			mismatches++
+		case !bp.hdr.Has(idx):
+			r.Err = ErrNotFound
+		}
+		if r.Err != nil {
 			misses++
 			continue
 		}
@@ -72,6 +84,9 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 	}
 	if misses > 0 {
 		s.m.misses.Add(uint64(misses))
+	}
+	if mismatches > 0 {
+		s.m.tagMismatch.Add(uint64(mismatches))
 	}
 	return pins, nil
 }

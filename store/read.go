@@ -43,6 +43,11 @@ type ReadReq struct {
 	// head's recorded CRC32C: CRCs[j] for head Key.Head+j. Its length
 	// must be Heads.
 	CRCs []uint32
+	// Tag, when not zero, is the tag the block must be stored under: a
+	// block stored under another tag fails the request with
+	// ErrTagMismatch (its destination is not written, as for a miss),
+	// counted in Metrics.TagMismatch. Zero reads whatever is stored.
+	Tag Tag
 	// Heads, above 1, makes the request a range: the groups of heads
 	// Key.Head to Key.Head+Heads-1 of one (block, layer, kind), head j's
 	// landing at Buf[j*HeadStride:] with the shape above (contiguous, or
@@ -153,8 +158,10 @@ func (s *Store) Read(reqs []ReadReq) error {
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 	wants := sc.wants[:0]
+	tagged := false // some request expects a tag
 	for i := range reqs {
 		r := &reqs[i]
+		tagged = tagged || !r.Tag.IsZero()
 		rows, err := s.checkRead(r)
 		r.Err, r.Failed, r.Bad = err, 0, 0
 		if err != nil {
@@ -172,7 +179,7 @@ func (s *Store) Read(reqs []ReadReq) error {
 			wants = append(wants, want{r: r, idx: s.geo.Index(k), rows: rows})
 		}
 	}
-	misses := 0
+	misses, mismatches := 0, 0
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
@@ -186,10 +193,25 @@ func (s *Store) Read(reqs []ReadReq) error {
 	kept := wants[:0]
 	for _, w := range wants {
 		pins = s.pinBlockLocked(&bp, w.r.Key.Block, pins)
-		if hdr := bp.hdr; hdr == nil || !hdr.Has(w.idx) {
+		// The tag is checked only where a request expects one, before the
+		// group (a block of another prefix is a mismatch whatever groups
+		// it has); a range's heads are one request, counted once.
+		var miss error
+		switch hdr := bp.hdr; {
+		case hdr == nil:
+			miss = ErrNotFound
+		case tagged && !w.r.Tag.IsZero() && w.r.Tag != hdr.Meta.Tag:
+			miss = ErrTagMismatch
+		case !hdr.Has(w.idx):
+			miss = ErrNotFound
+		}
+		if miss != nil {
 			// Before any goroutine: no lock (see fail).
 			if q := w.r; q.Err == nil {
-				q.Err = ErrNotFound
+				q.Err = miss
+				if miss == ErrTagMismatch {
+					mismatches++
+				}
 			}
 			w.r.Failed++
 			w.r.Bad |= s.headBit(&w)
@@ -207,6 +229,9 @@ func (s *Store) Read(reqs []ReadReq) error {
 	sc.wants, sc.pins = kept, pins
 	if misses > 0 {
 		s.m.misses.Add(uint64(misses))
+	}
+	if mismatches > 0 {
+		s.m.tagMismatch.Add(uint64(mismatches))
 	}
 	// Deferred: a fault on caller memory (a client's mapping cut short)
 	// may panic through Read when the caller asked for that
@@ -237,7 +262,7 @@ func (s *Store) pinBlockLocked(p *blockPinner, b uint64, pins []int64) []int64 {
 		return pins
 	}
 	p.block, p.have, p.hdr = b, true, nil
-	slot, ok := s.mu.index[b]
+	slot, ok := s.mu.idx.Slot(b)
 	if !ok {
 		return pins
 	}
@@ -245,7 +270,7 @@ func (s *Store) pinBlockLocked(p *blockPinner, b uint64, pins []int64) []int64 {
 	if slot != p.slot {
 		s.mu.slots[slot].pins++
 		pins = append(pins, slot)
-		s.touchLocked(slot)
+		s.mu.idx.Touch(slot)
 		p.slot = slot
 	}
 	return pins

@@ -30,7 +30,7 @@ func (s *Store) RenameBlock(from, to uint64) error {
 		return err
 	}
 	s.mu.Lock()
-	slot, ok := s.mu.index[from]
+	slot, ok := s.mu.idx.Slot(from)
 	if !ok {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: block %016x", ErrNotFound, from)
@@ -39,7 +39,7 @@ func (s *Store) RenameBlock(from, to uint64) error {
 		s.mu.Unlock()
 		return nil
 	}
-	if _, taken := s.mu.index[to]; taken {
+	if _, taken := s.mu.idx.Slot(to); taken {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: block %016x", ErrBlockExists, to)
 	}
@@ -48,6 +48,9 @@ func (s *Store) RenameBlock(from, to uint64) error {
 	h := old.clone()
 	s.mu.gen++
 	h.Block, h.Gen = to, s.mu.gen
+	if h.Meta.HasParent && h.Meta.Parent == to {
+		h.Meta.HasParent, h.Meta.Parent = false, 0 // a block is not its own parent
+	}
 	copyNo := 1 - max(st.cur, 0)
 	s.mu.Unlock()
 
@@ -61,12 +64,8 @@ func (s *Store) RenameBlock(from, to uint64) error {
 	}
 	s.mu.Lock()
 	st.hdr, st.cur, st.gen = h, copyNo, h.Gen
-	delete(s.mu.index, from)
-	s.mu.index[to] = slot
-	if st.lru != nil {
-		st.lru.Value = to
-		s.mu.lru.MoveToFront(st.lru)
-	}
+	s.mu.idx.Rename(slot, to)
+	s.mu.idx.Touch(slot)
 	s.mu.Unlock()
 	return nil
 }
@@ -80,7 +79,7 @@ func (s *Store) writeHeader(slot int64, c int, h *Header) error {
 		return err
 	}
 	defer s.freeBuf(buf)
-	MarshalHeader(buf, s.sb.UUID, h)
+	s.marshalHeader(buf, h)
 	if err := s.failpoint("before-headers"); err != nil {
 		return err
 	}

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"container/list"
 	"errors"
 	"fmt"
 	"runtime"
@@ -14,7 +13,16 @@ import (
 
 	"github.com/kvfs/kvfs/internal/freelist"
 	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store/index"
 )
+
+// Tag is a block's 16-byte tag: the caller's hash of what the block stands
+// for (model, dtype, shard, token chain). The zero tag is "untagged".
+type Tag = index.Tag
+
+// BlockMeta is what a block says of itself besides its groups: its tag and
+// its parent (the block before it in its sequence).
+type BlockMeta = index.Meta
 
 // Options control Open.
 type Options struct {
@@ -61,6 +69,10 @@ type Options struct {
 	// OpenProgress, when set, is called during Open's scan of every slot's
 	// headers with the bytes of header copies read so far of the total.
 	OpenProgress func(done, total int64)
+	// Evict is the eviction policy: index.Prefix (the zero value) evicts
+	// leaves of the prefix forest that the blocks' parents form, least
+	// recently used first; index.LRU evicts the least recently used block.
+	Evict index.Policy
 }
 
 // slotState is the in-memory copy of one slot's current header. Guarded by
@@ -74,15 +86,15 @@ type slotState struct {
 	// free-list bookkeeping
 	quarantined bool // unknown on-disk state after a failed write: not reused until reopen
 	releasing   bool // freed while pinned: goes to the free list on the last unpin
-	lru         *list.Element
 	stream      uint16
 }
 
 // Store is an open slot store. All methods are safe for concurrent use.
 //
 // Lock order: wmu before mu. wmu serialises every operation that writes
-// (Write, Delete, DeleteBlock, RenameBlock, Fsck); mu guards the index, the slot states,
-// the LRU and the free list, and is never held across I/O.
+// (Write, Delete, DeleteBlock, RenameBlock, Fsck); mu guards the index (with
+// its eviction order), the slot states and the free list, and is never held
+// across I/O.
 type Store struct {
 	e    Engine
 	sb   Superblock
@@ -160,10 +172,10 @@ type Store struct {
 		sync.Mutex
 		closed bool
 		slots  []slotState
-		index  map[uint64]int64 // block id → slot
+		// idx maps blocks to slots and keeps the eviction order.
+		idx    *index.Index
 		free   []int64
-		lru    *list.List // front = most recently used; values are block ids
-		gen    uint64     // last generation handed out
+		gen    uint64 // last generation handed out
 		allocs uint64
 		// readers counts Read batches holding pins; with none (and wmu
 		// held) no slot is pinned.
@@ -173,7 +185,7 @@ type Store struct {
 }
 
 type metrics struct {
-	reads, writes, bytesRead, bytesWritten, hits, misses, evictions, corrupt, ioErrors, bounced, writeBounced, commits atomic.Uint64
+	reads, writes, bytesRead, bytesWritten, hits, misses, evictions, corrupt, ioErrors, bounced, writeBounced, commits, tagMismatch atomic.Uint64
 }
 
 // Metrics is a snapshot of the store's counters.
@@ -196,12 +208,16 @@ type Metrics struct {
 	// Commits counts write commits: one Write call, or several concurrent
 	// ones committed together (group commit), each with its own syncs.
 	Commits uint64
+	// TagMismatch counts read requests that found their block stored
+	// under another tag than the one they expected (ErrTagMismatch; their
+	// groups also count as misses).
+	TagMismatch uint64
 }
 
 // Info describes an open store.
 type Info struct {
 	UUID        string
-	Version     uint32
+	Version     uint32 // format version (FormatVersion, or an older one the store was made with)
 	Geometry    layout.Geometry
 	GroupBytes  int
 	GroupStride int64
@@ -395,8 +411,8 @@ const scanChunk = 256
 func (s *Store) rebuildIndex() error {
 	n := s.sb.Slots
 	s.mu.slots = make([]slotState, n)
-	s.mu.index = make(map[uint64]int64)
-	s.mu.lru = list.New()
+	s.mu.idx = index.New(n, s.opts.Evict)
+	byBlock := make(map[uint64]int64)
 	type live struct {
 		slot int64
 		gen  uint64
@@ -425,7 +441,7 @@ func (s *Store) rebuildIndex() error {
 			if !h.Live || h.Count() == 0 {
 				continue
 			}
-			if old, ok := s.mu.index[h.Block]; ok {
+			if old, ok := byBlock[h.Block]; ok {
 				if s.mu.slots[old].gen > h.Gen {
 					losers = append(losers, slot)
 					st.hdr = h
@@ -434,19 +450,18 @@ func (s *Store) rebuildIndex() error {
 				losers = append(losers, old)
 			}
 			st.hdr = h
-			s.mu.index[h.Block] = slot
+			byBlock[h.Block] = slot
 		}
 	}
-	for slot := range n {
-		if st := &s.mu.slots[slot]; st.hdr != nil && s.mu.index[st.hdr.Block] == slot {
-			lives = append(lives, live{slot, st.gen})
-		}
+	for _, slot := range byBlock {
+		lives = append(lives, live{slot, s.mu.slots[slot].gen})
 	}
-	// LRU: the most recently written block is the most recently used.
-	sort.Slice(lives, func(i, j int) bool { return lives[i].gen > lives[j].gen })
+	// Recency: the most recently written block is the most recently used,
+	// so blocks are indexed oldest first.
+	sort.Slice(lives, func(i, j int) bool { return lives[i].gen < lives[j].gen })
 	for _, l := range lives {
-		st := &s.mu.slots[l.slot]
-		st.lru = s.mu.lru.PushBack(st.hdr.Block)
+		h := s.mu.slots[l.slot].hdr
+		s.mu.idx.Insert(l.slot, h.Block, h.Meta, s.fullLocked(h))
 	}
 	if len(losers) > 0 {
 		if s.opts.ReadOnly {
@@ -472,7 +487,7 @@ func (s *Store) rebuildIndex() error {
 		}
 	}
 	s.log.Info("store: opened", zap.String("uuid", s.sb.UUIDString()), zap.Int64("slots", n),
-		zap.Int("blocks", len(s.mu.index)), zap.String("geometry", s.geo.String()))
+		zap.Int("blocks", s.mu.idx.Len()), zap.String("geometry", s.geo.String()))
 	return nil
 }
 
@@ -516,7 +531,7 @@ func (s *Store) tombstone(slots []int64) error {
 			copies[i] = 0
 		}
 		b := buf[i*hb : (i+1)*hb]
-		MarshalHeader(b, s.sb.UUID, h)
+		s.marshalHeader(b, h)
 		ios[i] = IO{Op: OpWrite, Off: s.headerOffset(slot, copies[i]), Buf: b, Stream: StreamMeta}
 	}
 	s.mu.Unlock()
@@ -617,7 +632,7 @@ func (s *Store) Engine() Engine { return s.e }
 // Info describes the store.
 func (s *Store) Info() Info {
 	s.mu.Lock()
-	used := int64(len(s.mu.index))
+	used := int64(s.mu.idx.Len())
 	s.mu.Unlock()
 	return Info{
 		UUID: s.sb.UUIDString(), Version: s.sb.Version, Geometry: s.geo,
@@ -635,6 +650,7 @@ func (s *Store) Metrics() Metrics {
 		BytesRead: s.m.bytesRead.Load(), BytesWritten: s.m.bytesWritten.Load(),
 		Hits: s.m.hits.Load(), Misses: s.m.misses.Load(), Evictions: s.m.evictions.Load(),
 		Corrupt: s.m.corrupt.Load(), IOErrors: s.m.ioErrors.Load(), Bounced: s.m.bounced.Load(), WriteBounced: s.m.writeBounced.Load(), Commits: s.m.commits.Load(),
+		TagMismatch: s.m.tagMismatch.Load(),
 	}
 }
 
@@ -644,13 +660,14 @@ type BlockInfo struct {
 	Groups  int       // present groups
 	MTime   time.Time // latest group write
 	Present []uint64  // bitmap by layout.Index
+	Meta    BlockMeta // tag and parent (zero in a format version 1 store)
 }
 
 // Has reports whether group idx of the block is present.
 func (b BlockInfo) Has(idx int) bool { return b.Present[idx/64]&(1<<(idx%64)) != 0 }
 
 func blockInfo(h *Header) BlockInfo {
-	bi := BlockInfo{ID: h.Block, Groups: h.Count(), Present: append([]uint64(nil), h.Present...)}
+	bi := BlockInfo{ID: h.Block, Groups: h.Count(), Present: append([]uint64(nil), h.Present...), Meta: h.Meta}
 	var t int64
 	for i, mt := range h.MTime {
 		if h.Has(i) && mt > t {
@@ -664,10 +681,11 @@ func blockInfo(h *Header) BlockInfo {
 // Blocks lists the blocks in the store, sorted by id.
 func (s *Store) Blocks() []BlockInfo {
 	s.mu.Lock()
-	out := make([]BlockInfo, 0, len(s.mu.index))
-	for _, slot := range s.mu.index {
+	out := make([]BlockInfo, 0, s.mu.idx.Len())
+	s.mu.idx.Each(func(slot int64, _ uint64) bool {
 		out = append(out, blockInfo(s.mu.slots[slot].hdr))
-	}
+		return true
+	})
 	s.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
@@ -677,11 +695,51 @@ func (s *Store) Blocks() []BlockInfo {
 func (s *Store) Block(id uint64) (BlockInfo, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	slot, ok := s.mu.index[id]
+	slot, ok := s.mu.idx.Slot(id)
 	if !ok {
 		return BlockInfo{}, false
 	}
 	return blockInfo(s.mu.slots[slot].hdr), true
+}
+
+// lookupChunk is how many ids Lookup answers per hold of mu, so that a
+// large lookup does not hold readers and writers off for its whole length.
+const lookupChunk = 1024
+
+// Lookup answers, for each blocks[i] with the tag tags[i] it is expected to
+// carry (zero, or beyond the end of tags: any tag), whether the block is
+// stored whole with that tag (index.Present), stored under another tag
+// (index.TagMismatch) or not stored whole (index.Absent), into out[i]; it
+// answers min(len(blocks), len(out)) ids. It returns the leading run of
+// Present answers: how many blocks of a prefix the store can serve. It does
+// no I/O, pins nothing and is no use of a block (eviction order stays).
+func (s *Store) Lookup(blocks []uint64, tags []Tag, out []index.Status) (run int) {
+	n := min(len(blocks), len(out))
+	run = -1
+	for lo := 0; lo < n; lo += lookupChunk {
+		hi := min(lo+lookupChunk, n)
+		s.mu.Lock()
+		for i := lo; i < hi; i++ {
+			var t Tag
+			if i < len(tags) {
+				t = tags[i]
+			}
+			out[i] = s.mu.idx.Lookup(blocks[i], t)
+		}
+		s.mu.Unlock()
+		if run < 0 {
+			for i := lo; i < hi; i++ {
+				if out[i] != index.Present {
+					run = i
+					break
+				}
+			}
+		}
+	}
+	if run < 0 {
+		run = n
+	}
+	return run
 }
 
 // GroupInfo describes one present group.
@@ -701,7 +759,7 @@ func (s *Store) Stat(k layout.Key) (GroupInfo, error) {
 	idx := s.geo.Index(k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	slot, ok := s.mu.index[k.Block]
+	slot, ok := s.mu.idx.Slot(k.Block)
 	if !ok || !s.mu.slots[slot].hdr.Has(idx) {
 		return GroupInfo{}, fmt.Errorf("%w: %v", ErrNotFound, k)
 	}
@@ -709,12 +767,8 @@ func (s *Store) Stat(k layout.Key) (GroupInfo, error) {
 	return GroupInfo{Key: k, Size: s.geo.GroupBytes(), CRC: h.CRC[idx], MTime: time.Unix(0, h.MTime[idx]), Slot: slot}, nil
 }
 
-// touchLocked moves the block in slot to the front of the LRU.
-func (s *Store) touchLocked(slot int64) {
-	if e := s.mu.slots[slot].lru; e != nil {
-		s.mu.lru.MoveToFront(e)
-	}
-}
+// fullLocked reports whether h holds every group of its block.
+func (s *Store) fullLocked(h *Header) bool { return h.Count() == s.geo.GroupsPerBlock() }
 
 // unpin drops one pin of each slot; a slot freed while pinned goes to the
 // free list when its last pin drops. reader is true for the pins of a Read
@@ -736,14 +790,11 @@ func (s *Store) unpin(slots []int64, reader bool) {
 }
 
 // releaseLocked returns a slot whose on-disk header is a tombstone to the
-// free list (or marks it to go there once unpinned).
+// free list (or marks it to go there once unpinned). The slot is no longer
+// indexed (the caller removed it, or indexed its block elsewhere).
 func (s *Store) releaseLocked(slot int64) {
 	st := &s.mu.slots[slot]
 	st.hdr = nil
-	if st.lru != nil {
-		s.mu.lru.Remove(st.lru)
-		st.lru = nil
-	}
 	if st.quarantined {
 		return
 	}

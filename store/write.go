@@ -28,6 +28,16 @@ type WriteReq struct {
 	// corruption by every later read, never served.
 	CRC    uint32
 	Summed bool
+	// Meta, when set, is the block's tag and parent, recorded in its
+	// header. A block whose stored tag differs is replaced: none of its
+	// groups is kept (they stand for another prefix). Nil keeps an
+	// existing block's tag and parent, and gives a new block the zero tag
+	// and no parent. The requests of one block in one Write that set Meta
+	// must agree; otherwise every request of that block fails with
+	// ErrInvalid. A parent equal to the block itself is no parent. A
+	// format version 1 store records neither: a nonzero Meta fails there
+	// with ErrVersion.
+	Meta *BlockMeta
 	// Err is set by Write: nil once the group is durable.
 	Err error
 }
@@ -39,6 +49,8 @@ type plan struct {
 	groups map[int][]byte // group index → data (the last request wins)
 	crcs   map[int]uint32 // group index → CRC32C of its data
 	base   *Header        // header the new one starts from (nil: new block)
+	meta   *BlockMeta     // the block's new tag and parent; nil keeps the stored ones
+	tag    Tag            // the tag the plan's groups are written under
 	old    int64          // slot being replaced (copy-on-write), -1 when none
 	target int64          // slot receiving the payloads and the new header
 	fresh  bool           // target came from the free list
@@ -115,6 +127,9 @@ func (s *Store) Write(reqs []WriteReq) error {
 			}
 		})
 	}
+	if valid > 0 {
+		valid -= s.checkMeta(reqs)
+	}
 	if valid == 0 {
 		return nil
 	}
@@ -182,8 +197,20 @@ func (s *Store) commit(calls []*writeCall) {
 					n++
 				}
 				p = &plan{block: r.Key.Block, groups: make(map[int][]byte, n), crcs: make(map[int]uint32, n), old: -1, target: -1}
+				p.tag = s.storedTag(p.block)
 				byBlock[r.Key.Block] = p
 				plans = append(plans, p)
+			}
+			if m := r.Meta; m != nil {
+				if m.Tag != p.tag {
+					// A call queued later replaces the block: the
+					// groups queued before it under the old tag go.
+					clear(p.groups)
+					clear(p.crcs)
+					p.tag = m.Tag
+				}
+				mc := *m
+				p.meta = &mc
 			}
 			idx := s.geo.Index(r.Key)
 			p.reqs = append(p.reqs, r)
@@ -256,13 +283,18 @@ func (s *Store) placePlans(plans []*plan) (victims, evicted, writerPins []int64)
 	}
 	need := 0
 	for _, p := range plans {
-		slot, ok := s.mu.index[p.block]
+		slot, ok := s.mu.idx.Slot(p.block)
 		if !ok {
 			need++
 			continue
 		}
 		st := &s.mu.slots[slot]
-		p.base = st.hdr.clone()
+		// A block written under another tag is replaced: nothing of the
+		// stored one is kept (base nil), in place or in a fresh slot by
+		// the usual rule, so that no reader sees a mix of the two.
+		if p.meta == nil || p.meta.Tag == st.hdr.Meta.Tag {
+			p.base = st.hdr.clone()
+		}
 		overlap := false
 		for idx := range p.groups {
 			if st.hdr.Has(idx) {
@@ -279,16 +311,20 @@ func (s *Store) placePlans(plans []*plan) (victims, evicted, writerPins []int64)
 		writerPins = append(writerPins, slot)
 		need++
 	}
+	// A victim is a block no one uses that is not part of this batch, in
+	// the index's eviction order.
+	skip := func(slot int64) bool {
+		b, _ := s.mu.idx.Block(slot)
+		return s.mu.slots[slot].pins > 0 || inBatch[b]
+	}
 	for need > len(s.mu.free) {
-		victim := s.lruVictimLocked(inBatch)
+		victim := s.mu.idx.Victim(skip)
 		if victim < 0 {
 			break
 		}
 		st := &s.mu.slots[victim]
 		s.log.Debug("store: evict", zap.String("block", fmt.Sprintf("%016x", st.hdr.Block)))
-		delete(s.mu.index, st.hdr.Block)
-		s.mu.lru.Remove(st.lru)
-		st.lru = nil
+		s.mu.idx.Remove(victim)
 		st.pins++ // held by this writer until the tombstone is durable
 		writerPins = append(writerPins, victim)
 		victims = append(victims, victim)
@@ -398,6 +434,14 @@ func (s *Store) writeHeaders(plans []*plan) error {
 		for idx := range p.groups {
 			h.set(idx, p.crcs[idx], now) // computed before wmu
 		}
+		switch {
+		case p.meta != nil:
+			h.Meta = *p.meta
+		case p.base != nil:
+			h.Meta = p.base.Meta
+		default:
+			h.Meta = BlockMeta{}
+		}
 		s.mu.gen++
 		h.Slot, h.Block, h.Gen, h.Live = p.target, p.block, s.mu.gen, true
 		st := &s.mu.slots[p.target]
@@ -407,7 +451,7 @@ func (s *Store) writeHeaders(plans []*plan) error {
 		}
 		p.hdr = h
 		b := buf[i*hb : (i+1)*hb]
-		MarshalHeader(b, s.sb.UUID, h)
+		s.marshalHeader(b, h)
 		ios[i] = IO{Op: OpWrite, Off: s.headerOffset(p.target, p.copy), Buf: b, Stream: StreamMeta}
 	}
 	s.mu.Unlock()
@@ -427,12 +471,7 @@ func (s *Store) commitPlans(plans []*plan) {
 		case p.err == nil:
 			st := &s.mu.slots[p.target]
 			st.hdr, st.cur, st.gen = p.hdr, p.copy, p.hdr.Gen
-			s.mu.index[p.block] = p.target
-			if st.lru == nil {
-				st.lru = s.mu.lru.PushFront(p.block)
-			} else {
-				s.mu.lru.MoveToFront(st.lru)
-			}
+			s.indexCommitLocked(p)
 			if p.old >= 0 && p.old != p.target {
 				replaced = append(replaced, p.old)
 			}
@@ -498,17 +537,83 @@ func livePlans(plans []*plan) []*plan {
 	return out
 }
 
-// lruVictimLocked is the least recently used block that no one uses and that
-// is not part of the current batch; -1 when there is none.
-func (s *Store) lruVictimLocked(skip map[uint64]bool) int64 {
-	for e := s.mu.lru.Back(); e != nil; e = e.Prev() {
-		id := e.Value.(uint64)
-		slot := s.mu.index[id]
-		if !skip[id] && s.mu.slots[slot].pins == 0 {
-			return slot
+// checkMeta fails the requests of every block whose requests' Meta
+// disagree, or that carry a tag or parent a version 1 store cannot record,
+// and normalises the rest (a block is not its own parent). It returns how
+// many requests it failed.
+func (s *Store) checkMeta(reqs []WriteReq) int {
+	var meta map[uint64]*BlockMeta
+	var bad map[uint64]error
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Err != nil || r.Meta == nil {
+			continue
+		}
+		m := r.Meta
+		if m.HasParent && m.Parent == r.Key.Block || !m.HasParent && m.Parent != 0 {
+			r.Meta = &BlockMeta{Tag: m.Tag} // no parent
+			m = r.Meta
+		}
+		if meta == nil {
+			meta = map[uint64]*BlockMeta{}
+		}
+		switch first, ok := meta[r.Key.Block]; {
+		case !ok:
+			meta[r.Key.Block] = m
+			if s.sb.Version < headerVersion2 && *m != (BlockMeta{}) {
+				if bad == nil {
+					bad = map[uint64]error{}
+				}
+				bad[r.Key.Block] = fmt.Errorf("%w: block %016x: a format version %d store records no tag or parent (see docs/format.md, 'Moving a store to version 2')",
+					ErrVersion, r.Key.Block, s.sb.Version)
+			}
+		case *first != *m:
+			if bad == nil {
+				bad = map[uint64]error{}
+			}
+			if bad[r.Key.Block] == nil {
+				bad[r.Key.Block] = fmt.Errorf("%w: block %016x written with two tags or parents in one call", ErrInvalid, r.Key.Block)
+			}
 		}
 	}
-	return -1
+	failed := 0
+	if bad != nil {
+		for i := range reqs {
+			r := &reqs[i]
+			if err := bad[r.Key.Block]; err != nil && r.Err == nil {
+				r.Err = err
+				failed++
+			}
+		}
+	}
+	return failed
+}
+
+// storedTag is the tag of block as stored, zero when absent. Called with
+// wmu held (the stored tag changes only under it).
+func (s *Store) storedTag(block uint64) Tag {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot, ok := s.mu.idx.Slot(block); ok {
+		return s.mu.idx.Meta(slot).Tag
+	}
+	return Tag{}
+}
+
+// indexCommitLocked indexes the block of a committed plan in its target
+// slot as just used: in place, the entry is updated; a block that moved
+// (copy-on-write) leaves its old slot's entry for the new one; a new block
+// is inserted.
+func (s *Store) indexCommitLocked(p *plan) {
+	m, full := p.hdr.Meta, s.fullLocked(p.hdr)
+	if slot, ok := s.mu.idx.Slot(p.block); ok {
+		if slot == p.target {
+			s.mu.idx.Update(slot, m, full)
+			return
+		}
+		s.mu.idx.Remove(slot)
+	}
+	s.mu.idx.Insert(p.target, p.block, m, full)
 }
 
 // carryGroups reads, for copy-on-write plans, the old slot's groups that the
@@ -517,7 +622,7 @@ func (s *Store) carryGroups(plans []*plan) {
 	var reqs []ReadReq
 	var owners []*plan
 	for _, p := range plans {
-		if p.err != nil || p.old < 0 || p.old == p.target {
+		if p.err != nil || p.old < 0 || p.old == p.target || p.base == nil {
 			continue
 		}
 		p.carry = map[int][]byte{}

@@ -18,7 +18,7 @@ func TestInfo(t *testing.T) {
 	r := kvfs(t, nil, "info", path, "--engine", "posix")
 	r.want(t, 0)
 	text := strings.Join(strings.Fields(string(r.stdout)), " ")
-	for _, s := range []string{"uuid:", "format version: 1", "engine: posix", "layers=2 kv_heads=2 head_dim=16 block_tokens=16 dtype=bf16 align=4096",
+	for _, s := range []string{"uuid:", "format version: 2", "engine: posix", "layers=2 kv_heads=2 head_dim=16 block_tokens=16 dtype=bf16 align=4096",
 		"group bytes: 512 (16x16 bf16)", "group stride: 4096", "slot bytes:", "slots:", "(1 used,"} {
 		if !strings.Contains(text, s) {
 			t.Errorf("info lacks %q:\n%s", s, r.stdout)
@@ -40,7 +40,7 @@ func TestInfo(t *testing.T) {
 	g := info.Geometry
 	if g.Layers != 2 || g.KVHeads != 2 || g.HeadDim != 16 || g.BlockTokens != 16 || g.DType != "bf16" || g.Align != 4096 ||
 		info.GroupBytes != 512 || info.GroupStride != 4096 || info.UsedSlots != 1 || info.FreeSlots != info.Slots-1 ||
-		info.FormatVersion != 1 || info.Blocks != 1 || info.Engine == "" || len(info.UUID) != 36 {
+		info.FormatVersion != store.FormatVersion || info.Blocks != 1 || info.Engine == "" || len(info.UUID) != 36 {
 		t.Errorf("info %+v", info)
 	}
 	// How much of the file was ever written, as the file system says.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"testing"
 
@@ -29,7 +30,7 @@ func TestOtherVersion(t *testing.T) {
 		{"info", path}, {"ls", path}, {"fsck", path}, {"fsck", path, "--repair"}, {"rm", path, "--block", "1"},
 		append([]string{"get", path}, keyArgs("1", 0, 0, "K")...),
 	} {
-		kvfs(t, nil, args...).want(t, 1, "unsupported format version", "version 2")
+		kvfs(t, nil, args...).want(t, 1, "unsupported format version", fmt.Sprintf("version %d", store.FormatVersion+1))
 	}
 	kvfs(t, group(2), append([]string{"put", path}, keyArgs("1", 0, 0, "K")...)...).want(t, 1, "unsupported format version")
 	kvfs(t, nil, formatArgs(path)...).want(t, 1, "already exists")

@@ -33,12 +33,14 @@ type fsckProblem struct {
 
 // fsckReport is kvfs fsck's output.
 type fsckReport struct {
-	Clean    bool          `json:"clean"`
-	Repaired bool          `json:"repaired"` // every problem found was repaired
-	Slots    int64         `json:"slots"`
-	Blocks   int           `json:"blocks"`
-	Groups   int           `json:"groups"`
-	Problems []fsckProblem `json:"problems"`
+	Clean    bool `json:"clean"`
+	Repaired bool `json:"repaired"` // every problem found was repaired
+	// FormatVersion is the store's on-disk format version (docs/format.md).
+	FormatVersion uint32        `json:"format_version"`
+	Slots         int64         `json:"slots"`
+	Blocks        int           `json:"blocks"`
+	Groups        int           `json:"groups"`
+	Problems      []fsckProblem `json:"problems"`
 }
 
 // errProblems is fsck's failure: problems found (and not all repaired).
@@ -98,7 +100,7 @@ func (o *fsckOptions) run(cmd *cobra.Command, path string) (err error) {
 		case !out.Clean:
 			state = fmt.Sprintf("%d problems", len(out.Problems))
 		}
-		fmt.Fprintf(w, "%s: %d slots, %d blocks, %d groups checked: %s\n", path, out.Slots, out.Blocks, out.Groups, state)
+		fmt.Fprintf(w, "%s: format version %d, %d slots, %d blocks, %d groups checked: %s\n", path, out.FormatVersion, out.Slots, out.Blocks, out.Groups, state)
 	}
 	if !out.Clean && !out.Repaired {
 		return fmt.Errorf("%s: %w (%d)", path, errProblems, len(out.Problems))
@@ -107,7 +109,7 @@ func (o *fsckOptions) run(cmd *cobra.Command, path string) (err error) {
 }
 
 func newFsckReport(r *store.FsckReport) fsckReport {
-	out := fsckReport{Clean: r.Clean(), Slots: r.Slots, Blocks: r.Blocks, Groups: r.Groups, Problems: []fsckProblem{}}
+	out := fsckReport{Clean: r.Clean(), FormatVersion: r.FormatVersion, Slots: r.Slots, Blocks: r.Blocks, Groups: r.Groups, Problems: []fsckProblem{}}
 	fixed := 0
 	for _, p := range r.Problems {
 		fp := fsckProblem{Reason: p.Reason, Fixed: p.Fixed, Text: p.String()}

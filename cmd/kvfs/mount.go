@@ -34,12 +34,14 @@ import (
 	"github.com/kvfs/kvfs/internal/logsink"
 	"github.com/kvfs/kvfs/internal/sdnotify"
 	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/index"
 )
 
 // mountOptions are the flags of kvfs mount.
 type mountOptions struct {
 	storeFlags
 	ringFlags
+	evict                    string
 	daemon                   bool
 	cpuProfile, mutexProfile string
 	allowOther               bool
@@ -145,13 +147,15 @@ always does); the GOMAXPROCS environment variable sets it instead.`,
 	f.BoolVar(&o.gpuDirect, "gpu-direct", true, "with the checksums on the GPU and a store file in memory (tmpfs, ramfs): register the file with the GPUs (page-locking it) and copy packed tiles straight from it, with no staging")
 	f.IntVar(&o.gpuDirectWorkers, "gpu-direct-workers", 4, "goroutines that queue the copies of one direct GPU load (1..64)")
 	f.BoolVar(&o.viewReads, "view-reads", true, "with a store file in memory (tmpfs, ramfs) on the uring engine: check and land host reads straight from the daemon's mapping of the file instead of reading them into a chunk buffer first")
+	f.StringVar(&o.evict, "evict", "prefix", "eviction order: prefix (least recently used leaves of the prefix forest the blocks' parents form, so a shared prefix stays while a continuation of it is stored) or lru (least recently used block); blocks without parents are evicted by recency under both")
 	f.StringVar(&o.gpuScratch, "gpu-scratch", "512MiB", "GPU memory per device that direct loads of token-major (NHD) tiles keep as scratch (past it each load reuses its own)")
 	addCommand(c)
 }
 
 // storeOptions is the store's options from the mount's flags.
 func (o *mountOptions) storeOptions(log *zap.Logger, observe func(store.Op, int, time.Duration), maxIO int) store.Options {
-	return store.Options{Logger: log, Observe: observe, MaxIO: maxIO, NoViewReads: !o.viewReads,
+	evict, _ := index.ParsePolicy(o.evict) // checked by run
+	return store.Options{Logger: log, Observe: observe, MaxIO: maxIO, NoViewReads: !o.viewReads, Evict: evict,
 		Lease: &store.LeaseOptions{Host: o.hostID, TTL: o.leaseTTL, Force: o.forceTakeover}}
 }
 
@@ -252,6 +256,9 @@ func (o *mountOptions) run(cmd *cobra.Command, storePath, mountpoint string) err
 	}
 	if _, err := o.gpuOptions(); err != nil {
 		return err
+	}
+	if _, err := index.ParsePolicy(o.evict); err != nil {
+		return usageErrorf("--evict %q: want prefix or lru", o.evict)
 	}
 	if o.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(o.metricsAddr); err != nil {
@@ -734,6 +741,7 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
 	counter("kvfs_store_misses_total", "Groups asked for and absent.", func() uint64 { return sm().Misses })
 	counter("kvfs_store_evictions_total", "Blocks evicted to make room.", func() uint64 { return sm().Evictions })
 	counter("kvfs_store_corrupt_total", "Groups whose checksum failed on read.", func() uint64 { return sm().Corrupt })
+	counter("kvfs_store_tag_mismatch_total", "Reads of a block stored under another tag than the one expected (never served).", func() uint64 { return sm().TagMismatch })
 	counter("kvfs_store_io_errors_total", "I/O errors of the store's engine.", func() uint64 { return sm().IOErrors })
 	gauge("kvfs_store_slots_used", "Slots holding a block.", func() float64 { return float64(s.Info().UsedSlots) })
 	gauge("kvfs_store_slots_free", "Slots free.", func() float64 { return float64(s.Info().FreeSlots) })
@@ -758,6 +766,9 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
 	counter("kvfs_ctl_groups_loaded_total", "Groups loaded into client memory.", func() uint64 { return cm().GroupsLoaded })
 	counter("kvfs_ctl_groups_stored_total", "Groups stored from client memory.", func() uint64 { return cm().GroupsStored })
 	counter("kvfs_ctl_bad_entries_total", "Batch entries refused as bad requests.", func() uint64 { return cm().BadEntries })
+	counter("kvfs_ctl_lookups_total", "LOOKUP ioctls served.", func() uint64 { return cm().Lookups })
+	counter("kvfs_ctl_lookup_pairs_total", "Block ids LOOKUP answered.", func() uint64 { return cm().LookedUp })
+	counter("kvfs_ctl_lookup_present_total", "Block ids LOOKUP answered present.", func() uint64 { return cm().LookupHits })
 	counter("kvfs_gpu_store_summed_total", "Groups stored from GPU memory whose CRC32C the GPU computed over staging (--gpu-verify gpu or auto).", func() uint64 { return cm().GPUSummed })
 	counter("kvfs_gpu_store_sum_failed_total", "Groups stored from GPU memory whose GPU checksum failed, so the CPU computed it.", func() uint64 { return cm().GPUSumFailed })
 	counter("kvfs_gpu_direct_groups_total", "Groups loaded into GPU memory straight from the store file in memory, with no staging (--gpu-direct).", func() uint64 { return cm().GPUDirect })

@@ -61,7 +61,7 @@ func (s minor0Session) IoctlFrom(pid, cmd uint32, in, out []byte) (int32, syscal
 	if cmd == abi.CmdInfo && errno == 0 {
 		var i abi.Info
 		i.Unmarshal(out)
-		i.Caps &^= abi.CapRegisterFD | abi.CapLimits | abi.CapBlocks
+		i.Caps &^= abi.CapRegisterFD | abi.CapLimits | abi.CapBlocks | abi.CapPrefix
 		i.MaxPinnedBytes, i.MaxPinnedPerUID, i.PinnedBytes, i.ABIMinor, i.MaxBlockEntries = 0, 0, 0, 0, 0
 		i.Marshal(out)
 	}

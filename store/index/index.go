@@ -229,6 +229,15 @@ func (x *Index) Update(slot int64, m Meta, full bool) {
 	x.Touch(slot)
 }
 
+// SetFull records whether every group of the block in slot is stored,
+// without touching it (groups deleted are no use of the block).
+func (x *Index) SetFull(slot int64, full bool) {
+	if !x.e[slot].used {
+		panic(fmt.Sprintf("index: set full of empty slot %d", slot))
+	}
+	x.e[slot].full = full
+}
+
 // Touch marks the block in slot as just used.
 func (x *Index) Touch(slot int64) {
 	e := &x.e[slot]

@@ -120,9 +120,14 @@ func runModel(t *testing.T, p Policy, seed uint64) {
 				m.clock++
 				mb.stamp = m.clock
 			}
-		case op < 6: // update
+		case op < 6: // update, or set full without a touch
 			if b, mb := anyBlock(); mb != nil {
 				mt, full := meta(b), r.IntN(5) > 0
+				if r.IntN(3) == 0 {
+					x.SetFull(mb.slot, full)
+					mb.full = full
+					break
+				}
 				x.Update(mb.slot, mt, full)
 				m.clock++
 				mb.meta, mb.full, mb.stamp = mt, full, m.clock
