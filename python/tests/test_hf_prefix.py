@@ -1,0 +1,311 @@
+"""kvfs.hf's prefix cache through real kvfs mounts, on the CPU.
+
+A tiny random Llama (hf_model.py: built from a config, seeded, no download)
+generates from prompts that share prefixes, with blocks deleted, evicted,
+corrupted or stored under another tag, and with the daemon killed. Every
+generation must give the same tokens and bit-identical logits as
+hf_model.reference(): the same computation without kvfs (each whole block
+prefilled in its own forward, as PrefixCache(prefill_blocks=1) does), so
+whatever kvfs served or failed to serve, the answer is the model's own.
+
+KVFS_MOUNT (a mount of integration/ctl's TestPythonClient) serves the
+tests that need only a mount; KVFS_BIN (the kvfs binary) lets the others
+format a small store file and run their own daemon, which they corrupt,
+fill past its size or kill. Skips without them, torch or transformers (an
+error in CI, see conftest.py).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+import warnings
+
+import kvfs
+from kvfs import abi
+
+try:
+    import torch
+    import transformers  # noqa: F401
+    import hf_model
+    import kvfs.hf as khf
+except ImportError:  # pragma: no cover
+    torch = None
+
+MOUNT = os.environ.get("KVFS_MOUNT")
+BIN = os.environ.get("KVFS_BIN")
+BLOCKS, TAIL = 5, 3
+
+
+def stats(mnt):
+    import json
+    with open(os.path.join(mnt, ".kvfs", "stats")) as f:
+        return json.load(f)
+
+
+def delete_block(mnt, block):
+    """Remove a block through the mount (every layer's directory)."""
+    for layer in sorted(os.listdir(mnt)):
+        d = os.path.join(mnt, layer, "block-%016x" % block)
+        if layer.startswith("layer-") and os.path.isdir(d):
+            shutil.rmtree(d)
+
+
+class _Base(unittest.TestCase):
+    mnt = None
+
+    def setUp(self):
+        with kvfs.Client(self.mnt) as c:
+            self.info = c.info()
+        self.bt = self.info.block_tokens
+        self.model = hf_model.for_info(self.info)
+
+    def cache(self, **kw):
+        # every test its own names: blocks other tests (or runs) stored never match
+        if not hasattr(self, "_identity"):
+            self._identity = "%s %s" % (self.id(), os.urandom(8).hex())
+        kw.setdefault("identity", self._identity)
+        return khf.PrefixCache(self.mnt, self.model, prefill_blocks=1, **kw)
+
+    def prompt(self, seed, blocks=BLOCKS, tail=TAIL):
+        return hf_model.prompt(blocks * self.bt + tail, seed)
+
+    def check(self, pc, p, what=""):
+        got = pc.generate(p, **hf_model.GEN)
+        hf_model.assert_same(self, got, hf_model.reference(self.model, p, self.bt), what)
+        return got
+
+    def lookup_run(self, pc, p):
+        with kvfs.Client(self.mnt) as c:
+            return c.lookup([(k.block, k.tag) for k in pc.keys(p)]).run
+
+
+@unittest.skipUnless(torch is not None and MOUNT, "needs torch, transformers and KVFS_MOUNT")
+class SharedMountTest(_Base):
+    mnt = MOUNT
+
+    def test_shared_prefixes(self):
+        """A prompt's blocks serve the same prompt from another client, and a
+        prompt sharing only its first blocks (a partial hit)."""
+        p1 = self.prompt(11)
+        with self.cache() as pc:
+            self.check(pc, p1, "cold")
+            self.assertEqual((pc.stats["hit_blocks"], pc.stats["stored_blocks"]), (0, BLOCKS))
+            self.assertEqual(self.lookup_run(pc, p1), BLOCKS)
+        before = stats(self.mnt)
+        with self.cache() as pc:   # another process, as far as the daemon can tell
+            self.check(pc, p1, "warm")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
+            self.assertEqual(pc.stats["stored_blocks"], 0)
+            cache, n = pc.load(p1)
+            self.assertEqual((n, cache.get_seq_length()), (BLOCKS * self.bt, BLOCKS * self.bt))
+            # a prompt of whole blocks keeps its last one uncached: the model computes the next token's logits
+            whole = p1[:, :4 * self.bt]
+            self.assertEqual(pc.load(whole)[1], 3 * self.bt)
+            self.check(pc, whole, "whole blocks")
+            # 3 shared blocks, then others
+            p2 = torch.cat([p1[:, :3 * self.bt], self.prompt(12, 2, 7)], dim=1)
+            loaded = pc.stats["loaded_blocks"]
+            self.check(pc, p2, "partial")
+            self.assertEqual(pc.stats["loaded_blocks"] - loaded, 3)
+            self.assertEqual(self.lookup_run(pc, p2), 5)
+        # the daemon read them from the store
+        self.assertGreater(stats(self.mnt)["store_hits"], before["store_hits"])
+
+    def test_deleted_block_ends_the_prefix(self):
+        p = self.prompt(21)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+            delete_block(self.mnt, keys[2].block)
+            self.assertEqual(self.lookup_run(pc, p), 2)
+            self.check(pc, p, "after delete")
+            self.assertEqual(pc.stats["loaded_blocks"], 2)
+            # the recomputed block is stored again, under its parent
+            self.assertEqual(pc.stats["stored_blocks"], BLOCKS + 1)
+            self.assertEqual(self.lookup_run(pc, p), BLOCKS)
+
+    def test_evicted_between_lookup_and_load(self):
+        """LOOKUP's answer is a snapshot: a block gone by the LOAD ends the prefix there."""
+        p = self.prompt(31)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+            c = pc._client
+            real = c.lookup
+
+            def lookup_then_delete(pairs):
+                r = real(pairs)
+                delete_block(self.mnt, keys[1].block)
+                return r
+            c.lookup = lookup_then_delete
+            try:
+                self.check(pc, p, "evicted mid-way")
+            finally:
+                del c.lookup
+            self.assertEqual(pc.stats["hit_blocks"], BLOCKS)
+            self.assertEqual(pc.stats["loaded_blocks"], 1)
+            self.assertEqual(pc.stats["failed_blocks"], BLOCKS - 1)
+
+    def test_block_under_another_tag(self):
+        """A block id stored under another tag (a collision) is never served:
+        LOOKUP says so, and a LOAD that expects the tag gets TAG_MISMATCH."""
+        p = self.prompt(41)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+            c = pc._client
+            i = self.info
+            with c.create_host_buffer(2 * i.layers * i.kv_heads * self.bt * i.row_bytes) as buf:
+                region = i.kv_heads * self.bt * i.row_bytes
+                t = c.hf_target(self.bt, [(buf.id, r * region) for r in range(2 * i.layers)])
+                tid = c.register_target(t)
+                other = b"\xee" * 16
+                self.assertEqual(c.store_blocks((t, tid), [kvfs.BlockEntry(keys[2].block, 0, tag=other,
+                                                                            parent=keys[1].block)]), [kvfs.OK])
+                st = c.load_blocks((t, tid), [kvfs.BlockEntry(keys[2].block, 0, tag=keys[2].tag)], details=True)
+                self.assertEqual(st[0][:2], (kvfs.ABSENT, kvfs.TAG_MISMATCH))
+                c.unregister_target(tid)
+            r = c.lookup([(k.block, k.tag) for k in keys])
+            self.assertEqual((r.run, r.statuses[2], r.mismatch), (2, kvfs.LOOKUP_TAG_MISMATCH, 1))
+            # a LOOKUP that missed the collision: the load's tag check ends the prefix
+            real = c.lookup
+            c.lookup = lambda pairs: r._replace(statuses=[kvfs.LOOKUP_PRESENT] * len(pairs), run=len(pairs))
+            try:
+                self.check(pc, p, "mismatch on load")
+            finally:
+                del c.lookup
+            self.assertEqual(pc.stats["loaded_blocks"], 2)
+            self.assertEqual(real([(keys[2].block, keys[2].tag)]).run, 0)
+            # with LOOKUP's true answer the block is recomputed and stored again under its own tag
+            self.check(pc, p, "mismatch found by lookup")
+            self.assertEqual(pc.stats["loaded_blocks"], 4)
+            self.assertEqual(self.lookup_run(pc, p), BLOCKS)
+
+
+class _Daemon:
+    """A kvfs daemon of its own: a store file in a temporary directory, mounted by KVFS_BIN."""
+
+    def __init__(self, size, geometry):
+        self.dir = tempfile.mkdtemp(prefix="kvfs-hf-")
+        self.store = os.path.join(self.dir, "store")
+        self.mnt = os.path.join(self.dir, "mnt")
+        os.mkdir(self.mnt)
+        layers, heads, hd, bt, dtype = geometry
+        subprocess.run([BIN, "format", self.store, "--size", size, "--layers", str(layers), "--kv-heads",
+                        str(heads), "--head-dim", str(hd), "--block-tokens", str(bt), "--dtype", dtype],
+                       check=True, capture_output=True)
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen([BIN, "mount", self.store, self.mnt], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        ctl = os.path.join(self.mnt, ".kvfs", "ctl")
+        for _ in range(200):
+            if os.path.exists(ctl):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvfs mount exited: %s" % self.proc.stderr.read().decode())
+            time.sleep(0.05)
+        raise RuntimeError("kvfs mount: no control file after 10 s")
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc.stderr.close()
+        subprocess.run([BIN, "umount", "--lazy", self.mnt], capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@unittest.skipUnless(torch is not None and BIN, "needs torch, transformers and KVFS_BIN")
+class OwnDaemonTest(_Base):
+    GEOMETRY = (4, 2, 128, 16, "bf16")
+
+    def daemon(self, size="16MiB"):
+        d = _Daemon(size, self.GEOMETRY)
+        self.addCleanup(d.close)
+        self.mnt = d.mnt
+        _Base.setUp(self)
+        return d
+
+    def setUp(self):
+        pass
+
+    def test_eviction(self):
+        """A store too small for two prompts evicts the first's tail; the
+        rest of its blocks still serve it."""
+        d = self.daemon("640KiB")
+        slots = stats(d.mnt)["slots"]
+        self.assertLess(slots, 2 * BLOCKS)
+        p1, p2 = self.prompt(51), self.prompt(52)
+        with self.cache() as pc:
+            self.check(pc, p1, "first")
+            self.check(pc, p2, "second")
+            self.assertGreaterEqual(stats(d.mnt)["store_evictions"], 2 * BLOCKS - slots)
+            run = self.lookup_run(pc, p1)
+            self.assertLess(run, BLOCKS)
+            loaded = pc.stats["loaded_blocks"]
+            self.check(pc, p1, "first again")
+            self.assertEqual(pc.stats["loaded_blocks"] - loaded, run)
+
+    def test_corrupt_group(self):
+        """Garbage in one group's payload in the store file: its CRC fails,
+        the prefix ends at its block."""
+        d = self.daemon()
+        p = self.prompt(61)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+            path = pc._client.group_path(d.mnt, keys[3].block, 1, 0, "V")
+            with open(path, "rb") as f:
+                payload = f.read()
+            with open(d.store, "r+b") as f:
+                img = f.read()
+                at = img.find(payload)
+                self.assertGreater(at, 0)
+                self.assertEqual(img.find(payload, at + 1), -1, "the group's bytes are not unique in the store")
+                f.seek(at + 100)
+                f.write(bytes(b ^ 0x5A for b in payload[100:164]))
+            before = stats(d.mnt)["store_corrupt"]
+            self.check(pc, p, "corrupt")
+            self.assertEqual(pc.stats["loaded_blocks"], 3)
+            self.assertGreater(stats(d.mnt)["store_corrupt"], before)
+
+    def test_daemon_killed(self):
+        """A daemon killed between generations: recompute with one warning;
+        a new daemon on the same store is used again."""
+        d = self.daemon()
+        p = self.prompt(71)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            d.kill()
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                self.check(pc, p, "daemon killed")
+                self.check(pc, p, "still down")
+                with self.cache() as pc2:     # opened while the mount is dead
+                    got = pc2.generate(p, **hf_model.GEN)
+            msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
+            self.assertEqual(len(msgs), 2, msgs)   # one per PrefixCache and outage
+            hf_model.assert_same(self, got, hf_model.plain(self.model, p), "never connected")
+            self.assertEqual(pc.stats["loaded_blocks"], 0)
+            self.assertGreater(pc.stats["fallbacks"], 0)
+            d.start()   # kvfs mount detaches the dead mount first
+            self.check(pc, p, "daemon back")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
