@@ -56,6 +56,7 @@ import hashlib
 import inspect
 import os
 import struct
+import threading
 import warnings
 
 from . import abi
@@ -188,14 +189,16 @@ class PrefixCache:
     fallbacks (calls that recomputed because the daemon was down)."""
 
     def __init__(self, client, model, tp_rank=0, tp_size=1, layer_first=0, identity=None, pin=False,
-                 prefill_blocks=None, weights_salt=True):
+                 prefill_blocks=None, weights_salt=True, layerwise=False):
         self.model = model
         self.tp_rank, self.tp_size, self.layer_first = tp_rank, tp_size, layer_first
         self.identity = identity
         self.pin = pin
         self.prefill_blocks = prefill_blocks
         self.weights_salt = weights_salt
-        self.stats = dict(lookups=0, hit_blocks=0, loaded_blocks=0, stored_blocks=0, failed_blocks=0, fallbacks=0)
+        self.layerwise = layerwise
+        self.stats = dict(lookups=0, hit_blocks=0, loaded_blocks=0, stored_blocks=0, failed_blocks=0, fallbacks=0,
+                          layerwise_loads=0, layerwise_retries=0)
         self._check_model()
         self._own_client = not isinstance(client, Client)
         self._mount = None if not self._own_client else os.fspath(client)
@@ -493,16 +496,65 @@ class PrefixCache:
     def generate(self, input_ids, **kwargs):
         """model.generate(input_ids, **kwargs) from the stored prefix of
         input_ids (one sequence); the prompt's new whole blocks are stored
-        afterwards. Returns what model.generate returns."""
+        afterwards. Returns what model.generate returns. With layerwise=True
+        (and a hit) layer 0 is loaded first and the others on a thread while
+        the model runs, layer i waiting only for layer i's data."""
         import torch
-        cache, n = self.load(input_ids)
-        if self.prefill_blocks:
-            n = self.prefill(input_ids, cache, n)
+        loader = self._begin_layerwise(input_ids) if self.layerwise else None
+        if loader is not None:
+            cache, n = loader.cache, loader.tokens
+        else:
+            cache, n = self.load(input_ids)
         kw = cache_kwarg(self.model)
-        with torch.no_grad():
-            out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
+        try:
+            try:
+                if self.prefill_blocks:
+                    n = self.prefill(input_ids, cache, n)
+                with torch.no_grad():
+                    out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
+            except _Shrunk:
+                # a layer loaded fewer blocks than layer 0 (evicted, corrupt,
+                # the daemon gone): start again from what every layer has
+                cache, n = loader.settle()
+                self.stats["layerwise_retries"] += 1
+                if self.prefill_blocks:
+                    n = self.prefill(input_ids, cache, n)
+                with torch.no_grad():
+                    out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
+        finally:
+            if loader is not None:
+                loader.close()
         self.store(input_ids, cache)
         return out
+
+    def _begin_layerwise(self, input_ids):
+        """Look the prompt up, load layer 0 of its leading stored blocks and
+        start a _LayerLoader for the rest; None when nothing is stored (the
+        load then is the plain one, which finds nothing either), the daemon
+        is down, or the model's decoder layers cannot be hooked."""
+        layers = _decoder_layers(self.model)
+        if layers is None or len(layers) != self.layers:
+            return None
+        ids = _token_list(input_ids)
+        try:
+            c = self._connect()
+            bt = self.block_tokens
+            keys = block_keys(self._salt, ids, bt, max(0, (len(ids) - 1) // bt))
+            if not keys:
+                return None
+            self.stats["lookups"] += 1
+            run = c.lookup([(k.block, k.tag) for k in keys]).run
+            if run == 0:
+                self._down = False
+                return None
+            self.stats["hit_blocks"] += run
+            loader = _LayerLoader(self, keys[:run], self._model_device(), layers)
+        except OSError as e:
+            self._failed("load", e)
+            return None
+        self._down = False
+        self.stats["layerwise_loads"] += 1
+        return loader
 
     def _model_device(self):
         import torch
@@ -524,6 +576,110 @@ class PrefixCache:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Shrunk(Exception):
+    """A layer's blocks did not all load: the forward must start again."""
+
+
+def _decoder_layers(model):
+    """The model's decoder layers (model.model.layers for Llama-like models), or None."""
+    for m in (getattr(model, "model", None), getattr(getattr(model, "model", None), "language_model", None), model):
+        layers = getattr(m, "layers", None)
+        if layers is not None and hasattr(layers, "__len__") and len(layers):
+            return layers
+    return None
+
+
+class _LayerLoader:
+    """Loads a prefix layer by layer: layer 0 at once (the model reads the
+    cache's length from it before the first layer runs), the others on a
+    thread, one LOAD_BLOCKS per layer into the host buffer. A forward
+    pre-hook on decoder layer i waits for layer i and puts it into the
+    cache; a layer with fewer blocks than layer 0 raises _Shrunk there, and
+    generate() starts again from settle()."""
+
+    def __init__(self, pc, keys, device, decoder_layers):
+        from transformers import DynamicCache
+        self.pc, self.keys, self.device = pc, keys, device
+        self.n_layers = pc.layers
+        self.ok = [0] * self.n_layers
+        self.kv = [None] * self.n_layers
+        self.error = None
+        self.ready = [threading.Event() for _ in range(self.n_layers)]
+        self._buf, self._tid, _, self._view = pc._host_view(len(keys))
+        self._load(0)
+        self.blocks = self.ok[0]
+        self.tokens = self.blocks * pc.block_tokens
+        self.cache = DynamicCache()
+        self._hooks = []
+        self._thread = None
+        pc.stats["loaded_blocks"] += self.blocks
+        pc.stats["failed_blocks"] += len(keys) - self.blocks
+        if self.blocks == 0:
+            return
+        self.cache.update(*self.kv[0], 0)
+        for i in range(1, self.n_layers):
+            self._hooks.append(decoder_layers[i].register_forward_pre_hook(self._hook(i)))
+        self._thread = threading.Thread(target=self._run, name="kvfs.hf layers", daemon=True)
+        self._thread.start()
+
+    def _load(self, l):
+        pc = self.pc
+        n = self.blocks if l else len(self.keys)
+        st = pc._client.load_blocks(self._tid, [BlockEntry(k.block, j, pc.layer_first + l, 1, pc.head_first,
+                                                           pc.head_count, abi.KINDS_BOTH, k.tag)
+                                                for j, k in enumerate(self.keys[:n])])
+        ok = _leading_ok(st)
+        t = ok * pc.block_tokens
+        self.kv[l] = tuple(self._view[l, kind, :, :t].unsqueeze(0).to(self.device, copy=True).contiguous()
+                           for kind in (0, 1))
+        self.ok[l] = ok
+
+    def _run(self):
+        for l in range(1, self.n_layers):
+            try:
+                if self.error is None:
+                    self._load(l)
+            except BaseException as e:  # the hooks report it in the caller's thread
+                self.error = e
+            finally:
+                self.ready[l].set()
+
+    def _hook(self, i):
+        def hook(module, args):
+            if len(self.cache.layers) > i:
+                return None  # a later forward: layer i is in
+            self.ready[i].wait()
+            if self.error is not None or self.ok[i] < self.blocks:
+                raise _Shrunk()
+            self.cache.update(*self.kv[i], i)
+            return None
+        return hook
+
+    def settle(self):
+        """A DynamicCache of the blocks every layer loaded, once all are in."""
+        from transformers import DynamicCache
+        self.close()
+        if self.error is not None:
+            self.pc._failed("load", self.error)
+        n = min(self.ok) if self.error is None else 0
+        self.pc.stats["loaded_blocks"] -= self.blocks - n
+        self.pc.stats["failed_blocks"] += self.blocks - n
+        cache = DynamicCache()
+        if n:
+            t = n * self.pc.block_tokens
+            for l, (k, v) in enumerate(self.kv):
+                cache.update(k[:, :, :t], v[:, :, :t], l)
+        return cache, n * self.pc.block_tokens
+
+    def close(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def _leading_ok(statuses):

@@ -185,6 +185,41 @@ class SharedMountTest(_Base):
             self.assertEqual(pc.stats["loaded_blocks"], 4)
             self.assertEqual(self.lookup_run(pc, p), BLOCKS)
 
+    def test_layerwise(self):
+        """Layer 0 loaded first, the others on a thread while the model runs:
+        the same answers; a block gone by the time a later layer loads
+        (after layer 0 found it) makes the forward start again from the
+        blocks every layer has."""
+        p = self.prompt(81)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+        decoder = khf._decoder_layers(self.model)
+        with self.cache(layerwise=True) as pc:
+            self.check(pc, p, "layerwise")
+            self.assertEqual((pc.stats["layerwise_loads"], pc.stats["loaded_blocks"]), (1, BLOCKS))
+            self.assertEqual(pc.stats["layerwise_retries"], 0)
+            self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
+            p2 = torch.cat([p[:, :2 * self.bt], self.prompt(82, 1, 9)], dim=1)
+            self.check(pc, p2, "layerwise partial")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2)
+            c = pc._client
+            real = c.load_blocks
+
+            def delete_before_layer_2(target, entries, details=False):
+                if entries[0].layer_first == 2:
+                    delete_block(self.mnt, keys[3].block)
+                return real(target, entries, details)
+            c.load_blocks = delete_before_layer_2
+            try:
+                self.check(pc, p, "layerwise, block gone before layer 2")
+            finally:
+                del c.load_blocks
+            self.assertEqual(pc.stats["layerwise_retries"], 1)
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2 + 3)
+            self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
+            self.assertEqual(self.lookup_run(pc, p), BLOCKS)  # recomputed and stored again
+
 
 class _Daemon:
     """A kvfs daemon of its own: a store file in a temporary directory, mounted by KVFS_BIN."""
