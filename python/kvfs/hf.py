@@ -48,6 +48,12 @@ before it came from the store or not: generation with and without kvfs is
 then identical. The default (None) lets model.generate prefill the
 uncached rest in one forward, the fastest.
 
+Layer by layer. layerwise=True loads layer 0 of the hit first (the model
+reads the cache's length from it) and the other layers on a thread while
+the model runs; a pre-forward hook on decoder layer i waits only for layer
+i's data. A layer that loads fewer blocks than layer 0 stops the forward,
+and generation starts again from the blocks every layer holds.
+
 Limits: one sequence (batch 1); decoder-only models whose every layer is a
 full-attention DynamicLayer (no sliding window, no linear attention).
 """
