@@ -58,6 +58,7 @@ Limits: one sequence (batch 1); decoder-only models whose every layer is a
 full-attention DynamicLayer (no sliding window, no linear attention).
 """
 
+import errno
 import hashlib
 import inspect
 import os
@@ -124,7 +125,7 @@ def _weights_sample(model, per_tensor=16):
             idx = list(range(min(per_tensor, n))) + list(range(max(per_tensor, n - per_tensor), n))
             sample = flat[idx].to("cpu").contiguous()
             h.update(("%s %s %s;" % (name, tuple(t.shape), t.dtype)).encode())
-            h.update(sample.view(torch.uint8).numpy().tobytes() if sample.numel() else b"")
+            h.update(bytes(sample.view(torch.uint8).tolist()) if sample.numel() else b"")
     return h.digest()
 
 
@@ -238,7 +239,7 @@ class PrefixCache:
         from .torch import tp_head_range
         info = client.info()
         if not info.caps & abi.CAP_PREFIX:
-            raise OSError(95, "kvfs.hf: the daemon has no block tags or LOOKUP (ABI minor 3)")
+            raise OSError(errno.EOPNOTSUPP, "kvfs.hf: the daemon has no block tags or LOOKUP (ABI minor 3)")
         want = TORCH_DTYPES.get(info.dtype)
         es = self.dtype.itemsize if hasattr(self.dtype, "itemsize") else None
         problems = []
@@ -331,8 +332,9 @@ class PrefixCache:
     def _drop_host(self):
         if self._host is None:
             return
-        buf, tid, _, _ = self._host
+        buf, tid, _, view = self._host
         self._host = None
+        del view  # the tensor over the mapping goes first, or the mapping cannot close
         try:
             self._client.unregister_target(tid)
         except OSError:
@@ -686,6 +688,7 @@ class _LayerLoader:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._view = self._buf = None
 
 
 def _leading_ok(statuses):

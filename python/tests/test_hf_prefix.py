@@ -25,7 +25,6 @@ import unittest
 import warnings
 
 import kvfs
-from kvfs import abi
 
 try:
     import torch
@@ -114,6 +113,21 @@ class SharedMountTest(_Base):
             self.assertEqual(self.lookup_run(pc, p2), 5)
         # the daemon read them from the store
         self.assertGreater(stats(self.mnt)["store_hits"], before["store_hits"])
+
+    def test_given_client(self):
+        """With a Client of the caller's: close() unmaps and unregisters the
+        host buffer and leaves the client open."""
+        p = self.prompt(13)
+        with kvfs.Client(self.mnt) as c:
+            pc = khf.PrefixCache(c, self.model, prefill_blocks=1, identity=self.id() + os.urandom(8).hex())
+            self.check(pc, p, "cold")
+            self.check(pc, p, "warm")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
+            mm = pc._host[0].mm
+            pc.close()
+            self.assertTrue(mm.closed)
+            self.assertEqual(c._owned, {c._entry_array} if hasattr(c, "_entry_array") else set())
+            self.assertEqual(c.lookup([(k.block, k.tag) for k in pc.keys(p)]).run, BLOCKS)
 
     def test_deleted_block_ends_the_prefix(self):
         p = self.prompt(21)
