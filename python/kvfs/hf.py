@@ -382,7 +382,7 @@ class PrefixCache:
         leading keys that load OK, and n."""
         bt = self.block_tokens
         if device.type == "cuda":
-            return self._load_gpu(keys, device)
+            return self._load_torch(keys, device)
         buf, tid, _, view = self._host_view(len(keys))
         st = self._client.load_blocks(tid, [BlockEntry(k.block, j, self.layer_first, self.layers, self.head_first,
                                                        self.head_count, abi.KINDS_BOTH, k.tag)
@@ -397,13 +397,15 @@ class PrefixCache:
             layers = [(k.contiguous(), v.contiguous()) for k, v in layers]
         return layers, n
 
-    def _load_gpu(self, keys, device):
+    def _load_torch(self, keys, device):
+        """Load keys into GPU tensors through kvfs.torch (REGISTER_CUDA, or
+        pin=True); as _load_blocks."""
         import torch
         from . import torch as kt
         t = len(keys) * self.block_tokens
-        shape = (1, self.head_count, t, self.head_dim)
-        layers = [(torch.empty(shape, dtype=self.dtype, device=device),
-                   torch.empty(shape, dtype=self.dtype, device=device)) for _ in range(self.layers)]
+        # one allocation, one REGISTER_CUDA (the daemon takes a few dozen buffers per open file)
+        whole = torch.empty((self.layers, 2, 1, self.head_count, t, self.head_dim), dtype=self.dtype, device=device)
+        layers = [(whole[l, 0], whole[l, 1]) for l in range(self.layers)]
         with kt.KVCache.hf(self._client, layers, layer_first=self.layer_first, tp_rank=self.tp_rank,
                            tp_size=self.tp_size, pin=self.pin) as kc:
             st = kc.load([k.block for k in keys], range(len(keys)), tags=[k.tag for k in keys])
@@ -452,13 +454,7 @@ class PrefixCache:
         bt = self.block_tokens
         lo, hi = todo[0], todo[-1] + 1
         if layers[0][0].device.type == "cuda":
-            from . import torch as kt
-            with kt.KVCache.hf(self._client, [(k[:, :, :hi * bt], v[:, :, :hi * bt]) for k, v in layers],
-                               layer_first=self.layer_first, tp_rank=self.tp_rank, tp_size=self.tp_size,
-                               pin=True) as kc:
-                st = kc.store([keys[j].block for j in todo], todo, tags=[keys[j].tag for j in todo],
-                              parents=[keys[j].parent for j in todo])
-            return st.count(OK)
+            return self._store_torch(keys, todo, layers)
         buf, tid, _, view = self._host_view(hi - lo)
         for l, (k, v) in enumerate(layers):
             view[l, 0, :, :(hi - lo) * bt].copy_(k[0, :, lo * bt:hi * bt])
@@ -466,6 +462,19 @@ class PrefixCache:
         es = [BlockEntry(keys[j].block, j - lo, self.layer_first, self.layers, self.head_first, self.head_count,
                          abi.KINDS_BOTH, keys[j].tag, keys[j].parent) for j in todo]
         return self._client.store_blocks(tid, es).count(OK)
+
+    def _store_torch(self, keys, todo, layers):
+        """Store blocks todo of GPU cache tensors through kvfs.torch's pinned
+        staging buffer (the cache's tensors are many allocations; staging
+        needs no REGISTER_CUDA of them)."""
+        from . import torch as kt
+        t = (todo[-1] + 1) * self.block_tokens
+        with kt.KVCache.hf(self._client, [(k[:, :, :t], v[:, :, :t]) for k, v in layers],
+                           layer_first=self.layer_first, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                           pin=True) as kc:
+            st = kc.store([keys[j].block for j in todo], todo, tags=[keys[j].tag for j in todo],
+                          parents=[keys[j].parent for j in todo])
+        return st.count(OK)
 
     def prefill(self, input_ids, cache, n_cached, chunk_blocks=None):
         """Run the model over the uncached whole blocks of input_ids, up to

@@ -234,6 +234,38 @@ class SharedMountTest(_Base):
             self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
             self.assertEqual(self.lookup_run(pc, p), BLOCKS)  # recomputed and stored again
 
+    def test_gpu_path_on_cpu_tensors(self):
+        """kvfs.hf's GPU path (kvfs.torch, pin=True: the staging buffer) on
+        CPU tensors through torch_on_cpu: tagged stores with parents, tagged
+        loads that stop at a wrong tag, the bytes the model computed."""
+        import kvfs.torch as kt
+        import torch_on_cpu
+        from transformers import DynamicCache
+        p = self.prompt(91)
+        n = BLOCKS * self.bt
+        cache = DynamicCache()
+        with torch.no_grad():
+            self.model(input_ids=p[:, :n], use_cache=True, **{hf_model.cache_kw(self.model): cache})
+        layers = kt._hf_layers(cache)
+        saved = torch_on_cpu.enter(kt, torch)
+        try:
+            with self.cache(pin=True) as pc:
+                keys = pc.keys(p)
+                self.assertEqual(pc._store_torch(keys, list(range(1, BLOCKS)), layers), BLOCKS - 1)
+                self.assertEqual(pc._store_torch(keys, [0], layers), 1)
+                self.assertEqual(self.lookup_run(pc, p), BLOCKS)
+                got, m = pc._load_torch(keys, torch.device("cpu"))
+                self.assertEqual(m, BLOCKS)
+                for (k, v), (wk, wv) in zip(got, layers):
+                    self.assertTrue(torch.equal(k, wk) and torch.equal(v, wv))
+                wrong = list(keys)
+                wrong[2] = khf.BlockKey(keys[2].block, b"w" * 16, keys[2].parent)
+                got, m = pc._load_torch(wrong, torch.device("cpu"))
+                self.assertEqual(m, 2)
+                self.assertTrue(torch.equal(got[1][0], layers[1][0][:, :, :2 * self.bt]))
+        finally:
+            torch_on_cpu.leave(kt, torch, saved)
+
 
 class _Daemon:
     """A kvfs daemon of its own: a store file in a temporary directory, mounted by KVFS_BIN."""
