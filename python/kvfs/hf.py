@@ -190,6 +190,8 @@ class PrefixCache:
     kvfs.torch. prefill_blocks: blocks per prefill forward in generate() and
     prefill() (None: one forward for the uncached rest).
 
+    One PrefixCache serves one thread at a time (one per engine worker).
+
     .stats counts what happened: lookups, hit_blocks (the leading run
     LOOKUP reported), loaded_blocks (usable after the load), stored_blocks,
     failed_blocks (not OK in a load: evicted, corrupt, another tag) and
@@ -517,10 +519,10 @@ class PrefixCache:
         (and a hit) layer 0 is loaded first and the others on a thread while
         the model runs, layer i waiting only for layer i's data."""
         import torch
-        loader = self._begin_layerwise(input_ids) if self.layerwise else None
-        if loader is not None:
-            cache, n = loader.cache, loader.tokens
-        else:
+        loader, cache, n = None, None, 0
+        if self.layerwise:
+            loader, cache, n = self._begin_layerwise(input_ids)
+        if cache is None:
             cache, n = self.load(input_ids)
         kw = cache_kwarg(self.model)
         try:
@@ -546,32 +548,34 @@ class PrefixCache:
 
     def _begin_layerwise(self, input_ids):
         """Look the prompt up, load layer 0 of its leading stored blocks and
-        start a _LayerLoader for the rest; None when nothing is stored (the
-        load then is the plain one, which finds nothing either), the daemon
-        is down, or the model's decoder layers cannot be hooked."""
+        start a _LayerLoader for the rest: (loader, its cache, tokens).
+        (None, an empty cache, 0) when nothing is stored or the daemon is
+        down; (None, None, 0) when the model's decoder layers cannot be
+        hooked (load() then loads every layer at once)."""
+        from transformers import DynamicCache
         layers = _decoder_layers(self.model)
         if layers is None or len(layers) != self.layers:
-            return None
+            return None, None, 0
         ids = _token_list(input_ids)
         try:
             c = self._connect()
             bt = self.block_tokens
             keys = block_keys(self._salt, ids, bt, max(0, (len(ids) - 1) // bt))
-            if not keys:
-                return None
-            self.stats["lookups"] += 1
-            run = c.lookup([(k.block, k.tag) for k in keys]).run
+            run = 0
+            if keys:
+                self.stats["lookups"] += 1
+                run = c.lookup([(k.block, k.tag) for k in keys]).run
             if run == 0:
                 self._down = False
-                return None
+                return None, DynamicCache(), 0
             self.stats["hit_blocks"] += run
             loader = _LayerLoader(self, keys[:run], self._model_device(), layers)
         except OSError as e:
             self._failed("load", e)
-            return None
+            return None, DynamicCache(), 0
         self._down = False
         self.stats["layerwise_loads"] += 1
-        return loader
+        return loader, loader.cache, loader.tokens
 
     def _model_device(self):
         import torch

@@ -101,21 +101,22 @@ class NoDaemonTest(unittest.TestCase):
         m = hf_model.tiny_llama(2, 2, 32, torch.float32)
         p = hf_model.prompt(40, 3)
         want = hf_model.plain(m, p)
-        with tempfile.TemporaryDirectory() as d:
-            pc = khf.PrefixCache(os.path.join(d, "not-a-mount"), m, prefill_blocks=1)
-            with warnings.catch_warnings(record=True) as w:
-                warnings.simplefilter("always")
-                got = pc.generate(p, **hf_model.GEN)
-                again = pc.generate(p, **hf_model.GEN)
-                cache, n = pc.load(p)
-            self.assertEqual(len([x for x in w if issubclass(x.category, RuntimeWarning)]), 1,
-                             [str(x.message) for x in w])
-            self.assertIn("kvfs.hf", str(w[0].message))
-        hf_model.assert_same(self, got, want, "first")
-        hf_model.assert_same(self, again, want, "again")
-        self.assertEqual((n, cache.get_seq_length()), (0, 0))
-        self.assertGreaterEqual(pc.stats["fallbacks"], 3)
-        self.assertEqual(pc.stats["loaded_blocks"], 0)
+        for layerwise in (False, True):
+            with tempfile.TemporaryDirectory() as d:
+                pc = khf.PrefixCache(os.path.join(d, "not-a-mount"), m, prefill_blocks=1, layerwise=layerwise)
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    got = pc.generate(p, **hf_model.GEN)
+                    again = pc.generate(p, **hf_model.GEN)
+                    cache, n = pc.load(p)
+                self.assertEqual(len([x for x in w if issubclass(x.category, RuntimeWarning)]), 1,
+                                 [str(x.message) for x in w])
+                self.assertIn("kvfs.hf", str(w[0].message))
+            hf_model.assert_same(self, got, want, "first")
+            hf_model.assert_same(self, again, want, "again")
+            self.assertEqual((n, cache.get_seq_length()), (0, 0))
+            self.assertGreaterEqual(pc.stats["fallbacks"], 3)
+            self.assertEqual(pc.stats["loaded_blocks"], 0)
 
     def test_batch_refused(self):
         m = hf_model.tiny_llama(2, 2, 32, torch.float32)
