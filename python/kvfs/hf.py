@@ -515,10 +515,21 @@ class PrefixCache:
     def generate(self, input_ids, **kwargs):
         """model.generate(input_ids, **kwargs) from the stored prefix of
         input_ids (one sequence); the prompt's new whole blocks are stored
-        afterwards. Returns what model.generate returns. With layerwise=True
+        afterwards. Returns what model.generate returns. Every token of
+        input_ids is attended (attention_mask defaults to ones); with a mask
+        that hides tokens (padding) kvfs is not used. With layerwise=True
         (and a hit) layer 0 is loaded first and the others on a thread while
         the model runs, layer i waiting only for layer i's data."""
         import torch
+        mask = kwargs.get("attention_mask")
+        if mask is not None and not bool(mask.all()):
+            # padding: KV computed under a mask is not the prefix's own
+            with torch.no_grad():
+                return self.model.generate(input_ids, **kwargs)
+        if mask is None and hasattr(input_ids, "dim"):
+            # every token counts; without a mask, generate would take pad_token_id
+            # tokens in the prompt for padding, which the stored blocks were not
+            kwargs["attention_mask"] = torch.ones_like(input_ids)
         loader, cache, n = None, None, 0
         if self.layerwise:
             loader, cache, n = self._begin_layerwise(input_ids)

@@ -51,13 +51,14 @@ def reference(model, prompt, block_tokens):
     with torch.no_grad():
         for j in range((prompt.shape[1] - 1) // block_tokens):
             model(input_ids=prompt[:, j * block_tokens:(j + 1) * block_tokens], use_cache=True, **{kw: cache})
-        return model.generate(prompt, **{kw: cache}, **GEN)
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), **{kw: cache}, **GEN)
 
 
 def plain(model, prompt):
-    """model.generate with no cache given."""
+    """model.generate with no cache given, every token attended (without a
+    mask, generate would take the prompt's pad_token_id tokens for padding)."""
     with torch.no_grad():
-        return model.generate(prompt, **GEN)
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), **GEN)
 
 
 def prompt(n, seed):

@@ -67,7 +67,8 @@ class _Base(unittest.TestCase):
         if not hasattr(self, "_identity"):
             self._identity = "%s %s" % (self.id(), os.urandom(8).hex())
         kw.setdefault("identity", self._identity)
-        return khf.PrefixCache(self.mnt, self.model, prefill_blocks=1, **kw)
+        kw.setdefault("prefill_blocks", 1)
+        return khf.PrefixCache(self.mnt, self.model, **kw)
 
     def prompt(self, seed, blocks=BLOCKS, tail=TAIL):
         return hf_model.prompt(blocks * self.bt + tail, seed)
@@ -113,6 +114,20 @@ class SharedMountTest(_Base):
             self.assertEqual(self.lookup_run(pc, p2), 5)
         # the daemon read them from the store
         self.assertGreater(stats(self.mnt)["store_hits"], before["store_hits"])
+
+    def test_padding_mask_bypasses_kvfs(self):
+        """A mask that hides prompt tokens (padding) makes KV the stored blocks
+        do not hold: generate() is model.generate's own, kvfs untouched."""
+        p = self.prompt(14)
+        mask = torch.ones_like(p)
+        mask[0, :2] = 0
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            with torch.no_grad():
+                want = self.model.generate(p, attention_mask=mask, **hf_model.GEN)
+            got = pc.generate(p, attention_mask=mask, **hf_model.GEN)
+            hf_model.assert_same(self, got, want, "masked")
+            self.assertEqual((pc.stats["lookups"], pc.stats["loaded_blocks"]), (1, 0))
 
     def test_given_client(self):
         """With a Client of the caller's: close() unmaps and unregisters the
@@ -314,8 +329,8 @@ class _Daemon:
 class OwnDaemonTest(_Base):
     GEOMETRY = (4, 2, 128, 16, "bf16")
 
-    def daemon(self, size="16MiB"):
-        d = _Daemon(size, self.GEOMETRY)
+    def daemon(self, size="16MiB", geometry=GEOMETRY):
+        d = _Daemon(size, geometry)
         self.addCleanup(d.close)
         self.mnt = d.mnt
         _Base.setUp(self)
@@ -363,6 +378,28 @@ class OwnDaemonTest(_Base):
             self.check(pc, p, "corrupt")
             self.assertEqual(pc.stats["loaded_blocks"], 3)
             self.assertGreater(stats(d.mnt)["store_corrupt"], before)
+
+    def test_default_prefill_fp32(self):
+        """The default PrefixCache (the uncached rest prefilled in one
+        forward, as model.generate does): generation from stored blocks
+        gives the same tokens as plain model.generate, and logits within
+        1e-4 (an fp32 store and model: KV computed over other shapes differs
+        only in the last bits); a cold run is bit-identical to it."""
+        self.daemon(geometry=(4, 2, 64, 16, "fp32"))
+        p1 = self.prompt(101)
+        p2 = torch.cat([p1[:, :3 * self.bt], self.prompt(102, 1, 11)], dim=1)
+        for layerwise in (False, True):
+            with self.cache(identity="default %s" % layerwise, layerwise=layerwise, prefill_blocks=None) as pc:
+                hf_model.assert_same(self, pc.generate(p1, **hf_model.GEN), hf_model.plain(self.model, p1),
+                                     "cold layerwise=%s" % layerwise)
+                for p, hit in ((p1, BLOCKS), (p2, 3)):
+                    loaded = pc.stats["loaded_blocks"]
+                    got, want = pc.generate(p, **hf_model.GEN), hf_model.plain(self.model, p)
+                    self.assertEqual(pc.stats["loaded_blocks"] - loaded, hit)
+                    self.assertEqual(got.sequences.tolist(), want.sequences.tolist())
+                    for a, b in zip(got.logits, want.logits):
+                        self.assertTrue(torch.allclose(a, b, rtol=1e-4, atol=1e-4),
+                                        "max |diff| %g" % (a - b).abs().max().item())
 
     def test_daemon_killed(self):
         """A daemon killed between generations: recompute with one warning;
