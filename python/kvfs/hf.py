@@ -425,6 +425,8 @@ class PrefixCache:
         from .torch import _hf_layers
         ids = _token_list(input_ids)
         layers = _hf_layers(cache)
+        if not layers or layers[0][0] is None or layers[0][0].numel() == 0:
+            return 0  # nothing computed yet
         if len(layers) != self.layers:
             raise ValueError("the cache has %d layers, the model %d" % (len(layers), self.layers))
         k0 = layers[0][0]
