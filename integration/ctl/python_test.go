@@ -14,8 +14,12 @@ import (
 // test_client.py (round trips through the files, many entries, pitch,
 // absent and corrupt groups, hostile requests, register refusals), and with
 // KVFS_PYTHON all of python/tests: kvfs.torch's pinned path on CPU tensors
-// (test_torch_cpu.py) and a tiny random Llama's transformers cache stored
-// and loaded back with identical generation (test_hf_roundtrip.py).
+// (test_torch_cpu.py), a tiny random Llama's transformers cache stored and
+// loaded back with identical generation (test_hf_roundtrip.py), and
+// kvfs.hf's prefix cache (test_hf_prefix.py: shared prefixes and partial
+// hits on this mount; evictions, a corrupt group and a killed daemon on
+// daemons of its own, run from the kvfs binary this test builds and passes
+// as KVFS_BIN).
 //
 // With KVFS_PYTHON set (scripts/test-python.sh: a venv where `pip install
 // ./python` put the client, with torch and transformers) it runs
@@ -43,9 +47,14 @@ func TestPythonClient(t *testing.T) {
 	cmd := exec.Command(py, filepath.Join(root, "tests", "test_client.py"))
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+root)
 	if installed {
+		bin := filepath.Join(t.TempDir(), "kvfs")
+		build := exec.Command("go", "build", "-o", bin, "github.com/kvfs/kvfs/cmd/kvfs")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build kvfs: %v\n%s", err, out)
+		}
 		cmd = exec.Command(py, "-m", "pytest", "-p", "no:cacheprovider", "-v", filepath.Join(root, "tests"))
 		cmd.Dir = t.TempDir() // "import kvfs" must find the installed client, not python/kvfs
-		cmd.Env = os.Environ()
+		cmd.Env = append(os.Environ(), "KVFS_BIN="+bin)
 	}
 	cmd.Env = append(cmd.Env, "KVFS_MOUNT="+e.dir, "PYTHONDONTWRITEBYTECODE=1",
 		fmt.Sprintf("KVFS_CORRUPT=%x %d %d %s", bad.Block, bad.Layer, bad.Head, bad.Kind))

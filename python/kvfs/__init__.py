@@ -34,10 +34,12 @@ import threading
 from . import abi
 from .abi import (OK, ABSENT, CORRUPT, BAD_REQUEST, IO_ERROR, NO_SPACE,  # noqa: F401
                   BAD_NONE, BAD_KEY, BAD_BUFFER, BAD_RANGE, BAD_PITCH, BAD_RESERVED,
+                  BAD_PARENT, BAD_META, TAG_MISMATCH, LOOKUP_PRESENT, LOOKUP_ABSENT, LOOKUP_TAG_MISMATCH,
                   STATUS_NAMES, DETAIL_NAMES, ABI_VERSION)
 
 __all__ = ["Client", "Entry", "Info", "HostBuffer", "KvfsError", "status_name", "Target", "BlockEntry",
-           "OK", "ABSENT", "CORRUPT", "BAD_REQUEST", "IO_ERROR", "NO_SPACE"]
+           "LookupResult", "OK", "ABSENT", "CORRUPT", "BAD_REQUEST", "IO_ERROR", "NO_SPACE", "TAG_MISMATCH",
+           "LOOKUP_PRESENT", "LOOKUP_ABSENT", "LOOKUP_TAG_MISMATCH"]
 
 CTL_PATH = ".kvfs/ctl"
 SHM_DIR = "/dev/shm"
@@ -58,10 +60,23 @@ head h of (layer l, kind k) starts at regions[2*(l-layer_first)+k] = (buffer, of
 Client.nhd_target, hnd_target and hf_target fill in the strides."""
 
 BlockEntry = collections.namedtuple(
-    "BlockEntry", "block cache_block layer_first layer_count head_first head_count kinds",
-    defaults=(None, None, None, None, abi.KINDS_BOTH))
+    "BlockEntry", "block cache_block layer_first layer_count head_first head_count kinds tag parent",
+    defaults=(None, None, None, None, abi.KINDS_BOTH, None, None))
 BlockEntry.__doc__ = """One block: block's groups of the layer, head and kind ranges to or
-from cache block cache_block of a target. None ranges mean the target's."""
+from cache block cache_block of a target. None ranges mean the target's.
+
+Minor 3 (KVFS_CAP_PREFIX): tag, 16 bytes or None, is recorded by a store and
+expected by a load (a block stored under another tag loads as ABSENT with
+detail TAG_MISMATCH); parent, a block id or None, is recorded by a store as
+the block before this one in its sequence. A call where any entry has a tag
+or parent sends the 64-byte tagged entries (docs/abi.md, "Tagged block
+entries"); a tagged store always sets both, None meaning the zero tag and
+no parent."""
+
+LookupResult = collections.namedtuple("LookupResult", "statuses present absent mismatch run")
+LookupResult.__doc__ = """LOOKUP's answer: statuses, one per pair (LOOKUP_PRESENT, LOOKUP_ABSENT,
+LOOKUP_TAG_MISMATCH); the counts of each; run, the leading pairs present
+(the blocks of the sequence a request can reuse)."""
 
 
 def status_name(s):
@@ -446,7 +461,7 @@ class Client:
         else:
             t, tid = None, target
         op = "load-blocks" if load else "store-blocks"
-        packed = []
+        packed, tagged = [], False
         for e in entries:
             e = BlockEntry(*e)
             lf, lc, hf, hc = e.layer_first, e.layer_count, e.head_first, e.head_count
@@ -457,33 +472,100 @@ class Client:
                 lc = t.layer_count if lc is None else lc
                 hf = t.head_first if hf is None else hf
                 hc = t.head_count if hc is None else hc
-            packed.append((e.block, e.cache_block, lf, lc, hf, hc, e.kinds))
+            tag = bytes(e.tag) if e.tag is not None else bytes(abi.TAG_SIZE)
+            if len(tag) != abi.TAG_SIZE:
+                raise ValueError("a tag is %d bytes, not %d" % (abi.TAG_SIZE, len(tag)))
+            tagged = tagged or e.tag is not None or e.parent is not None
+            packed.append(((e.block, e.cache_block, lf, lc, hf, hc, e.kinds),
+                           (tag, e.parent or 0, abi.META_PARENT if e.parent is not None else 0)))
+        if tagged and not self._info.caps & abi.CAP_PREFIX:
+            raise KvfsError(op, _errno.ENOTTY, ": the daemon has no block tags (minor 3)")
+        esz = abi.BLOCK_ENTRY_TAGGED.size if tagged else abi.BLOCK_ENTRY.size
+        flags = abi.BLOCKS_TAGGED if tagged else 0
+
+        def pack(b, off, p):
+            if tagged:
+                abi.BLOCK_ENTRY_TAGGED.pack_into(b, off, *p[0], 0, 0, 0, 0, 0, *p[1], 0)
+            else:
+                abi.BLOCK_ENTRY.pack_into(b, off, *p[0], 0, 0, 0, 0, 0)
+
         out = []
-        esz = abi.BLOCK_ENTRY.size
-        if len(packed) <= abi.BLOCKS_INLINE_MAX:
+        inline_max = abi.BLOCKS_INLINE_TAGGED_MAX if tagged else abi.BLOCKS_INLINE_MAX
+        if len(packed) <= inline_max:
             b = bytearray(abi.BLOCKS_INLINE_SIZE)
-            abi.BLOCKS.pack_into(b, 0, abi.ABI_VERSION, 0, tid, len(packed), 0, 0, 0, 0, 0, 0, 0)
+            abi.BLOCKS.pack_into(b, 0, abi.ABI_VERSION, flags, tid, len(packed), 0, 0, 0, 0, 0, 0, 0)
             for i, p in enumerate(packed):
-                abi.BLOCK_ENTRY.pack_into(b, abi.BLOCKS.size + i * esz, *p, 0, 0, 0, 0, 0)
+                pack(b, abi.BLOCKS.size + i * esz, p)
             self.ioctl(abi.IOC_LOAD_BLOCKS_INLINE if load else abi.IOC_STORE_BLOCKS_INLINE, b, op)
-            return self._block_results(b, abi.BLOCKS.size, len(packed), details)
+            return self._block_results(b, abi.BLOCKS.size, len(packed), details, esz)
+        arr = self._array()
+        per = min(abi.BLOCKS_MAX, arr.size // esz)
+        with self._entry_lock:
+            for lo in range(0, len(packed), per):
+                chunk = packed[lo:lo + per]
+                for i, p in enumerate(chunk):
+                    pack(arr.mm, i * esz, p)
+                h = bytearray(abi.BLOCKS.pack(abi.ABI_VERSION, flags, tid, len(chunk), arr.id, 0, 0, 0, 0, 0, 0))
+                self.ioctl(abi.IOC_LOAD_BLOCKS if load else abi.IOC_STORE_BLOCKS, h, op)
+                out.extend(self._block_results(arr.mm, 0, len(chunk), details, esz))
+        return out
+
+    def _array(self):
+        """The registered buffer that carries entry and pair arrays too long
+        for an inline call (one per client, made on first use)."""
         with self._owned_lock:
             arr = getattr(self, "_entry_array", None)
             if arr is None or arr.mm is None:
-                arr = self._entry_array = self.create_host_buffer(abi.BLOCKS_MAX * esz, "kvfs-block-entries")
-        with self._entry_lock:
-            for lo in range(0, len(packed), abi.BLOCKS_MAX):
-                chunk = packed[lo:lo + abi.BLOCKS_MAX]
-                for i, p in enumerate(chunk):
-                    abi.BLOCK_ENTRY.pack_into(arr.mm, i * esz, *p, 0, 0, 0, 0, 0)
-                h = bytearray(abi.BLOCKS.pack(abi.ABI_VERSION, 0, tid, len(chunk), arr.id, 0, 0, 0, 0, 0, 0))
-                self.ioctl(abi.IOC_LOAD_BLOCKS if load else abi.IOC_STORE_BLOCKS, h, op)
-                out.extend(self._block_results(arr.mm, 0, len(chunk), details))
-        return out
+                arr = self._entry_array = self.create_host_buffer(abi.BLOCKS_MAX * abi.BLOCK_ENTRY.size,
+                                                                  "kvfs-block-entries")
+            return arr
+
+    def lookup(self, pairs):
+        """LOOKUP (minor 3): which blocks of a sequence are stored whole under
+        their tags, reading no payload. pairs: block ids, or (block, tag)
+        with tag 16 bytes (None or zeros: any tag), in sequence order.
+        Returns a LookupResult; its run is the leading pairs present. Up to
+        509 pairs go in one inline call, more through a registered array with
+        the run carried across calls. The answer is a snapshot: a block may
+        be evicted before the load that follows."""
+        if not self._info.caps & abi.CAP_PREFIX:
+            raise KvfsError("lookup", _errno.ENOTTY, ": the daemon has no LOOKUP (minor 3)")
+        ps = []
+        for p in pairs:
+            block, tag = p if isinstance(p, (tuple, list)) else (p, None)
+            tag = bytes(tag) if tag is not None else bytes(abi.TAG_SIZE)
+            if len(tag) != abi.TAG_SIZE:
+                raise ValueError("a tag is %d bytes, not %d" % (abi.TAG_SIZE, len(tag)))
+            ps.append((block, tag))
+        statuses = []
+        psz, so = abi.LOOKUP_PAIR.size, abi.LOOKUP_PAIR_STATUS_OFF
+        if len(ps) <= abi.LOOKUP_INLINE_MAX:
+            if ps:
+                b = bytearray(abi.LOOKUP_INLINE_SIZE)
+                abi.LOOKUP.pack_into(b, 0, abi.ABI_VERSION, 0, len(ps), 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                for i, (blk, tag) in enumerate(ps):
+                    abi.LOOKUP_PAIR.pack_into(b, abi.LOOKUP.size + i * psz, blk, tag, 0)
+                self.ioctl(abi.IOC_LOOKUP_INLINE, b, "lookup")
+                statuses = [b[abi.LOOKUP.size + i * psz + so] for i in range(len(ps))]
+        else:
+            arr = self._array()
+            per = min(abi.LOOKUP_MAX, arr.size // psz)
+            with self._entry_lock:
+                for lo in range(0, len(ps), per):
+                    chunk = ps[lo:lo + per]
+                    for i, (blk, tag) in enumerate(chunk):
+                        abi.LOOKUP_PAIR.pack_into(arr.mm, i * psz, blk, tag, 0)
+                    h = bytearray(abi.LOOKUP.pack(abi.ABI_VERSION, 0, len(chunk), arr.id, 0, 0, 0, 0, 0, 0, 0, 0))
+                    self.ioctl(abi.IOC_LOOKUP, h, "lookup")
+                    statuses.extend(arr.mm[i * psz + so] for i in range(len(chunk)))
+        run = 0
+        while run < len(statuses) and statuses[run] == abi.LOOKUP_PRESENT:
+            run += 1
+        return LookupResult(statuses, statuses.count(abi.LOOKUP_PRESENT), statuses.count(abi.LOOKUP_ABSENT),
+                            statuses.count(abi.LOOKUP_TAG_MISMATCH), run)
 
     @staticmethod
-    def _block_results(b, base, n, details):
-        esz = abi.BLOCK_ENTRY.size
+    def _block_results(b, base, n, details, esz=abi.BLOCK_ENTRY.size):
         res = []
         for i in range(n):
             o = base + i * esz

@@ -1,4 +1,4 @@
-"""The kvfs control ABI, version 1, minor 2 (docs/abi.md, include/kvfs.h).
+"""The kvfs control ABI, version 1, minor 3 (docs/abi.md, include/kvfs.h).
 
 Fixed-size little-endian structs and the ioctl numbers; pure stdlib.
 """
@@ -6,7 +6,7 @@ Fixed-size little-endian structs and the ioctl numbers; pure stdlib.
 import struct
 
 ABI_VERSION = 1
-ABI_MINOR = 2
+ABI_MINOR = 3
 IOC_MAGIC = 0xB7
 
 _IOC_WRITE, _IOC_READ = 1, 2
@@ -64,6 +64,7 @@ CAP_CUDA = 1 << 4
 CAP_REGISTER_FD = 1 << 5
 CAP_LIMITS = 1 << 6
 CAP_BLOCKS = 1 << 7
+CAP_PREFIX = 1 << 8
 
 DTYPES = {1: "bf16", 2: "fp16", 3: "fp32", 4: "fp8"}
 
@@ -73,11 +74,16 @@ STATUS_NAMES = {OK: "ok", ABSENT: "absent", CORRUPT: "corrupt", BAD_REQUEST: "ba
                 IO_ERROR: "io-error", NO_SPACE: "no-space"}
 # Why an entry is BAD_REQUEST.
 BAD_NONE, BAD_KEY, BAD_BUFFER, BAD_RANGE, BAD_PITCH, BAD_RESERVED, BAD_OVERLAP = range(7)
+# Minor 3: BAD_PARENT and BAD_META come with BAD_REQUEST; TAG_MISMATCH with ABSENT.
+BAD_PARENT, BAD_META, TAG_MISMATCH = 7, 8, 9
 DETAIL_NAMES = {BAD_NONE: "", BAD_KEY: "layer, head or kind outside the geometry",
                 BAD_BUFFER: "buffer not registered on this handle",
                 BAD_RANGE: "tile outside the registered buffer",
                 BAD_PITCH: "pitch smaller than a row", BAD_RESERVED: "reserved field not zero",
-                BAD_OVERLAP: "destination overlaps another entry's in the same load"}
+                BAD_OVERLAP: "destination overlaps another entry's in the same load",
+                BAD_PARENT: "parent is the block itself or lacks its flag",
+                BAD_META: "entries of one block disagree on tag or parent",
+                TAG_MISMATCH: "block stored under another tag"}
 
 assert INFO.size == 192 and REGISTER_HOST.size == 4096 and ENTRY.size == 32 and BATCH_SIZE == 16368
 assert REGISTER_FD.size == 64 and IOC_REGISTER_FD == 0xc040b705
@@ -114,6 +120,32 @@ IOC_STORE_BLOCKS_INLINE = _ioc(_IOC_READ | _IOC_WRITE, 0x25, BLOCKS_INLINE_SIZE)
 
 assert TARGET_HDR.size == 64 and TARGET_SIZE == 16320 and BLOCKS.size == 64 and BLOCK_ENTRY.size == 32
 assert IOC_REGISTER_TARGET == 0xffc0b720 and IOC_LOAD_BLOCKS == 0xc040b722 and IOC_LOAD_BLOCKS_INLINE == 0xffe0b724
+
+# Minor 3: prefix identity (docs/abi.md "Minor 3"). With BLOCKS_TAGGED in
+# kvfs_blocks.flags the entries are struct kvfs_block_entry_tagged (64 bytes):
+# the minor-2 entry, tag[16], parent, meta_flags, reserved2.
+BLOCKS_TAGGED = 1 << 0
+META_PARENT = 1 << 0
+TAG_SIZE = 16
+BLOCK_ENTRY_TAGGED = struct.Struct("<QIHHHHBBBBII16sQII")
+BLOCKS_INLINE_TAGGED_MAX = 254  # 64 + 254 * 64 = 16320 of the 16352-byte inline argument
+# struct kvfs_lookup (64 bytes): abi flags count buffer offset present absent mismatch run reserved[3]
+LOOKUP = struct.Struct("<IIIIQIIII3Q")
+# struct kvfs_lookup_pair (32 bytes): block tag[16] status reserved[7]
+LOOKUP_PAIR = struct.Struct("<Q16sB7x")
+LOOKUP_PAIR_STATUS_OFF = 24
+LOOKUP_MAX = 65536
+LOOKUP_INLINE_MAX = 509
+LOOKUP_INLINE_SIZE = LOOKUP.size + LOOKUP_INLINE_MAX * LOOKUP_PAIR.size  # 16352
+LOOKUP_PRESENT, LOOKUP_ABSENT, LOOKUP_TAG_MISMATCH = 1, 2, 3
+LOOKUP_NAMES = {LOOKUP_PRESENT: "present", LOOKUP_ABSENT: "absent", LOOKUP_TAG_MISMATCH: "tag-mismatch"}
+
+IOC_LOOKUP = _ioc(_IOC_READ | _IOC_WRITE, 0x26, LOOKUP.size)
+IOC_LOOKUP_INLINE = _ioc(_IOC_READ | _IOC_WRITE, 0x27, LOOKUP_INLINE_SIZE)
+
+assert BLOCK_ENTRY_TAGGED.size == 64 and LOOKUP.size == 64 and LOOKUP_PAIR.size == 32
+assert BLOCKS.size + BLOCKS_INLINE_TAGGED_MAX * BLOCK_ENTRY_TAGGED.size + 32 == BLOCKS_INLINE_SIZE
+assert LOOKUP_INLINE_SIZE == 16352 and IOC_LOOKUP == 0xc040b726 and IOC_LOOKUP_INLINE == 0xffe0b727
 
 # REGISTER_CUDA (0x04; ctl/abi/cuda.go, include/kvfs.h): struct kvfs_register_cuda (128 bytes):
 # abi flags handle[64] offset length device buffer reserved[4]

@@ -236,6 +236,16 @@ def _pairs(kv_caches, kv_dim=None):
     return out
 
 
+def _metas(n, tags, parents):
+    """Per block the tag and parent keywords of a BlockEntry (all None: the
+    minor-2 entry)."""
+    tags = [None] * n if tags is None else list(tags)
+    parents = [None] * n if parents is None else list(parents)
+    if len(tags) != n or len(parents) != n:
+        raise ValueError("%d blocks, %d tags and %d parents" % (n, len(tags), len(parents)))
+    return [dict(tag=t, parent=p) for t, p in zip(tags, parents)]
+
+
 class KVCache:
     """A KV cache of this process's GPU registered with a kvfs daemon as one
     target. Build it with KVCache.nhd, .hnd or .hf; then load()/store().
@@ -420,38 +430,45 @@ class KVCache:
         return dict(layer_first=self.layer_first, layer_count=len(self.layers),
                     head_first=self.head_first, head_count=self.head_count)
 
-    def load(self, block_ids, cache_block_ids):
+    def load(self, block_ids, cache_block_ids, tags=None):
         """Load blocks block_ids[i] of the store into cache blocks
         cache_block_ids[i] (this rank's heads, every layer, K and V).
-        Returns one status per block (kvfs.OK, ABSENT, CORRUPT, ...); a block
-        that is not OK leaves its cache block unspecified (pin=False: the
-        daemon zeroes what failed its CRC; pin=True: untouched)."""
+        tags: None, or per block the 16-byte tag it must be stored under
+        (minor 3; a block under another tag is ABSENT, none of its bytes
+        loaded). Returns one status per block (kvfs.OK, ABSENT, CORRUPT,
+        ...); a block that is not OK leaves its cache block unspecified
+        (pin=False: the daemon zeroes what failed its CRC; pin=True:
+        untouched)."""
         block_ids, cache = self._entries(block_ids, cache_block_ids, True)
+        metas = _metas(len(block_ids), tags, None)
         r = self._range()
         if not self.pin:
             torch = self._torch
             with torch.cuda.device(self.device):
                 torch.cuda.current_stream().synchronize()  # nothing queued may still write the cache
-            es = [BlockEntry(b, c, **r) for b, c in zip(block_ids, cache)]
+            es = [BlockEntry(b, c, **r, **m) for b, c, m in zip(block_ids, cache, metas)]
             return self.client.load_blocks(self._tid, es)
-        return self._load_pinned(block_ids, cache, r)
+        return self._load_pinned(block_ids, cache, r, metas)
 
-    def store(self, block_ids, cache_block_ids):
+    def store(self, block_ids, cache_block_ids, tags=None, parents=None):
         """Store cache blocks cache_block_ids[i] as blocks block_ids[i],
         durably (this rank's heads: with tensor parallelism every rank stores
         its shard). Work queued on the current stream before the call is
-        included. Returns one status per block."""
+        included. tags, parents: None, or per block its 16-byte tag and the
+        id of the block before it in its sequence (None: first), recorded
+        with it (minor 3). Returns one status per block."""
         block_ids, cache = self._entries(block_ids, cache_block_ids, False)
+        metas = _metas(len(block_ids), tags, parents)
         r = self._range()
         torch = self._torch
         if not self.pin:
             with torch.cuda.device(self.device):
                 torch.cuda.current_stream().synchronize()
-            es = [BlockEntry(b, c, **r) for b, c in zip(block_ids, cache)]
+            es = [BlockEntry(b, c, **r, **m) for b, c, m in zip(block_ids, cache, metas)]
             return self.client.store_blocks(self._tid, es)
-        return self._store_pinned(block_ids, cache, r)
+        return self._store_pinned(block_ids, cache, r, metas)
 
-    def _load_pinned(self, block_ids, cache, r):
+    def _load_pinned(self, block_ids, cache, r, metas):
         torch = self._torch
         out = []
         n_chunk = self._chunk
@@ -466,7 +483,7 @@ class KVCache:
                         ev.synchronize()  # the GPU has finished reading this half
                     ids = block_ids[lo:lo + n_chunk]
                     cb = cache[lo:lo + n_chunk]
-                    es = [BlockEntry(b, s0 + j, **r) for j, b in enumerate(ids)]
+                    es = [BlockEntry(b, s0 + j, **r, **metas[lo + j]) for j, b in enumerate(ids)]
                     st = self.client.load_blocks(self._host_tid, es)
                     out.extend(st)
                     ok = [j for j, s in enumerate(st) if s == OK]
@@ -487,7 +504,7 @@ class KVCache:
             stream.synchronize()
         return out
 
-    def _store_pinned(self, block_ids, cache, r):
+    def _store_pinned(self, block_ids, cache, r, metas):
         torch = self._torch
         out = []
         n_chunk = self._chunk
@@ -506,7 +523,7 @@ class KVCache:
                             self._dev_stage[:n, li, k].copy_(view.index_select(0, idx))
                     self._host_t[:n].copy_(self._dev_stage[:n], non_blocking=True)
                     stream.synchronize()
-                    es = [BlockEntry(b, j, **r) for j, b in enumerate(ids)]
+                    es = [BlockEntry(b, j, **r, **metas[lo + j]) for j, b in enumerate(ids)]
                     out.extend(self.client.store_blocks(self._host_tid, es))
         return out
 

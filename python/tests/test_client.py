@@ -333,6 +333,65 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(bytes(buf.view[o:o + self.gb]), data[(0x7b01, l, h, k)])
         # close() drops the target before its buffer.
 
+    def test_prefix(self):
+        """Minor 3: tagged stores record tag and parent (the block directory's
+        xattrs); tagged loads serve a block only under its tag, through
+        the inline form and an entry array; LOOKUP answers present, absent
+        and tag mismatch, and the leading run, inline and through an array."""
+        i = self.info
+        self.assertTrue(i.caps & abi.CAP_PREFIX)
+        rb, bt, H, L = i.row_bytes, i.block_tokens, i.kv_heads, i.layers
+        n = abi.BLOCKS_INLINE_TAGGED_MAX + 6
+        tensor = n * bt * H * rb
+        tile = H * bt * rb  # one cache block of one (layer, kind) region
+        buf = self.c.create_host_buffer(2 * L * tensor)
+        regions = [(buf.id, j * tensor) for j in range(2 * L)]
+        t = self.c.hnd_target(n, regions)
+        tid = self.c.register_target(t)
+        ids = [0x7d00 + b for b in range(4)]
+        tags = [bytes([b + 1]) * 16 for b in range(4)]
+        for _, off in regions:
+            buf.view[off:off + 4 * tile] = rand_bytes(self.rng, 4 * tile)
+        want = {(r, b): bytes(buf.view[off + b * tile:off + (b + 1) * tile])
+                for r, (_, off) in enumerate(regions) for b in range(4)}
+        es = [kvfs.BlockEntry(ids[b], b, tag=tags[b], parent=ids[b - 1] if b else None) for b in range(4)]
+        self.assertEqual(self.c.store_blocks((t, tid), es), [kvfs.OK] * 4)
+        d = os.path.dirname(os.path.dirname(self.c.group_path(MOUNT, ids[2], 0, 0, 0)))
+        self.assertEqual(os.getxattr(d, "user.kvfs.tag").decode(), tags[2].hex())
+        self.assertEqual(os.getxattr(d, "user.kvfs.parent").decode(), "%016x" % ids[1])
+        # n > 254 tagged entries: an entry array; the last expects another tag
+        buf.view[:] = bytes(len(buf.view))
+        es = [kvfs.BlockEntry(ids[c % 4], c, tag=tags[c % 4]) for c in range(n - 1)]
+        es.append(kvfs.BlockEntry(ids[1], n - 1, tag=tags[2]))
+        res = self.c.load_blocks((t, tid), es, details=True)
+        self.assertEqual(res[:-1], [(kvfs.OK, 0, 2 * L * H)] * (n - 1))
+        self.assertEqual(res[-1], (kvfs.ABSENT, kvfs.TAG_MISMATCH, 0))
+        for c in (0, 5, n - 2):
+            for r, (_, off) in enumerate(regions):
+                self.assertEqual(bytes(buf.view[off + c * tile:off + (c + 1) * tile]), want[(r, c % 4)])
+        for _, off in regions:  # the mismatched block's bytes never reached the cache
+            self.assertEqual(bytes(buf.view[off + (n - 1) * tile:off + n * tile]), bytes(tile))
+        # inline: a wrong tag, and a zero tag (unchecked)
+        res = self.c.load_blocks((t, tid), [kvfs.BlockEntry(ids[0], 0, tag=bytes(16)),
+                                            kvfs.BlockEntry(ids[3], 1, tag=b"x" * 16)], details=True)
+        self.assertEqual([r[:2] for r in res], [(kvfs.OK, 0), (kvfs.ABSENT, kvfs.TAG_MISMATCH)])
+        self.c.unregister_target(tid)
+        buf.close()
+        for m in (4, abi.LOOKUP_INLINE_MAX + 91):  # inline, then an array
+            pairs = [(ids[c % 4], tags[c % 4]) for c in range(m)]
+            r = self.c.lookup(pairs)
+            self.assertEqual((r.run, r.present, r.absent, r.mismatch), (m, m, 0, 0))
+            pairs[m - 1] = (ids[0], tags[1])
+            pairs[2] = (0x7dff, None)
+            r = self.c.lookup(pairs)
+            self.assertEqual((r.run, r.present, r.absent, r.mismatch), (2, m - 2, 1, 1))
+            self.assertEqual((r.statuses[2], r.statuses[m - 1]), (kvfs.LOOKUP_ABSENT, kvfs.LOOKUP_TAG_MISMATCH))
+        self.assertEqual(self.c.lookup([ids[3]]).run, 1)  # no tag: any
+        self.assertEqual(self.c.lookup([]).run, 0)
+        for b in ids:
+            for key in self.keys(b):
+                os.unlink(self.c.group_path(MOUNT, *key))
+
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[1:])

@@ -1,0 +1,724 @@
+"""A prefix cache for Hugging Face transformers through kvfs (docs/abi.md, "Python and PyTorch").
+
+Any process on the node that computed a prompt's KV cache leaves its whole
+blocks in the store; the next prompt sharing that prefix loads them instead
+of recomputing them::
+
+    import kvfs.hf
+    pc = kvfs.hf.PrefixCache("/mnt/kvcache", model)
+    out = pc.generate(input_ids, max_new_tokens=64)   # model.generate, reusing stored prefixes
+
+    # an engine that owns its loop
+    cache, n = pc.load(input_ids)      # a DynamicCache of the first n tokens (whole blocks)
+    out = model(input_ids[:, n:], cache=cache, use_cache=True)
+    pc.store(input_ids, cache)         # the whole blocks not stored yet, with their parents
+
+Naming. The prompt is cut into blocks of the store's block_tokens. Block i
+is named by a chained hash, blake2b over block i-1's hash and block i's
+token ids, starting from a salt of everything that makes the KV differ: the
+model's config (name_or_path included), a sample of its weights, the cache
+dtype, the tensor-parallel shard (kv-head range) and the layer range, the
+store's geometry and any ``identity`` the caller adds. The first 8 bytes of
+the hash are the block id, the next 16 its tag (docs/abi.md, "Minor 3"):
+the store serves a block only under the tag it was stored with, and each
+block is stored with its parent so prefix-aware eviction keeps roots.
+
+Never a wrong answer. LOOKUP gives the leading run of stored blocks; they
+are loaded in one call with their tags checked. The usable prefix ends at
+the first block that is not OK (evicted since the lookup, failed its CRC,
+stored under another tag); the rest is recomputed. At least one token of
+the prompt is never loaded, so the model computes the logits of the next
+token. A daemon that is down (no control file, a dead mount, any error of
+the control file) makes load() return an empty cache and store() store
+nothing, with one warning per outage (warnings.warn, RuntimeWarning):
+generation goes on by recomputing. With a mountpoint (not a Client) the
+control file is reopened on the next call, so a restarted daemon is used
+again.
+
+Memory. On the CPU the blocks are loaded into a registered host buffer
+laid out as the cache ([heads, tokens, head_dim] per layer and kind) and
+copied into the cache's tensors. On a GPU they go through kvfs.torch
+(REGISTER_CUDA, or pin=True: a pinned staging buffer).
+
+Bit for bit. KV computed in one forward over many tokens may differ in the
+lowest bits from KV computed block by block (the matmuls and attention run
+with other shapes). prefill_blocks=1 computes every uncached block in its
+own forward, so the KV of block i is the same computation whether blocks
+before it came from the store or not: generation with and without kvfs is
+then identical. The default (None) lets model.generate prefill the
+uncached rest in one forward, the fastest.
+
+Layer by layer. layerwise=True loads layer 0 of the hit first (the model
+reads the cache's length from it) and the other layers on a thread while
+the model runs; a pre-forward hook on decoder layer i waits only for layer
+i's data. A layer that loads fewer blocks than layer 0 stops the forward,
+and generation starts again from the blocks every layer holds.
+
+Limits: one sequence (batch 1); decoder-only models whose every layer is a
+full-attention DynamicLayer (no sliding window, no linear attention).
+"""
+
+import errno
+import hashlib
+import inspect
+import os
+import struct
+import threading
+import warnings
+
+from . import abi
+from . import BlockEntry, Client, OK, LOOKUP_PRESENT
+
+__all__ = ["PrefixCache", "model_salt", "block_keys", "BlockKey"]
+
+TORCH_DTYPES = {1: "bfloat16", 2: "float16", 3: "float32"}
+
+
+class BlockKey(tuple):
+    """(block id, 16-byte tag, parent id or None) of one prompt block."""
+    __slots__ = ()
+
+    def __new__(cls, block, tag, parent):
+        return tuple.__new__(cls, (block, tag, parent))
+
+    block = property(lambda s: s[0])
+    tag = property(lambda s: s[1])
+    parent = property(lambda s: s[2])
+
+
+def block_keys(salt, token_ids, block_tokens, n_blocks=None):
+    """The BlockKey of each whole block of token_ids (the first n_blocks).
+
+    h_0 = salt; h_i = blake2b(h_(i-1) || token ids of block i as int64 LE);
+    block id = h_i[0:8] (little-endian), tag = h_i[8:24]. A block's name
+    fixes every token before it, so equal names mean equal prefixes."""
+    if n_blocks is None:
+        n_blocks = len(token_ids) // block_tokens
+    if n_blocks * block_tokens > len(token_ids):
+        raise ValueError("%d blocks of %d tokens from %d tokens" % (n_blocks, block_tokens, len(token_ids)))
+    h = bytes(salt)
+    out, parent = [], None
+    for i in range(n_blocks):
+        toks = token_ids[i * block_tokens:(i + 1) * block_tokens]
+        h = hashlib.blake2b(h + struct.pack("<%dq" % len(toks), *toks), digest_size=32).digest()
+        block = int.from_bytes(h[:8], "little")
+        tag = h[8:24]
+        if tag == bytes(abi.TAG_SIZE):  # the zero tag means "no tag"
+            tag = b"\x01" + tag[1:]
+        if block == parent:  # a block cannot be its own parent
+            block ^= 1
+        out.append(BlockKey(block, tag, parent))
+        parent = block
+    return out
+
+
+def _weights_sample(model, per_tensor=16):
+    """Bytes of the first and last elements of every parameter and buffer:
+    two models of one config with other weights (another fine-tune, another
+    random initialisation) get another salt."""
+    import torch
+    h = hashlib.blake2b(digest_size=32)
+    with torch.no_grad():
+        for name, t in sorted(list(model.named_parameters()) + list(model.named_buffers()), key=lambda x: x[0]):
+            flat = t.detach().reshape(-1)
+            n = flat.numel()
+            idx = list(range(min(per_tensor, n))) + list(range(max(per_tensor, n - per_tensor), n))
+            sample = flat[idx].to("cpu").contiguous()
+            h.update(("%s %s %s;" % (name, tuple(t.shape), t.dtype)).encode())
+            h.update(bytes(sample.view(torch.uint8).tolist()) if sample.numel() else b"")
+    return h.digest()
+
+
+def model_salt(model, info=None, head_first=0, head_count=None, layer_first=0, identity=None, weights=True):
+    """The 32-byte salt of block names: the model's config (name_or_path
+    included), a sample of its weights (weights=True), its dtype, the
+    kv-head and layer range this process holds, the store's geometry (info)
+    and identity (bytes or str, anything else the caller knows makes KV
+    differ, e.g. a LoRA adapter)."""
+    cfg = model.config
+    try:
+        cfg_json = cfg.to_json_string(use_diff=False)
+    except TypeError:  # pragma: no cover - very old transformers
+        cfg_json = cfg.to_json_string()
+    h = hashlib.blake2b(digest_size=32, person=b"kvfs.hf salt")
+    parts = ["config=" + cfg_json, "name=" + str(getattr(cfg, "name_or_path", "") or ""),
+             "dtype=" + str(getattr(model, "dtype", "")), "heads=%s+%s" % (head_first, head_count),
+             "layers=%d" % layer_first]
+    if info is not None:
+        parts.append("store=%d,%d,%d,%d,%d" % (info.layers, info.kv_heads, info.row_bytes, info.block_tokens,
+                                               info.dtype))
+    for p in parts:
+        h.update(p.encode() + b"\0")
+    if weights:
+        h.update(_weights_sample(model))
+    if identity is not None:
+        h.update(b"identity\0" + (identity.encode() if isinstance(identity, str) else bytes(identity)))
+    return h.digest()
+
+
+def _token_list(input_ids):
+    """One sequence's token ids as a list of ints (a [1, n] or [n] tensor, or a list)."""
+    if hasattr(input_ids, "dim"):
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise ValueError("kvfs.hf caches one sequence; input_ids has a batch of %d" % input_ids.shape[0])
+            input_ids = input_ids[0]
+        return [int(x) for x in input_ids.tolist()]
+    ids = list(input_ids)
+    if ids and isinstance(ids[0], (list, tuple)):
+        if len(ids) != 1:
+            raise ValueError("kvfs.hf caches one sequence; input_ids has a batch of %d" % len(ids))
+        ids = list(ids[0])
+    return [int(x) for x in ids]
+
+
+def cache_kwarg(model):
+    """The name of the cache argument of model.forward (transformers 5:
+    "cache"; before: "past_key_values")."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class PrefixCache:
+    """Reuses stored prompt prefixes for one model (see the module doc).
+
+    client: a kvfs.Client, or a mountpoint (opened on first use, reopened
+    after the daemon was down). model: a transformers causal LM. tp_rank,
+    tp_size: which kv-heads this process holds (kvfs.torch.tp_head_range).
+    layer_first: the model layer of the cache's layer 0 (pipeline stages).
+    identity: added to the salt (bytes or str). pin: the GPU path of
+    kvfs.torch. prefill_blocks: blocks per prefill forward in generate() and
+    prefill() (None: one forward for the uncached rest).
+
+    One PrefixCache serves one thread at a time (one per engine worker).
+
+    .stats counts what happened: lookups, hit_blocks (the leading run
+    LOOKUP reported), loaded_blocks (usable after the load), stored_blocks,
+    failed_blocks (not OK in a load: evicted, corrupt, another tag) and
+    fallbacks (calls that recomputed because the daemon was down)."""
+
+    def __init__(self, client, model, tp_rank=0, tp_size=1, layer_first=0, identity=None, pin=False,
+                 prefill_blocks=None, weights_salt=True, layerwise=False):
+        self.model = model
+        self.tp_rank, self.tp_size, self.layer_first = tp_rank, tp_size, layer_first
+        self.identity = identity
+        self.pin = pin
+        self.prefill_blocks = prefill_blocks
+        self.weights_salt = weights_salt
+        self.layerwise = layerwise
+        self.stats = dict(lookups=0, hit_blocks=0, loaded_blocks=0, stored_blocks=0, failed_blocks=0, fallbacks=0,
+                          layerwise_loads=0, layerwise_retries=0)
+        self._check_model()
+        self._own_client = not isinstance(client, Client)
+        self._mount = None if not self._own_client else os.fspath(client)
+        self._client = None if self._own_client else client
+        self._info = None
+        self._salt = None
+        self._host = None      # (HostBuffer, target id, capacity in blocks, torch view)
+        self._down = False
+        if self._client is not None:
+            self._bind(self._client)
+
+    # -- setup --------------------------------------------------------------
+
+    def _check_model(self):
+        cfg = self.model.config
+        cfg = getattr(cfg, "get_text_config", lambda: cfg)()
+        # Sliding-window layers keep every token in a plain DynamicCache (the
+        # mask applies the window), so their blocks are whole; recurrent or
+        # linear-attention layers have no per-token KV to store.
+        types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+        other = types - {"full_attention", "sliding_attention"}
+        if other:
+            raise ValueError("kvfs.hf caches attention layers only; this model has %s" % ", ".join(sorted(other)))
+        self.layers = cfg.num_hidden_layers
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.dtype = self.model.dtype
+
+    def _bind(self, client):
+        """Check the store against the model and derive the salt (once)."""
+        from .torch import tp_head_range
+        info = client.info()
+        if not info.caps & abi.CAP_PREFIX:
+            raise OSError(errno.EOPNOTSUPP, "kvfs.hf: the daemon has no block tags or LOOKUP (ABI minor 3)")
+        want = TORCH_DTYPES.get(info.dtype)
+        es = self.dtype.itemsize if hasattr(self.dtype, "itemsize") else None
+        problems = []
+        if want is None or str(self.dtype) != "torch." + want:
+            problems.append("the store holds %s, the model computes %s"
+                            % (abi.DTYPES.get(info.dtype, info.dtype), self.dtype))
+        if self.layer_first + self.layers > info.layers:
+            problems.append("the model's layers %d..%d are outside the store's %d"
+                            % (self.layer_first, self.layer_first + self.layers - 1, info.layers))
+        if self.kv_heads != info.kv_heads:
+            problems.append("the model has %d kv-heads, the store %d" % (self.kv_heads, info.kv_heads))
+        if es is not None and self.head_dim * es != info.row_bytes:
+            problems.append("head_dim %d x %d bytes, the store's rows are %d bytes"
+                            % (self.head_dim, es, info.row_bytes))
+        if problems:
+            raise ValueError("kvfs.hf: the store does not fit the model: " + "; ".join(problems))
+        hf, hc = tp_head_range(info.kv_heads, self.tp_rank, self.tp_size)
+        if self._info is None:
+            self._salt = model_salt(self.model, info, hf, hc, self.layer_first, self.identity, self.weights_salt)
+        self._info = info
+        self.head_first, self.head_count = hf, hc
+        self.block_tokens = info.block_tokens
+
+    def _connect(self):
+        if self._client is None:
+            c = Client(self._mount)
+            try:
+                self._bind(c)
+            except BaseException:
+                c.close()
+                raise
+            self._client = c
+        return self._client
+
+    def _failed(self, what, err):
+        """The daemon is down or refused: drop what belongs to the old
+        connection, warn once per outage."""
+        self.stats["fallbacks"] += 1
+        self._drop_host()
+        if self._own_client and self._client is not None:
+            try:
+                self._client.close()
+            except (OSError, BufferError):
+                pass
+            self._client = None
+        if not self._down:
+            self._down = True
+            warnings.warn("kvfs.hf: %s failed, recomputing without the kvfs cache: %s" % (what, err),
+                          RuntimeWarning, stacklevel=3)
+
+    def salt(self):
+        """The salt of block names (connects first if needed)."""
+        self._connect()
+        return self._salt
+
+    def keys(self, input_ids, n_blocks=None):
+        """The BlockKeys of input_ids' whole blocks (connects first if needed)."""
+        self._connect()
+        return block_keys(self._salt, _token_list(input_ids), self.block_tokens, n_blocks)
+
+    # -- host memory --------------------------------------------------------
+
+    def _host_view(self, n_blocks):
+        """A registered host buffer and target for n_blocks cache blocks,
+        [layers, 2, heads, blocks·block_tokens, head_dim]; grown by powers
+        of two."""
+        import torch
+        if self._host is not None and self._host[2] >= n_blocks:
+            return self._host
+        self._drop_host()
+        c, i = self._client, self._info
+        cap = 1
+        while cap < n_blocks:
+            cap *= 2
+        tokens = cap * i.block_tokens
+        region = self.head_count * tokens * i.row_bytes
+        buf = c.create_host_buffer(2 * self.layers * region)
+        try:
+            t = c.hf_target(tokens, [(buf.id, r * region) for r in range(2 * self.layers)], self.layer_first,
+                            self.layers, self.head_first, self.head_count)
+            tid = c.register_target(t)
+        except BaseException:
+            buf.close()
+            raise
+        view = torch.frombuffer(buf.mm, dtype=torch.uint8).view(self.dtype).view(
+            self.layers, 2, self.head_count, tokens, self.head_dim)
+        self._host = (buf, tid, cap, view)
+        return self._host
+
+    def _drop_host(self):
+        if self._host is None:
+            return
+        buf, tid, _, view = self._host
+        self._host = None
+        del view  # the tensor over the mapping goes first, or the mapping cannot close
+        try:
+            self._client.unregister_target(tid)
+        except OSError:
+            pass
+        try:
+            buf.close()
+        except (OSError, BufferError):
+            pass
+
+    # -- the API ------------------------------------------------------------
+
+    def load(self, input_ids, device=None):
+        """A DynamicCache holding the stored leading blocks of input_ids, and
+        how many tokens it holds (a multiple of block_tokens, at most
+        len(input_ids) - 1). Nothing stored, or the daemon down: an empty
+        DynamicCache and 0. device: of the cache (default: the model's)."""
+        from transformers import DynamicCache
+        ids = _token_list(input_ids)
+        device = device or self._model_device()
+        try:
+            c = self._connect()
+            bt = self.block_tokens
+            keys = block_keys(self._salt, ids, bt, max(0, (len(ids) - 1) // bt))
+            if not keys:
+                self._down = False
+                return DynamicCache(), 0
+            self.stats["lookups"] += 1
+            run = c.lookup([(k.block, k.tag) for k in keys]).run
+            self.stats["hit_blocks"] += run
+            layers, n = self._load_blocks(keys[:run], device) if run else (None, 0)
+        except OSError as e:
+            self._failed("load", e)
+            return DynamicCache(), 0
+        self._down = False
+        self.stats["loaded_blocks"] += n
+        self.stats["failed_blocks"] += run - n
+        cache = DynamicCache()
+        if n:
+            for l, (k, v) in enumerate(layers):
+                cache.update(k, v, l)
+        return cache, n * self.block_tokens
+
+    def _load_blocks(self, keys, device):
+        """Per layer (K, V) [1, heads, n·block_tokens, head_dim] of the
+        leading keys that load OK, and n."""
+        bt = self.block_tokens
+        if device.type == "cuda":
+            return self._load_torch(keys, device)
+        buf, tid, _, view = self._host_view(len(keys))
+        st = self._client.load_blocks(tid, [BlockEntry(k.block, j, self.layer_first, self.layers, self.head_first,
+                                                       self.head_count, abi.KINDS_BOTH, k.tag)
+                                            for j, k in enumerate(keys)])
+        n = _leading_ok(st)
+        if n == 0:
+            return None, 0
+        t = n * bt
+        layers = [(view[l, 0, :, :t].unsqueeze(0).to(device, copy=True),
+                   view[l, 1, :, :t].unsqueeze(0).to(device, copy=True)) for l in range(self.layers)]
+        if device.type == "cpu":
+            layers = [(k.contiguous(), v.contiguous()) for k, v in layers]
+        return layers, n
+
+    def _load_torch(self, keys, device):
+        """Load keys into GPU tensors through kvfs.torch (REGISTER_CUDA, or
+        pin=True); as _load_blocks."""
+        import torch
+        from . import torch as kt
+        t = len(keys) * self.block_tokens
+        # one allocation, one REGISTER_CUDA (the daemon takes a few dozen buffers per open file)
+        whole = torch.empty((self.layers, 2, 1, self.head_count, t, self.head_dim), dtype=self.dtype, device=device)
+        layers = [(whole[l, 0], whole[l, 1]) for l in range(self.layers)]
+        with kt.KVCache.hf(self._client, layers, layer_first=self.layer_first, tp_rank=self.tp_rank,
+                           tp_size=self.tp_size, pin=self.pin) as kc:
+            st = kc.load([k.block for k in keys], range(len(keys)), tags=[k.tag for k in keys])
+        n = _leading_ok(st)
+        if n == 0:
+            return None, 0
+        t = n * self.block_tokens
+        return [(k[:, :, :t], v[:, :, :t]) for k, v in layers], n
+
+    def store(self, input_ids, cache):
+        """Store the whole blocks of input_ids that cache holds (cache covers
+        input_ids from token 0) and the store does not have yet, each with
+        its tag and parent, durably. Returns how many blocks were stored (0
+        with the daemon down)."""
+        from .torch import _hf_layers
+        ids = _token_list(input_ids)
+        layers = _hf_layers(cache)
+        if not layers or layers[0][0] is None or layers[0][0].numel() == 0:
+            return 0  # nothing computed yet
+        if len(layers) != self.layers:
+            raise ValueError("the cache has %d layers, the model %d" % (len(layers), self.layers))
+        k0 = layers[0][0]
+        if k0.dim() != 4 or k0.shape[0] != 1:
+            raise ValueError("kvfs.hf stores one sequence: cache tensors [1, heads, seq, head_dim], got %s"
+                             % (tuple(k0.shape),))
+        try:
+            c = self._connect()
+            bt = self.block_tokens
+            keys = block_keys(self._salt, ids, bt, min(k0.shape[2], len(ids)) // bt)
+            if not keys:
+                return 0
+            if k0.shape[1] != self.head_count:
+                raise ValueError("the cache holds %d kv-heads, this shard %d" % (k0.shape[1], self.head_count))
+            st = c.lookup([(k.block, k.tag) for k in keys]).statuses
+            todo = [j for j, s in enumerate(st) if s != LOOKUP_PRESENT]
+            if not todo:
+                self._down = False
+                return 0
+            n = self._store_blocks(keys, todo, layers)
+        except OSError as e:
+            self._failed("store", e)
+            return 0
+        self._down = False
+        self.stats["stored_blocks"] += n
+        return n
+
+    def _store_blocks(self, keys, todo, layers):
+        bt = self.block_tokens
+        lo, hi = todo[0], todo[-1] + 1
+        if layers[0][0].device.type == "cuda":
+            return self._store_torch(keys, todo, layers)
+        buf, tid, _, view = self._host_view(hi - lo)
+        for l, (k, v) in enumerate(layers):
+            view[l, 0, :, :(hi - lo) * bt].copy_(k[0, :, lo * bt:hi * bt])
+            view[l, 1, :, :(hi - lo) * bt].copy_(v[0, :, lo * bt:hi * bt])
+        es = [BlockEntry(keys[j].block, j - lo, self.layer_first, self.layers, self.head_first, self.head_count,
+                         abi.KINDS_BOTH, keys[j].tag, keys[j].parent) for j in todo]
+        return self._client.store_blocks(tid, es).count(OK)
+
+    def _store_torch(self, keys, todo, layers):
+        """Store blocks todo of GPU cache tensors through kvfs.torch's pinned
+        staging buffer (the cache's tensors are many allocations; staging
+        needs no REGISTER_CUDA of them)."""
+        from . import torch as kt
+        t = (todo[-1] + 1) * self.block_tokens
+        with kt.KVCache.hf(self._client, [(k[:, :, :t], v[:, :, :t]) for k, v in layers],
+                           layer_first=self.layer_first, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                           pin=True) as kc:
+            st = kc.store([keys[j].block for j in todo], todo, tags=[keys[j].tag for j in todo],
+                          parents=[keys[j].parent for j in todo])
+        return st.count(OK)
+
+    def prefill(self, input_ids, cache, n_cached, chunk_blocks=None):
+        """Run the model over the uncached whole blocks of input_ids, up to
+        but not including the block holding the last token, chunk_blocks
+        blocks per forward (default prefill_blocks; None: one forward).
+        Returns the number of tokens the cache now holds."""
+        import torch
+        chunk_blocks = chunk_blocks or self.prefill_blocks
+        ids = input_ids if hasattr(input_ids, "dim") else torch.tensor([_token_list(input_ids)])
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        bt = self._block_tokens_or_none()
+        if bt is None:
+            return n_cached
+        end = ((ids.shape[1] - 1) // bt) * bt
+        step = chunk_blocks * bt if chunk_blocks else max(end - n_cached, 1)
+        kw = cache_kwarg(self.model)
+        with torch.no_grad():
+            for a in range(n_cached, end, step):
+                b = min(a + step, end)
+                self.model(input_ids=ids[:, a:b].to(self._model_device()), use_cache=True, **{kw: cache})
+        return max(n_cached, end)
+
+    def _block_tokens_or_none(self):
+        """The store's block_tokens: known once connected, kept while the
+        daemon is down, so a prefill is cut the same way either way."""
+        if self._info is not None:
+            return self.block_tokens
+        try:
+            self._connect()
+        except OSError as e:
+            self._failed("open", e)
+            return None
+        return self.block_tokens
+
+    def generate(self, input_ids, **kwargs):
+        """model.generate(input_ids, **kwargs) from the stored prefix of
+        input_ids (one sequence); the prompt's new whole blocks are stored
+        afterwards. Returns what model.generate returns. Every token of
+        input_ids is attended (attention_mask defaults to ones); with a mask
+        that hides tokens (padding) kvfs is not used. With layerwise=True
+        (and a hit) layer 0 is loaded first and the others on a thread while
+        the model runs, layer i waiting only for layer i's data."""
+        import torch
+        mask = kwargs.get("attention_mask")
+        if mask is not None and not bool(mask.all()):
+            # padding: KV computed under a mask is not the prefix's own
+            with torch.no_grad():
+                return self.model.generate(input_ids, **kwargs)
+        if mask is None and hasattr(input_ids, "dim"):
+            # every token counts; without a mask, generate would take pad_token_id
+            # tokens in the prompt for padding, which the stored blocks were not
+            kwargs["attention_mask"] = torch.ones_like(input_ids)
+        loader, cache, n = None, None, 0
+        if self.layerwise:
+            loader, cache, n = self._begin_layerwise(input_ids)
+        if cache is None:
+            cache, n = self.load(input_ids)
+        kw = cache_kwarg(self.model)
+        try:
+            try:
+                if self.prefill_blocks:
+                    n = self.prefill(input_ids, cache, n)
+                with torch.no_grad():
+                    out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
+            except _Shrunk:
+                # a layer loaded fewer blocks than layer 0 (evicted, corrupt,
+                # the daemon gone): start again from what every layer has
+                cache, n = loader.settle()
+                self.stats["layerwise_retries"] += 1
+                if self.prefill_blocks:
+                    n = self.prefill(input_ids, cache, n)
+                with torch.no_grad():
+                    out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
+        finally:
+            if loader is not None:
+                loader.close()
+        self.store(input_ids, cache)
+        return out
+
+    def _begin_layerwise(self, input_ids):
+        """Look the prompt up, load layer 0 of its leading stored blocks and
+        start a _LayerLoader for the rest: (loader, its cache, tokens).
+        (None, an empty cache, 0) when nothing is stored or the daemon is
+        down; (None, None, 0) when the model's decoder layers cannot be
+        hooked (load() then loads every layer at once)."""
+        from transformers import DynamicCache
+        layers = _decoder_layers(self.model)
+        if layers is None or len(layers) != self.layers:
+            return None, None, 0
+        ids = _token_list(input_ids)
+        try:
+            c = self._connect()
+            bt = self.block_tokens
+            keys = block_keys(self._salt, ids, bt, max(0, (len(ids) - 1) // bt))
+            run = 0
+            if keys:
+                self.stats["lookups"] += 1
+                run = c.lookup([(k.block, k.tag) for k in keys]).run
+            if run == 0:
+                self._down = False
+                return None, DynamicCache(), 0
+            self.stats["hit_blocks"] += run
+            loader = _LayerLoader(self, keys[:run], self._model_device(), layers)
+        except OSError as e:
+            self._failed("load", e)
+            return None, DynamicCache(), 0
+        self._down = False
+        self.stats["layerwise_loads"] += 1
+        return loader, loader.cache, loader.tokens
+
+    def _model_device(self):
+        import torch
+        d = getattr(self.model, "device", None)
+        return d if isinstance(d, torch.device) else torch.device("cpu")
+
+    def close(self):
+        """Drop the host buffer and, when opened from a mountpoint, the control file."""
+        self._drop_host()
+        if self._own_client and self._client is not None:
+            try:
+                self._client.close()
+            except (OSError, BufferError):
+                pass
+            self._client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Shrunk(Exception):
+    """A layer's blocks did not all load: the forward must start again."""
+
+
+def _decoder_layers(model):
+    """The model's decoder layers (model.model.layers for Llama-like models), or None."""
+    for m in (getattr(model, "model", None), getattr(getattr(model, "model", None), "language_model", None), model):
+        layers = getattr(m, "layers", None)
+        if layers is not None and hasattr(layers, "__len__") and len(layers):
+            return layers
+    return None
+
+
+class _LayerLoader:
+    """Loads a prefix layer by layer: layer 0 at once (the model reads the
+    cache's length from it before the first layer runs), the others on a
+    thread, one LOAD_BLOCKS per layer into the host buffer. A forward
+    pre-hook on decoder layer i waits for layer i and puts it into the
+    cache; a layer with fewer blocks than layer 0 raises _Shrunk there, and
+    generate() starts again from settle()."""
+
+    def __init__(self, pc, keys, device, decoder_layers):
+        from transformers import DynamicCache
+        self.pc, self.keys, self.device = pc, keys, device
+        self.n_layers = pc.layers
+        self.ok = [0] * self.n_layers
+        self.kv = [None] * self.n_layers
+        self.error = None
+        self.ready = [threading.Event() for _ in range(self.n_layers)]
+        self._buf, self._tid, _, self._view = pc._host_view(len(keys))
+        self._load(0)
+        self.blocks = self.ok[0]
+        self.tokens = self.blocks * pc.block_tokens
+        self.cache = DynamicCache()
+        self._hooks = []
+        self._thread = None
+        pc.stats["loaded_blocks"] += self.blocks
+        pc.stats["failed_blocks"] += len(keys) - self.blocks
+        if self.blocks == 0:
+            return
+        self.cache.update(*self.kv[0], 0)
+        for i in range(1, self.n_layers):
+            self._hooks.append(decoder_layers[i].register_forward_pre_hook(self._hook(i)))
+        self._thread = threading.Thread(target=self._run, name="kvfs.hf layers", daemon=True)
+        self._thread.start()
+
+    def _load(self, l):
+        pc = self.pc
+        n = self.blocks if l else len(self.keys)
+        st = pc._client.load_blocks(self._tid, [BlockEntry(k.block, j, pc.layer_first + l, 1, pc.head_first,
+                                                           pc.head_count, abi.KINDS_BOTH, k.tag)
+                                                for j, k in enumerate(self.keys[:n])])
+        ok = _leading_ok(st)
+        t = ok * pc.block_tokens
+        self.kv[l] = tuple(self._view[l, kind, :, :t].unsqueeze(0).to(self.device, copy=True).contiguous()
+                           for kind in (0, 1))
+        self.ok[l] = ok
+
+    def _run(self):
+        for l in range(1, self.n_layers):
+            try:
+                if self.error is None:
+                    self._load(l)
+            except BaseException as e:  # the hooks report it in the caller's thread
+                self.error = e
+            finally:
+                self.ready[l].set()
+
+    def _hook(self, i):
+        def hook(module, args):
+            if len(self.cache.layers) > i:
+                return None  # a later forward: layer i is in
+            self.ready[i].wait()
+            if self.error is not None or self.ok[i] < self.blocks:
+                raise _Shrunk()
+            self.cache.update(*self.kv[i], i)
+            return None
+        return hook
+
+    def settle(self):
+        """A DynamicCache of the blocks every layer loaded, once all are in."""
+        from transformers import DynamicCache
+        self.close()
+        if self.error is not None:
+            self.pc._failed("load", self.error)
+        n = min(self.ok) if self.error is None else 0
+        self.pc.stats["loaded_blocks"] -= self.blocks - n
+        self.pc.stats["failed_blocks"] += self.blocks - n
+        cache = DynamicCache()
+        if n:
+            t = n * self.pc.block_tokens
+            for l, (k, v) in enumerate(self.kv):
+                cache.update(k[:, :, :t], v[:, :, :t], l)
+        return cache, n * self.pc.block_tokens
+
+    def close(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._view = self._buf = None
+
+
+def _leading_ok(statuses):
+    n = 0
+    while n < len(statuses) and statuses[n] == OK:
+        n += 1
+    return n

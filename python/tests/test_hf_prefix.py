@@ -1,0 +1,429 @@
+"""kvfs.hf's prefix cache through real kvfs mounts, on the CPU.
+
+A tiny random Llama (hf_model.py: built from a config, seeded, no download)
+generates from prompts that share prefixes, with blocks deleted, evicted,
+corrupted or stored under another tag, and with the daemon killed. Every
+generation must give the same tokens and bit-identical logits as
+hf_model.reference(): the same computation without kvfs (each whole block
+prefilled in its own forward, as PrefixCache(prefill_blocks=1) does), so
+whatever kvfs served or failed to serve, the answer is the model's own.
+
+KVFS_MOUNT (a mount of integration/ctl's TestPythonClient) serves the
+tests that need only a mount; KVFS_BIN (the kvfs binary) lets the others
+format a small store file and run their own daemon, which they corrupt,
+fill past its size or kill. Skips without them, torch or transformers (an
+error in CI, see conftest.py).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+import warnings
+
+import kvfs
+
+try:
+    import torch
+    import transformers  # noqa: F401
+    import hf_model
+    import kvfs.hf as khf
+except ImportError:  # pragma: no cover
+    torch = None
+
+MOUNT = os.environ.get("KVFS_MOUNT")
+BIN = os.environ.get("KVFS_BIN")
+BLOCKS, TAIL = 5, 3
+
+
+def stats(mnt):
+    import json
+    with open(os.path.join(mnt, ".kvfs", "stats")) as f:
+        return json.load(f)
+
+
+def delete_block(mnt, block):
+    """Remove a block through the mount (every layer's directory)."""
+    for layer in sorted(os.listdir(mnt)):
+        d = os.path.join(mnt, layer, "block-%016x" % block)
+        if layer.startswith("layer-") and os.path.isdir(d):
+            shutil.rmtree(d)
+
+
+class _Base(unittest.TestCase):
+    mnt = None
+
+    def setUp(self):
+        with kvfs.Client(self.mnt) as c:
+            self.info = c.info()
+        self.bt = self.info.block_tokens
+        self.model = hf_model.for_info(self.info)
+
+    def cache(self, **kw):
+        # every test its own names: blocks other tests (or runs) stored never match
+        if not hasattr(self, "_identity"):
+            self._identity = "%s %s" % (self.id(), os.urandom(8).hex())
+        kw.setdefault("identity", self._identity)
+        kw.setdefault("prefill_blocks", 1)
+        return khf.PrefixCache(self.mnt, self.model, **kw)
+
+    def prompt(self, seed, blocks=BLOCKS, tail=TAIL):
+        return hf_model.prompt(blocks * self.bt + tail, seed)
+
+    def check(self, pc, p, what=""):
+        got = pc.generate(p, **hf_model.GEN)
+        hf_model.assert_same(self, got, hf_model.reference(self.model, p, self.bt), what)
+        return got
+
+    def lookup_run(self, pc, p):
+        with kvfs.Client(self.mnt) as c:
+            return c.lookup([(k.block, k.tag) for k in pc.keys(p)]).run
+
+
+@unittest.skipUnless(torch is not None and MOUNT, "needs torch, transformers and KVFS_MOUNT")
+class SharedMountTest(_Base):
+    mnt = MOUNT
+
+    def test_shared_prefixes(self):
+        """A prompt's blocks serve the same prompt from another client, and a
+        prompt sharing only its first blocks (a partial hit)."""
+        p1 = self.prompt(11)
+        with self.cache() as pc:
+            self.check(pc, p1, "cold")
+            self.assertEqual((pc.stats["hit_blocks"], pc.stats["stored_blocks"]), (0, BLOCKS))
+            self.assertEqual(self.lookup_run(pc, p1), BLOCKS)
+        before = stats(self.mnt)
+        with self.cache() as pc:   # another process, as far as the daemon can tell
+            self.check(pc, p1, "warm")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
+            self.assertEqual(pc.stats["stored_blocks"], 0)
+            cache, n = pc.load(p1)
+            self.assertEqual((n, cache.get_seq_length()), (BLOCKS * self.bt, BLOCKS * self.bt))
+            # a prompt of whole blocks keeps its last one uncached: the model computes the next token's logits
+            whole = p1[:, :4 * self.bt]
+            self.assertEqual(pc.load(whole)[1], 3 * self.bt)
+            self.check(pc, whole, "whole blocks")
+            # 3 shared blocks, then others
+            p2 = torch.cat([p1[:, :3 * self.bt], self.prompt(12, 2, 7)], dim=1)
+            loaded = pc.stats["loaded_blocks"]
+            self.check(pc, p2, "partial")
+            self.assertEqual(pc.stats["loaded_blocks"] - loaded, 3)
+            self.assertEqual(self.lookup_run(pc, p2), 5)
+        # the daemon read them from the store
+        self.assertGreater(stats(self.mnt)["store_hits"], before["store_hits"])
+
+    def test_padding_mask_bypasses_kvfs(self):
+        """A mask that hides prompt tokens (padding) makes KV the stored blocks
+        do not hold: generate() is model.generate's own, kvfs untouched."""
+        p = self.prompt(14)
+        mask = torch.ones_like(p)
+        mask[0, :2] = 0
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            with torch.no_grad():
+                want = self.model.generate(p, attention_mask=mask, **hf_model.GEN)
+            got = pc.generate(p, attention_mask=mask, **hf_model.GEN)
+            hf_model.assert_same(self, got, want, "masked")
+            self.assertEqual((pc.stats["lookups"], pc.stats["loaded_blocks"]), (1, 0))
+
+    def test_given_client(self):
+        """With a Client of the caller's: close() unmaps and unregisters the
+        host buffer and leaves the client open."""
+        p = self.prompt(13)
+        with kvfs.Client(self.mnt) as c:
+            pc = khf.PrefixCache(c, self.model, prefill_blocks=1, identity=self.id() + os.urandom(8).hex())
+            self.check(pc, p, "cold")
+            self.check(pc, p, "warm")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
+            mm = pc._host[0].mm
+            pc.close()
+            self.assertTrue(mm.closed)
+            self.assertEqual(c._owned, {c._entry_array} if hasattr(c, "_entry_array") else set())
+            self.assertEqual(c.lookup([(k.block, k.tag) for k in pc.keys(p)]).run, BLOCKS)
+
+    def test_deleted_block_ends_the_prefix(self):
+        p = self.prompt(21)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+            delete_block(self.mnt, keys[2].block)
+            self.assertEqual(self.lookup_run(pc, p), 2)
+            self.check(pc, p, "after delete")
+            self.assertEqual(pc.stats["loaded_blocks"], 2)
+            # the recomputed block is stored again, under its parent
+            self.assertEqual(pc.stats["stored_blocks"], BLOCKS + 1)
+            self.assertEqual(self.lookup_run(pc, p), BLOCKS)
+
+    def test_evicted_between_lookup_and_load(self):
+        """LOOKUP's answer is a snapshot: a block gone by the LOAD ends the prefix there."""
+        p = self.prompt(31)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+            c = pc._client
+            real = c.lookup
+
+            def lookup_then_delete(pairs):
+                r = real(pairs)
+                delete_block(self.mnt, keys[1].block)
+                return r
+            c.lookup = lookup_then_delete
+            try:
+                self.check(pc, p, "evicted mid-way")
+            finally:
+                del c.lookup
+            self.assertEqual(pc.stats["hit_blocks"], BLOCKS)
+            self.assertEqual(pc.stats["loaded_blocks"], 1)
+            self.assertEqual(pc.stats["failed_blocks"], BLOCKS - 1)
+
+    def test_block_under_another_tag(self):
+        """A block id stored under another tag (a collision) is never served:
+        LOOKUP says so, and a LOAD that expects the tag gets TAG_MISMATCH."""
+        p = self.prompt(41)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+            c = pc._client
+            i = self.info
+            with c.create_host_buffer(2 * i.layers * i.kv_heads * self.bt * i.row_bytes) as buf:
+                region = i.kv_heads * self.bt * i.row_bytes
+                t = c.hf_target(self.bt, [(buf.id, r * region) for r in range(2 * i.layers)])
+                tid = c.register_target(t)
+                other = b"\xee" * 16
+                self.assertEqual(c.store_blocks((t, tid), [kvfs.BlockEntry(keys[2].block, 0, tag=other,
+                                                                            parent=keys[1].block)]), [kvfs.OK])
+                st = c.load_blocks((t, tid), [kvfs.BlockEntry(keys[2].block, 0, tag=keys[2].tag)], details=True)
+                self.assertEqual(st[0][:2], (kvfs.ABSENT, kvfs.TAG_MISMATCH))
+                c.unregister_target(tid)
+            r = c.lookup([(k.block, k.tag) for k in keys])
+            self.assertEqual((r.run, r.statuses[2], r.mismatch), (2, kvfs.LOOKUP_TAG_MISMATCH, 1))
+            # a LOOKUP that missed the collision: the load's tag check ends the prefix
+            real = c.lookup
+            c.lookup = lambda pairs: r._replace(statuses=[kvfs.LOOKUP_PRESENT] * len(pairs), run=len(pairs))
+            try:
+                self.check(pc, p, "mismatch on load")
+            finally:
+                del c.lookup
+            self.assertEqual(pc.stats["loaded_blocks"], 2)
+            self.assertEqual(real([(keys[2].block, keys[2].tag)]).run, 0)
+            # with LOOKUP's true answer the block is recomputed and stored again under its own tag
+            self.check(pc, p, "mismatch found by lookup")
+            self.assertEqual(pc.stats["loaded_blocks"], 4)
+            self.assertEqual(self.lookup_run(pc, p), BLOCKS)
+
+    def test_layerwise(self):
+        """Layer 0 loaded first, the others on a thread while the model runs:
+        the same answers; a block gone by the time a later layer loads
+        (after layer 0 found it) makes the forward start again from the
+        blocks every layer has."""
+        p = self.prompt(81)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+        decoder = khf._decoder_layers(self.model)
+        with self.cache(layerwise=True) as pc:
+            self.check(pc, p, "layerwise")
+            self.assertEqual((pc.stats["layerwise_loads"], pc.stats["loaded_blocks"]), (1, BLOCKS))
+            self.assertEqual(pc.stats["layerwise_retries"], 0)
+            self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
+            p2 = torch.cat([p[:, :2 * self.bt], self.prompt(82, 1, 9)], dim=1)
+            self.check(pc, p2, "layerwise partial")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2)
+            c = pc._client
+            real = c.load_blocks
+
+            def delete_before_layer_2(target, entries, details=False):
+                if entries[0].layer_first == 2:
+                    delete_block(self.mnt, keys[3].block)
+                return real(target, entries, details)
+            c.load_blocks = delete_before_layer_2
+            try:
+                self.check(pc, p, "layerwise, block gone before layer 2")
+            finally:
+                del c.load_blocks
+            self.assertEqual(pc.stats["layerwise_retries"], 1)
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2 + 3)
+            self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
+            self.assertEqual(self.lookup_run(pc, p), BLOCKS)  # recomputed and stored again
+
+    def test_gpu_path_on_cpu_tensors(self):
+        """kvfs.hf's GPU path (kvfs.torch, pin=True: the staging buffer) on
+        CPU tensors through torch_on_cpu: tagged stores with parents, tagged
+        loads that stop at a wrong tag, the bytes the model computed."""
+        import kvfs.torch as kt
+        import torch_on_cpu
+        from transformers import DynamicCache
+        p = self.prompt(91)
+        n = BLOCKS * self.bt
+        cache = DynamicCache()
+        with torch.no_grad():
+            self.model(input_ids=p[:, :n], use_cache=True, **{hf_model.cache_kw(self.model): cache})
+        layers = kt._hf_layers(cache)
+        saved = torch_on_cpu.enter(kt, torch)
+        try:
+            with self.cache(pin=True) as pc:
+                keys = pc.keys(p)
+                self.assertEqual(pc._store_torch(keys, list(range(1, BLOCKS)), layers), BLOCKS - 1)
+                self.assertEqual(pc._store_torch(keys, [0], layers), 1)
+                self.assertEqual(self.lookup_run(pc, p), BLOCKS)
+                got, m = pc._load_torch(keys, torch.device("cpu"))
+                self.assertEqual(m, BLOCKS)
+                for (k, v), (wk, wv) in zip(got, layers):
+                    self.assertTrue(torch.equal(k, wk) and torch.equal(v, wv))
+                wrong = list(keys)
+                wrong[2] = khf.BlockKey(keys[2].block, b"w" * 16, keys[2].parent)
+                got, m = pc._load_torch(wrong, torch.device("cpu"))
+                self.assertEqual(m, 2)
+                self.assertTrue(torch.equal(got[1][0], layers[1][0][:, :, :2 * self.bt]))
+        finally:
+            torch_on_cpu.leave(kt, torch, saved)
+
+
+class _Daemon:
+    """A kvfs daemon of its own: a store file in a temporary directory, mounted by KVFS_BIN."""
+
+    def __init__(self, size, geometry):
+        self.dir = tempfile.mkdtemp(prefix="kvfs-hf-")
+        self.store = os.path.join(self.dir, "store")
+        self.mnt = os.path.join(self.dir, "mnt")
+        os.mkdir(self.mnt)
+        layers, heads, hd, bt, dtype = geometry
+        subprocess.run([BIN, "format", self.store, "--size", size, "--layers", str(layers), "--kv-heads",
+                        str(heads), "--head-dim", str(hd), "--block-tokens", str(bt), "--dtype", dtype],
+                       check=True, capture_output=True)
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen([BIN, "mount", self.store, self.mnt], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+        ctl = os.path.join(self.mnt, ".kvfs", "ctl")
+        for _ in range(200):
+            if os.path.exists(ctl):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvfs mount exited: %s" % self.proc.stderr.read().decode())
+            time.sleep(0.05)
+        raise RuntimeError("kvfs mount: no control file after 10 s")
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc.stderr.close()
+        subprocess.run([BIN, "umount", "--lazy", self.mnt], capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@unittest.skipUnless(torch is not None and BIN, "needs torch, transformers and KVFS_BIN")
+class OwnDaemonTest(_Base):
+    GEOMETRY = (4, 2, 128, 16, "bf16")
+
+    def daemon(self, size="16MiB", geometry=GEOMETRY):
+        d = _Daemon(size, geometry)
+        self.addCleanup(d.close)
+        self.mnt = d.mnt
+        _Base.setUp(self)
+        return d
+
+    def setUp(self):
+        pass
+
+    def test_eviction(self):
+        """A store too small for two prompts evicts the first's tail; the
+        rest of its blocks still serve it."""
+        d = self.daemon("640KiB")
+        slots = stats(d.mnt)["slots"]
+        self.assertLess(slots, 2 * BLOCKS)
+        p1, p2 = self.prompt(51), self.prompt(52)
+        with self.cache() as pc:
+            self.check(pc, p1, "first")
+            self.check(pc, p2, "second")
+            self.assertGreaterEqual(stats(d.mnt)["store_evictions"], 2 * BLOCKS - slots)
+            run = self.lookup_run(pc, p1)
+            self.assertLess(run, BLOCKS)
+            loaded = pc.stats["loaded_blocks"]
+            self.check(pc, p1, "first again")
+            self.assertEqual(pc.stats["loaded_blocks"] - loaded, run)
+
+    def test_corrupt_group(self):
+        """Garbage in one group's payload in the store file: its CRC fails,
+        the prefix ends at its block."""
+        d = self.daemon()
+        p = self.prompt(61)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+            path = pc._client.group_path(d.mnt, keys[3].block, 1, 0, "V")
+            with open(path, "rb") as f:
+                payload = f.read()
+            with open(d.store, "r+b") as f:
+                img = f.read()
+                at = img.find(payload)
+                self.assertGreater(at, 0)
+                self.assertEqual(img.find(payload, at + 1), -1, "the group's bytes are not unique in the store")
+                f.seek(at + 100)
+                f.write(bytes(b ^ 0x5A for b in payload[100:164]))
+            before = stats(d.mnt)["store_corrupt"]
+            self.check(pc, p, "corrupt")
+            self.assertEqual(pc.stats["loaded_blocks"], 3)
+            self.assertGreater(stats(d.mnt)["store_corrupt"], before)
+
+    def test_default_prefill_fp32(self):
+        """The default PrefixCache (the uncached rest prefilled in one
+        forward, as model.generate does): generation from stored blocks
+        gives the same tokens as plain model.generate, and logits within
+        1e-4 (an fp32 store and model: KV computed over other shapes differs
+        only in the last bits); a cold run is bit-identical to it."""
+        self.daemon(geometry=(4, 2, 64, 16, "fp32"))
+        p1 = self.prompt(101)
+        p2 = torch.cat([p1[:, :3 * self.bt], self.prompt(102, 1, 11)], dim=1)
+        for layerwise in (False, True):
+            with self.cache(identity="default %s" % layerwise, layerwise=layerwise, prefill_blocks=None) as pc:
+                hf_model.assert_same(self, pc.generate(p1, **hf_model.GEN), hf_model.plain(self.model, p1),
+                                     "cold layerwise=%s" % layerwise)
+                for p, hit in ((p1, BLOCKS), (p2, 3)):
+                    loaded = pc.stats["loaded_blocks"]
+                    got, want = pc.generate(p, **hf_model.GEN), hf_model.plain(self.model, p)
+                    self.assertEqual(pc.stats["loaded_blocks"] - loaded, hit)
+                    self.assertEqual(got.sequences.tolist(), want.sequences.tolist())
+                    for a, b in zip(got.logits, want.logits):
+                        self.assertTrue(torch.allclose(a, b, rtol=1e-4, atol=1e-4),
+                                        "max |diff| %g" % (a - b).abs().max().item())
+
+    def test_daemon_killed(self):
+        """A daemon killed between generations: recompute with one warning;
+        a new daemon on the same store is used again."""
+        d = self.daemon()
+        p = self.prompt(71)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            d.kill()
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                self.check(pc, p, "daemon killed")
+                self.check(pc, p, "still down")
+                with self.cache() as pc2:     # opened while the mount is dead
+                    got = pc2.generate(p, **hf_model.GEN)
+            msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
+            self.assertEqual(len(msgs), 2, msgs)   # one per PrefixCache and outage
+            hf_model.assert_same(self, got, hf_model.plain(self.model, p), "never connected")
+            self.assertEqual(pc.stats["loaded_blocks"], 0)
+            self.assertGreater(pc.stats["fallbacks"], 0)
+            d.start()   # kvfs mount detaches the dead mount first
+            self.check(pc, p, "daemon back")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

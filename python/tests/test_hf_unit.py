@@ -1,0 +1,129 @@
+"""kvfs.hf without a daemon: block names, salts, the minor-3 encoding, and
+generation that falls back to recomputing when there is no kvfs mount.
+
+Needs torch and transformers; skips otherwise (an error in CI, see conftest.py).
+"""
+
+import os
+import struct
+import tempfile
+import unittest
+import warnings
+
+import kvfs
+from kvfs import abi
+
+try:
+    import torch
+    import transformers  # noqa: F401
+    import hf_model
+    import kvfs.hf as khf
+except ImportError:  # pragma: no cover
+    torch = None
+
+
+class EncodingTest(unittest.TestCase):
+    """The minor-3 structs as include/kvfs.h lays them out."""
+
+    def test_tagged_entry_layout(self):
+        tag = bytes(range(16))
+        b = abi.BLOCK_ENTRY_TAGGED.pack(0x1122, 7, 1, 2, 3, 4, abi.KINDS_BOTH, 0, 0, 0, 0, 0, tag, 0xabc,
+                                        abi.META_PARENT, 0)
+        self.assertEqual(len(b), 64)
+        self.assertEqual(struct.unpack_from("<Q", b, 0)[0], 0x1122)
+        self.assertEqual(b[32:48], tag)
+        self.assertEqual(struct.unpack_from("<QII", b, 48), (0xabc, 1, 0))
+        # the first 32 bytes are the minor-2 entry
+        self.assertEqual(b[:32], abi.BLOCK_ENTRY.pack(0x1122, 7, 1, 2, 3, 4, abi.KINDS_BOTH, 0, 0, 0, 0, 0))
+
+    def test_lookup_layout(self):
+        self.assertEqual(abi.LOOKUP.size, 64)
+        h = abi.LOOKUP.pack(1, 0, 3, 9, 16, 0, 0, 0, 0, 0, 0, 0)
+        self.assertEqual(struct.unpack_from("<IIIIQ", h, 0), (1, 0, 3, 9, 16))
+        p = abi.LOOKUP_PAIR.pack(5, b"\x07" * 16, 0)
+        self.assertEqual((len(p), p[8:24], p[abi.LOOKUP_PAIR_STATUS_OFF]), (32, b"\x07" * 16, 0))
+        self.assertEqual(abi.IOC_LOOKUP_INLINE, 0xffe0b727)
+        self.assertEqual(abi.LOOKUP.size + abi.LOOKUP_INLINE_MAX * abi.LOOKUP_PAIR.size, abi.BLOCKS_INLINE_SIZE)
+
+    def test_block_entry_defaults_stay_minor_2(self):
+        e = kvfs.BlockEntry(1, 2)
+        self.assertIsNone(e.tag)
+        self.assertIsNone(e.parent)
+        self.assertEqual(kvfs.BlockEntry(*tuple(e)[:7]), e)
+
+
+@unittest.skipUnless(torch is not None, "needs torch and transformers")
+class NamesTest(unittest.TestCase):
+    def test_chain(self):
+        salt = b"s" * 32
+        a = list(range(64))
+        b = list(range(48)) + [99] * 16
+        ka, kb = khf.block_keys(salt, a, 16), khf.block_keys(salt, b, 16)
+        self.assertEqual(len(ka), 4)
+        self.assertEqual(ka[:3], kb[:3])          # a shared prefix shares names
+        self.assertNotEqual(ka[3], kb[3])
+        self.assertIsNone(ka[0].parent)
+        for prev, k in zip(ka, ka[1:]):
+            self.assertEqual(k.parent, prev.block)
+        self.assertTrue(all(len(k.tag) == 16 and k.tag != bytes(16) for k in ka))
+        # a block's name fixes every token before it, not only its own
+        c = [1] + a[1:]
+        kc = khf.block_keys(salt, c, 16)
+        self.assertTrue(all(x.block != y.block and x.tag != y.tag for x, y in zip(ka, kc)))
+        self.assertEqual(khf.block_keys(b"t" * 32, a, 16)[0].block != ka[0].block, True)
+        self.assertEqual(len(khf.block_keys(salt, a[:47], 16)), 2)
+        with self.assertRaises(ValueError):
+            khf.block_keys(salt, a[:20], 16, 2)
+
+    def test_salt_differs_whenever_kv_would(self):
+        m = hf_model.tiny_llama(2, 2, 32, torch.float32)
+        base = khf.model_salt(m, None, 0, 2)
+        self.assertEqual(base, khf.model_salt(hf_model.tiny_llama(2, 2, 32, torch.float32), None, 0, 2))
+        others = {
+            "dtype": khf.model_salt(hf_model.tiny_llama(2, 2, 32, torch.bfloat16), None, 0, 2),
+            "weights": khf.model_salt(hf_model.tiny_llama(2, 2, 32, torch.float32, seed=7), None, 0, 2),
+            "config": khf.model_salt(hf_model.tiny_llama(3, 2, 32, torch.float32), None, 0, 2),
+            "shard": khf.model_salt(m, None, 1, 1),
+            "layers": khf.model_salt(m, None, 0, 2, layer_first=2),
+            "identity": khf.model_salt(m, None, 0, 2, identity="lora-a"),
+        }
+        for what, s in others.items():
+            self.assertNotEqual(s, base, what)
+        m.config.name_or_path = "org/other"
+        self.assertNotEqual(khf.model_salt(m, None, 0, 2), base, "name_or_path")
+
+
+@unittest.skipUnless(torch is not None, "needs torch and transformers")
+class NoDaemonTest(unittest.TestCase):
+    """No kvfs mount at the path: generation recomputes, warning once."""
+
+    def test_generate_without_mount(self):
+        m = hf_model.tiny_llama(2, 2, 32, torch.float32)
+        p = hf_model.prompt(40, 3)
+        want = hf_model.plain(m, p)
+        for layerwise in (False, True):
+            with tempfile.TemporaryDirectory() as d:
+                pc = khf.PrefixCache(os.path.join(d, "not-a-mount"), m, prefill_blocks=1, layerwise=layerwise)
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    got = pc.generate(p, **hf_model.GEN)
+                    again = pc.generate(p, **hf_model.GEN)
+                    cache, n = pc.load(p)
+                self.assertEqual(len([x for x in w if issubclass(x.category, RuntimeWarning)]), 1,
+                                 [str(x.message) for x in w])
+                self.assertIn("kvfs.hf", str(w[0].message))
+            hf_model.assert_same(self, got, want, "first")
+            hf_model.assert_same(self, again, want, "again")
+            self.assertEqual((n, cache.get_seq_length()), (0, 0))
+            self.assertGreaterEqual(pc.stats["fallbacks"], 3)
+            self.assertEqual(pc.stats["loaded_blocks"], 0)
+
+    def test_batch_refused(self):
+        m = hf_model.tiny_llama(2, 2, 32, torch.float32)
+        pc = khf.PrefixCache("/nonexistent", m)
+        with self.assertRaises(ValueError):
+            pc.load(torch.zeros((2, 20), dtype=torch.long))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
