@@ -26,6 +26,9 @@
 #                rate of the same run (needs a GPU)
 #   ttft         time to first token with a Llama-3-8B-shaped model,
 #                integration/gpu/run_torch.sh (needs a GPU, torch, transformers)
+#   ttft-cpu     integration/gpu/ttft.py on the CPU with a tiny random Llama
+#                from a small tmpfs store (PY: a python with torch and
+#                transformers, e.g. the venv `make test-python` builds)
 #   control      the control path in process: ctl's BenchmarkLoadBlocks
 #                (LOAD_BLOCKS, ns per block) and integration/ctl's
 #                TestMeasureLoad (v1 LOAD, µs per group; needs the go tool)
@@ -48,7 +51,8 @@
 #   SIZE [6GiB]  FILL blocks stored [2048]  BPC [128]  CALLS per caller [20]
 #   JOBS for load-v1 ["1 8"]  DISK_BPC [1000]  GPU_BPC [1024]
 #   MOUNT_FLAGS    extra flags of every kvfs mount (e.g. --cpuprofile F)
-#   TOKENS         ttft's token counts [4096,16384,32768]
+#   TOKENS         ttft's token counts [4096,16384,32768; ttft-cpu: 256,1024]
+#   PY             the python of ttft-cpu [python3]
 #   WORK           scratch directory [a new one under /tmp, removed at exit]
 #
 # The store has the Llama-3-8B shape (32 layers, 8 KV heads, head_dim 128,
@@ -444,6 +448,27 @@ s_ttft() {
 	bash integration/gpu/run_torch.sh "$K" "$WORK/torch" "${TOKENS:-4096,16384,32768}"
 }
 
+s_ttft_cpu() {
+	local py=${PY:-python3}
+	"$py" -c 'import torch, transformers' 2>/dev/null || {
+		log "ttft-cpu needs PY=python with torch and transformers: skipped"
+		return 0
+	}
+	S=$SHM/kvfs-measure-ttft-cpu.kvfs
+	STORES+=("$S")
+	"$K" format "$S" --size 64MiB --layers 4 --kv-heads 2 --head-dim 128 --block-tokens 16 --dtype bf16 \
+		--force >/dev/null || return 1
+	mnt "$K" || return 1
+	echo
+	echo "TTFT on the CPU, tiny random Llama ($(hostname), $(nproc) cores, $(date -u +%Y-%m-%d), commit $COMMIT)"
+	echo
+	"$py" integration/gpu/ttft.py --device cpu --tiny --mount "$M" --tokens "${TOKENS:-256,1024}" \
+		--repeat "$ROUNDS" | grep -v '^JSON: '
+	local rc=${PIPESTATUS[0]}
+	umnt
+	return "$rc"
+}
+
 s_control() {
 	local ct=$D/ctl.test it=$D/ctlint.test
 	if [ ! -x "$ct" ] || [ ! -x "$it" ]; then
@@ -476,8 +501,9 @@ run() {
 	disk) s_disk ;;
 	load-gpu) s_load_gpu ;;
 	ttft) s_ttft ;;
+	ttft-cpu) s_ttft_cpu ;;
 	control) s_control ;;
-	all) for s in engine store load-v1 load-blocks sweep cold disk load-gpu control ttft; do run $s; done ;;
+	all) for s in engine store load-v1 load-blocks sweep cold disk load-gpu control ttft ttft-cpu; do run $s; done ;;
 	*)
 		echo "measure.sh: unknown scenario $1" >&2
 		usage

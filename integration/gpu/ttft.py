@@ -1,77 +1,114 @@
 #!/usr/bin/env python3
-"""Time to first token: recompute the prefill, or load its KV cache from kvfs (issue 12).
+"""Time to first token through kvfs.hf: recompute, a full hit, a 50 % hit loaded layer by layer.
 
-A Llama-3-8B-shaped model (random weights, bf16: 32 layers, hidden 4096,
-32 query heads, 8 kv-heads, head_dim 128, MLP 14336, vocab 128256) on one
-GPU. For each prompt length N (4K, 16K, 32K tokens):
+The model: on a GPU (--device cuda, the default) a Llama-3-8B-shaped model
+(random weights, bf16: 32 layers, hidden 4096, 32 query heads, 8 kv-heads,
+head_dim 128, MLP 14336, vocab 128256); with --tiny a small random Llama
+shaped like the store it is given (its layers, kv-heads, head_dim and
+dtype; twice as many query heads), which runs on the CPU in seconds: CI
+runs this script that way as a smoke test (python/tests/test_ttft_smoke.py).
 
-* recompute: a prefill of all N tokens, then the first token's logits;
-* kvfs: the KV of tokens [0, N-16) (whole 16-token blocks) loaded from a
-  store into a fresh Hugging Face cache, then a prefill of the last block
-  with that cache and the first token's logits. The load is timed from the
-  LOAD call to the logits (the cache's registration is a one-time setup of an
-  engine and is reported apart). Through pin=True (the client's pinned
-  staging buffer) and through REGISTER_CUDA ("n/a" when the daemon lacks it),
-  from a store on tmpfs and one on disk (the disk store's page cache dropped
-  before each load where the kernel lets us).
+For each prompt length N (random token ids, N a multiple of the store's
+block_tokens), each timed from the call to the first generated token
+(a streamer sees it), median of --repeat runs:
 
-Before timing, the blocks are stored from the recompute's cache (pin=True)
-and every load is checked byte for byte against that cache.
+* recompute: model.generate from an empty cache: a prefill of all N tokens;
+* full: kvfs.hf.PrefixCache.generate with every whole block but the last
+  stored before (from the recompute's cache): LOOKUP, one load of N − 16
+  tokens' KV, a prefill of the last block. On a GPU through pin=True (the
+  client's pinned staging buffer) and through REGISTER_CUDA (pin=False);
+  on the CPU into a registered host buffer;
+* half: the first N/2 tokens stored, PrefixCache(layerwise=True): layer 0 of
+  the hit loaded at once, the others on a thread while the model prefills
+  the second half, layer i waiting only for its own data.
 
-    ttft.py --geometry        # the kvfs format flags of the stores
+The hit runs store nothing afterwards, so every repeat finds the same
+blocks. Every run generates --new-tokens tokens greedily (after the first
+token, untimed); a hit whose tokens differ from the recompute's is
+reported, and with --check (the default with --tiny) ends the script with
+exit status 1. Blocks are named by a fresh identity per run of the script,
+so blocks an earlier run left in the store never serve. A store given with
+--disk has its page cache dropped before each hit where the kernel lets us.
+
+    ttft.py --geometry        # the kvfs format flags of the GPU model's stores
     ttft.py --tmpfs MOUNT --disk MOUNT [--tokens 4096,16384,32768] [--repeat 3]
+    ttft.py --device cpu --tiny --mount MOUNT [--tokens 256] [--json out.json]
+
+It prints a Markdown table and, last, one line "JSON: {...}" (also written
+to --json FILE).
 """
 
 import argparse
+import json
 import os
+import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+try:
+    import kvfs  # noqa: F401 - an installed client first
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, HIDDEN, MLP, VOCAB = 32, 32, 8, 128, 4096, 14336, 128256
 BLOCK_TOKENS = 16
 GEOMETRY = ["--layers", str(LAYERS), "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM),
             "--block-tokens", str(BLOCK_TOKENS), "--dtype", "bf16"]
+TINY_VOCAB = 512
+TORCH_DTYPES = {1: "bfloat16", 2: "float16", 3: "float32"}
 
 
-def build_model(max_tokens):
+def build_model(device, max_tokens, tiny_info=None):
+    """The 8B-shaped model on device, or with tiny_info (a store's Info) a
+    small one shaped like that store."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=LAYERS,
-                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                      max_position_embeddings=max(8192, max_tokens + 64), rope_theta=500000.0,
-                      rms_norm_eps=1e-5, tie_word_embeddings=False)
-    try:
-        cfg._attn_implementation = "sdpa"
-    except Exception:
-        pass
+    if tiny_info is None:
+        cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=MLP, num_hidden_layers=LAYERS,
+                          num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                          max_position_embeddings=max(8192, max_tokens + 64), rope_theta=500000.0,
+                          rms_norm_eps=1e-5, tie_word_embeddings=False)
+        dtype = torch.bfloat16
+    else:
+        i = tiny_info
+        head_dim = i.row_bytes // i.dtype_bytes
+        heads = 2 * i.kv_heads
+        cfg = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=heads * head_dim, intermediate_size=2 * heads * head_dim,
+                          num_hidden_layers=i.layers, num_attention_heads=heads, num_key_value_heads=i.kv_heads,
+                          head_dim=head_dim, max_position_embeddings=max(1024, max_tokens + 64),
+                          tie_word_embeddings=False, initializer_range=0.1)
+        dtype = getattr(torch, TORCH_DTYPES[i.dtype])
+    cfg.bos_token_id = cfg.eos_token_id = None
+    cfg.pad_token_id = 0
+    cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(dtype)
     try:
-        with torch.device("cuda"):
+        with torch.device(device):
             model = LlamaForCausalLM(cfg)
     finally:
         torch.set_default_dtype(old)
-    return model.to(torch.bfloat16).eval()
+    model = model.to(dtype).eval()
+    model.generation_config.eos_token_id = None  # decode exactly --new-tokens
+    model.generation_config.pad_token_id = 0
+    return model
 
 
-def first_token(model, ids, cache):
-    """Logits of the token after ids, extending cache; only the last position goes through lm_head."""
-    import torch
-    with torch.no_grad():
-        out = model.model(input_ids=ids, past_key_values=cache, use_cache=True)
-        h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return model.lm_head(h[:, -1, :]), out.past_key_values
+class FirstToken:
+    """A generate() streamer that notes when the first new token arrives
+    (generate puts the prompt first, then each new token)."""
 
+    def __init__(self):
+        self.puts, self.at = 0, None
 
-def cache_from(pairs):
-    from transformers import DynamicCache
-    c = DynamicCache()
-    for i, (k, v) in enumerate(pairs):
-        c.update(k, v, i)
-    return c
+    def put(self, value):
+        self.puts += 1
+        if self.puts == 2 and self.at is None:
+            self.at = time.perf_counter()
+
+    def end(self):
+        pass
 
 
 def drop_caches():
@@ -84,144 +121,197 @@ def drop_caches():
         return False
 
 
+class Unserved(Exception):
+    """A hit run fell back to recompute (the load failed: kvfs.hf warned why)."""
+
+
+class Run:
+    """One store's mount and what the script measures through it."""
+
+    def __init__(self, name, mount, drop):
+        self.name, self.mount, self.drop = name, mount, drop
+
+
+def generate(model, prompt, new_tokens, pc=None, cache=None):
+    """(seconds to the first token, generated token ids, the cache) of one
+    greedy generation, through pc (a PrefixCache) or model.generate."""
+    import torch
+    from kvfs.hf import cache_kwarg
+    from transformers import DynamicCache
+    st = FirstToken()
+    kw = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, streamer=st,
+              attention_mask=torch.ones_like(prompt))
+    sync()
+    t0 = time.perf_counter()
+    if pc is not None:
+        out = pc.generate(prompt, **kw)
+    else:
+        cache = DynamicCache() if cache is None else cache
+        with torch.no_grad():
+            out = model.generate(prompt, **{cache_kwarg(model): cache}, **kw)
+    sync()
+    return st.at - t0, out[0, prompt.shape[1]:].tolist(), cache
+
+
+def sync():
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def measure(args, model, runs, device, identity):
+    import torch
+    import kvfs.hf as khf
+    from transformers import DynamicCache
+    sizes = [int(x) for x in args.tokens.split(",")]
+    rows, notes, mismatches = [], [], 0
+    vocab = model.config.vocab_size
+    # warm up kernels (untimed)
+    generate(model, torch.randint(0, vocab, (1, min(512, sizes[0])), device=device), 1)
+    for n in sizes:
+        g = torch.Generator().manual_seed(n)
+        prompt = torch.randint(0, vocab, (1, n), generator=g).to(device)
+        rec, toks, cache = [], None, None
+        for _ in range(args.repeat):
+            t, toks, cache = generate(model, prompt, args.new_tokens)
+            rec.append(t)
+        row = {"tokens": n, "recompute_ms": statistics.median(rec) * 1e3, "recompute_tokens": toks}
+        ref_cache = cache
+        kvb = sum(k.numel() * k.element_size() * 2 for k, _ in _layers(ref_cache))
+        row["kv_gb"] = kvb * (n - BT[0]) / cache.get_seq_length() / 1e9
+        for r in runs:
+            modes = [("full:pin", True), ("full:cuda", False)] if device == "cuda" else [("full", False)]
+            modes.append(("half:layerwise", None))
+            for mode, pin in modes:
+                col = "%s:%s" % (r.name, mode)
+                ident = "%s %s %d" % (identity, col, n)
+                half = pin is None
+                pc = khf.PrefixCache(r.mount, model, identity=ident, pin=bool(pin), layerwise=half)
+                try:
+                    stored = pc.store(prompt[:, :n // 2] if half else prompt, ref_cache)
+                    if stored == 0:
+                        raise RuntimeError("%s: nothing stored (stats %s)" % (col, pc.stats))
+                    pc.store = lambda *a, **k: 0  # the timed runs leave the store as it is
+                    times, dropped = [], True
+                    for _ in range(args.repeat):
+                        if r.drop:
+                            dropped = drop_caches() and dropped
+                        before = dict(pc.stats)
+                        t, got, _ = generate(model, prompt, args.new_tokens, pc=pc)
+                        times.append(t)
+                        loaded = pc.stats["loaded_blocks"] - before["loaded_blocks"]
+                        want = (n // 2) // pc.block_tokens if half else (n - 1) // pc.block_tokens
+                        if pc.stats["fallbacks"] != before["fallbacks"]:
+                            raise Unserved("%s: the load failed and generation recomputed (stats %s)"
+                                           % (col, pc.stats))
+                        if loaded != want:
+                            raise RuntimeError("%s: %d blocks loaded of %d (stats %s)" % (col, loaded, want, pc.stats))
+                        if got != toks:
+                            mismatches += 1
+                            notes.append("%s at %d tokens: generated %s, recompute %s" % (col, n, got, toks))
+                    if r.drop and not dropped:
+                        notes.append("%s: page cache not dropped (no permission): loads may be cached" % col)
+                    row[col + "_ms"] = statistics.median(times) * 1e3
+                except (Unserved, OSError) as e:
+                    # REGISTER_CUDA is optional in a daemon: its column says n/a
+                    if device == "cuda" and pin is False:
+                        row[col + "_ms"] = None
+                        notes.append("%s at %d tokens: n/a: %s" % (col, n, e))
+                        continue
+                    raise
+                finally:
+                    pc.close()
+        rows.append(row)
+        del ref_cache, cache
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        print("done %d tokens" % n, file=sys.stderr, flush=True)
+    return rows, notes, mismatches
+
+
+BT = [BLOCK_TOKENS]
+
+
+def _layers(cache):
+    from kvfs.torch import _hf_layers
+    return _hf_layers(cache)
+
+
+def table(rows, cols, repeat):
+    out = ["TTFT, ms (median of %d; × = recompute / this): recompute = prefill of all N tokens; full = load "
+           "N − %d tokens' KV + prefill of the last block; half = load N/2 layer by layer while prefilling the rest"
+           % (repeat, BT[0]),
+           "| tokens | KV GB | recompute | " + " | ".join(cols) + " |",
+           "|---" * (3 + len(cols)) + "|"]
+    for r in rows:
+        cells = [str(r["tokens"]), "%.3f" % r["kv_gb"], "%.1f" % r["recompute_ms"]]
+        for c in cols:
+            v = r.get(c + "_ms")
+            cells.append("n/a" if v is None else "%.1f (×%.1f)" % (v, r["recompute_ms"] / v))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--tiny", action="store_true", help="a small random Llama shaped like the (first) store")
+    p.add_argument("--mount", help="mount of a store (its page cache is left alone)")
     p.add_argument("--tmpfs", help="mount of the store on tmpfs")
-    p.add_argument("--disk", help="mount of the store on disk")
-    p.add_argument("--tokens", default="4096,16384,32768")
+    p.add_argument("--disk", help="mount of the store on disk (page cache dropped before each hit)")
+    p.add_argument("--tokens", help="prompt lengths [4096,16384,32768; --tiny: 256]")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per cell (the median is reported)")
-    p.add_argument("--staging-blocks", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=4, help="tokens each run generates (the first is timed)")
+    p.add_argument("--check", action="store_true", help="exit 1 when a hit generates other tokens than recompute "
+                   "(the default with --tiny)")
+    p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--geometry", action="store_true", help="print the kvfs format flags and exit")
     args = p.parse_args()
     if args.geometry:
         print(" ".join(GEOMETRY))
         return 0
+    runs = [Run(n, m, n == "disk") for n, m in (("mount", args.mount), ("tmpfs", args.tmpfs), ("disk", args.disk))
+            if m]
+    if not runs:
+        p.error("give at least one of --mount, --tmpfs, --disk")
+    args.tokens = args.tokens or ("256" if args.tiny else "4096,16384,32768")
+    check = args.check or args.tiny
     import torch
     import transformers
     import kvfs
-    import kvfs.torch as kt
 
-    sizes = [int(x) for x in args.tokens.split(",")]
-    stores = [(n, m) for n, m in (("tmpfs", args.tmpfs), ("disk", args.disk)) if m]
-    print("torch %s, transformers %s, %s" % (torch.__version__, transformers.__version__,
-                                             torch.cuda.get_device_name(0)), flush=True)
-    model = build_model(max(sizes))
-    print("model: %.2f B parameters, bf16" % (sum(p.numel() for p in model.parameters()) / 1e9), flush=True)
-    clients = {name: kvfs.Client(m) for name, m in stores}
-    for name, c in clients.items():
-        i = c.info()
-        print("store %s: engine %s, caps %#x (CUDA %s)" % (name, i.engine, i.caps,
-                                                        "yes" if i.caps & kvfs.abi.CAP_CUDA else "no"), flush=True)
-    sync = torch.cuda.synchronize
-    ms = lambda t: "%.1f" % (t * 1e3)  # noqa: E731
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    # warm up kernels
-    first_token(model, torch.randint(0, VOCAB, (1, 512), device="cuda"), cache_from([]))
-    sync()
-    rows, notes = [], []
-    base = 0x77000000
-    for n in sizes:
-        nb = n // BLOCK_TOKENS - 1  # blocks loaded; the last block is prefilled on top
-        ids = [base + i for i in range(nb)]
-        base += n
-        prompt = torch.randint(0, VOCAB, (1, n), device="cuda", generator=torch.Generator("cuda").manual_seed(n))
-        rec = []
-        for _ in range(args.repeat):
-            from transformers import DynamicCache
-            sync()
-            t0 = time.perf_counter()
-            logits, cache = first_token(model, prompt, DynamicCache())
-            sync()
-            rec.append(time.perf_counter() - t0)
-        ref = [(k[:, :, :nb * BLOCK_TOKENS].contiguous(), v[:, :, :nb * BLOCK_TOKENS].contiguous())
-               for k, v in kt._hf_layers(cache)]
-        del cache, logits
-        kv_bytes = sum(k.numel() * k.element_size() * 2 for k, _ in ref)
-        row = {"tokens": n, "recompute": med(rec), "kv_gb": kv_bytes / 1e9}
-        for name, c in clients.items():
-            kvc = kt.KVCache.hf(c, ref, pin=True, staging_blocks=args.staging_blocks)
-            t0 = time.perf_counter()
-            st = kvc.store(ids, range(nb))
-            row[name + ":store"] = time.perf_counter() - t0
-            kvc.close()
-            bad = sum(s != kvfs.OK for s in st)
-            if bad:
-                print("store %s, %d tokens: %d blocks not OK (%s)" % (name, n, bad, kvfs.status_name(
-                    next(s for s in st if s != kvfs.OK))))
-                return 1
-        # one allocation for the whole cache, as engines do: one CUDA registration (the daemon takes
-        # at most max_buffers per open file)
-        whole = torch.empty((LAYERS, 2) + tuple(ref[0][0].shape), dtype=ref[0][0].dtype, device="cuda")
-        fresh = [(whole[l, 0], whole[l, 1]) for l in range(LAYERS)]
-        for name, c in clients.items():
-            for mode in ("pin", "cuda"):
-                col = "%s:%s" % (name, mode)
-                try:
-                    t0 = time.perf_counter()
-                    kvc = kt.KVCache.hf(c, fresh, pin=mode == "pin", staging_blocks=args.staging_blocks)
-                    row[col + ":register"] = time.perf_counter() - t0
-                except (kvfs.KvfsError, OSError) as e:
-                    row[col] = None
-                    notes.append("%s at %d tokens: n/a: %s" % (col, n, e))
-                    continue
-                times, dropped = [], True
-                try:
-                    for _ in range(args.repeat):
-                        whole.zero_()
-                        if name == "disk":
-                            dropped = drop_caches() and dropped
-                        sync()
-                        t0 = time.perf_counter()
-                        st = kvc.load(ids, range(nb))
-                        t1 = time.perf_counter()
-                        first_token(model, prompt[:, nb * BLOCK_TOKENS:],
-                                    cache_from([(k, v) for k, v in fresh]))
-                        sync()
-                        t2 = time.perf_counter()
-                        times.append((t2 - t0, t1 - t0))
-                        if any(s != kvfs.OK for s in st):
-                            raise RuntimeError("%s: %d blocks not OK" % (col, sum(s != kvfs.OK for s in st)))
-                        if not all(torch.equal(k, rk) and torch.equal(v, rv) for (k, v), (rk, rv) in zip(fresh, ref)):
-                            raise RuntimeError("%s: loaded cache differs from the stored one" % col)
-                finally:
-                    kvc.close()
-                row[col] = med([t for t, _ in times])
-                row[col + ":load"] = med([t for _, t in times])
-                if name == "disk" and not dropped:
-                    notes.append("%s: page cache not dropped (no permission): disk loads may be cached" % col)
-        rows.append(row)
-        del ref, fresh, whole
-        torch.cuda.empty_cache()
-        print("done %d tokens" % n, flush=True)
-
-    cols = ["%s:%s" % (s, m) for s, _ in stores for m in ("pin", "cuda")]
-    print("\nTTFT, ms (median of %d): recompute = prefill of all N tokens; kvfs = load N-16 tokens' KV + "
-          "prefill of the last 16" % args.repeat)
-    print("| tokens | KV GB | recompute | " + " | ".join(cols) + " |")
-    print("|---" * (3 + len(cols)) + "|")
-    for r in rows:
-        cells = [str(r["tokens"]), "%.2f" % r["kv_gb"], ms(r["recompute"])]
-        for c in cols:
-            v = r.get(c)
-            cells.append("n/a" if v is None else "%s (x%.1f)" % (ms(v), r["recompute"] / v))
-        print("| " + " | ".join(cells) + " |")
-    print("\nkvfs load alone, ms and GB/s (the LOAD call; registration once per cache, apart):")
-    print("| tokens | " + " | ".join(cols) + " |")
-    print("|---" * (1 + len(cols)) + "|")
-    for r in rows:
-        cells = [str(r["tokens"])]
-        for c in cols:
-            v = r.get(c + ":load")
-            cells.append("n/a" if v is None else "%s (%.1f GB/s; reg %s)" % (ms(v), r["kv_gb"] / v,
-                                                                          ms(r[c + ":register"])))
-        print("| " + " | ".join(cells) + " |")
-    print("\nstore (pin=True), ms: " + ", ".join(
-        "%d tokens: %s" % (r["tokens"], ", ".join("%s %s" % (s, ms(r[s + ":store"])) for s, _ in stores))
-        for r in rows))
+    with kvfs.Client(runs[0].mount) as c:
+        info = c.info()
+    BT[0] = info.block_tokens
+    if any(int(x) % info.block_tokens or int(x) < 2 * info.block_tokens for x in args.tokens.split(",")):
+        p.error("--tokens: each a multiple of the store's block_tokens (%d), at least two blocks" % info.block_tokens)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("ttft.py: no CUDA device (run with --device cpu --tiny on the CPU)", file=sys.stderr)
+        return 2
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU (%d threads)" % torch.get_num_threads()
+    print("torch %s, transformers %s, %s" % (torch.__version__, transformers.__version__, where), flush=True)
+    model = build_model(args.device, max(int(x) for x in args.tokens.split(",")), info if args.tiny else None)
+    print("model: %.4g M parameters, %s, %d layers, %d kv-heads" % (
+        sum(q.numel() for q in model.parameters()) / 1e6, model.dtype, model.config.num_hidden_layers,
+        model.config.num_key_value_heads), flush=True)
+    identity = "ttft %s" % os.urandom(8).hex()
+    rows, notes, mismatches = measure(args, model, runs, args.device, identity)
+    cols = [c[:-3] for c in rows[0] if c.endswith("_ms") and c != "recompute_ms"]
+    print()
+    print(table(rows, cols, args.repeat))
     for note in notes:
         print("note: " + note)
-    for c in clients.values():
-        c.close()
+    result = {"device": where, "torch": torch.__version__, "transformers": transformers.__version__,
+              "model": "tiny" if args.tiny else "llama-3-8b-shaped", "dtype": str(model.dtype),
+              "block_tokens": BT[0], "repeat": args.repeat, "new_tokens": args.new_tokens, "rows": rows,
+              "notes": notes, "tokens_match": mismatches == 0}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print("JSON: " + json.dumps(result))
+    if check and mismatches:
+        print("ttft.py: %d hit runs generated other tokens than recompute" % mismatches, file=sys.stderr)
+        return 1
     return 0
 
 
