@@ -50,6 +50,7 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # before lmcache is imported: its INFO lines are many
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 LAYERS, KV_HEADS, HEAD_DIM, CHUNK_TOKENS, BLOCK_TOKENS = 32, 8, 128, 256, 16

@@ -29,6 +29,11 @@
 #   ttft-cpu     integration/gpu/ttft.py on the CPU with a tiny random Llama
 #                from a small tmpfs store (PY: a python with torch and
 #                transformers, e.g. the venv `make test-python` builds)
+#   peers        LMCache's disk storage (local disk, buffered and O_DIRECT;
+#                raw-block) against kvfs on DISK: PEER_CHUNKS chunks of 32
+#                MiB stored, synced, page cache dropped, read back into host
+#                memory, ROUNDS rounds (scripts/lmcache-vs-kvfs.py; needs
+#                LMCACHE_PY, a python with lmcache installed)
 #   control      the control path in process: ctl's BenchmarkLoadBlocks
 #                (LOAD_BLOCKS, ns per block) and integration/ctl's
 #                TestMeasureLoad (v1 LOAD, µs per group; needs the go tool)
@@ -53,6 +58,8 @@
 #   MOUNT_FLAGS    extra flags of every kvfs mount (e.g. --cpuprofile F)
 #   TOKENS         ttft's token counts [4096,16384,32768; ttft-cpu: 256,1024]
 #   PY             the python of ttft-cpu [python3]
+#   LMCACHE_PY     the python of peers, with lmcache [/var/tmp/lmc-venv/bin/python]
+#   PEER_CHUNKS    peers' 32 MiB chunks per round [16]
 #   WORK           scratch directory [a new one under /tmp, removed at exit]
 #
 # The store has the Llama-3-8B shape (32 layers, 8 KV heads, head_dim 128,
@@ -469,6 +476,18 @@ s_ttft_cpu() {
 	return "$rc"
 }
 
+s_peers() {
+	local py=${LMCACHE_PY:-/var/tmp/lmc-venv/bin/python}
+	"$py" -c 'import lmcache' 2>/dev/null || {
+		log "peers needs LMCACHE_PY=python with lmcache installed (see scripts/lmcache-vs-kvfs.py): skipped"
+		return 0
+	}
+	echo
+	echo "LMCache and kvfs on one disk, $DISK ($(hostname), $(nproc) cores, $(date -u +%Y-%m-%d), commit $COMMIT)"
+	echo
+	"$py" scripts/lmcache-vs-kvfs.py --kvfs "$K" --dir "$DISK" --chunks "${PEER_CHUNKS:-16}" --rounds "$ROUNDS"
+}
+
 s_control() {
 	local ct=$D/ctl.test it=$D/ctlint.test
 	if [ ! -x "$ct" ] || [ ! -x "$it" ]; then
@@ -502,8 +521,9 @@ run() {
 	load-gpu) s_load_gpu ;;
 	ttft) s_ttft ;;
 	ttft-cpu) s_ttft_cpu ;;
+	peers) s_peers ;;
 	control) s_control ;;
-	all) for s in engine store load-v1 load-blocks sweep cold disk load-gpu control ttft ttft-cpu; do run $s; done ;;
+	all) for s in engine store load-v1 load-blocks sweep cold disk load-gpu control ttft ttft-cpu peers; do run $s; done ;;
 	*)
 		echo "measure.sh: unknown scenario $1" >&2
 		usage
