@@ -86,7 +86,8 @@ class Meter:
 
     def __exit__(self, *exc):
         self.wall = time.perf_counter() - self.t0
-        self.cpu = time.process_time() - self.c0 + ((proc_cpu(self.daemon) - self.d0) if self.daemon else 0.0)
+        self.dcpu = (proc_cpu(self.daemon) - self.d0) if self.daemon else 0.0
+        self.cpu = time.process_time() - self.c0 + self.dcpu
 
 
 class LMCacheSide:
@@ -300,9 +301,9 @@ def main():
                     s.retrieve()
                 if not s.check(src):
                     raise RuntimeError("%s: retrieved bytes differ from the stored ones" % s.name)
-                res[s.name].append((gb / ms.wall, ms.cpu / gb, gb / ml.wall, ml.cpu / gb))
+                res[s.name].append((gb / ms.wall, ms.cpu / gb, gb / ml.wall, ml.cpu / gb, ms.dcpu / gb, ml.dcpu / gb))
                 print("round %d %-22s store %.2f GB/s (%.3f core-s/GB), retrieve %.2f GB/s (%.3f core-s/GB)"
-                      % ((rnd + 1, s.name) + res[s.name][-1]), file=sys.stderr, flush=True)
+                      % ((rnd + 1, s.name) + res[s.name][-1][:4]), file=sys.stderr, flush=True)
     finally:
         for s in sides:
             try:
@@ -321,6 +322,11 @@ def main():
         print("| %s | %.2f (%.3f) | %.2f (%.3f) | %s |" % (
             s.name, med(x[0] for x in r), med(x[1] for x in r), med(x[2] for x in r), med(x[3] for x in r),
             ", ".join("%.2f" % x[2] for x in r)))
+    for s in sides:
+        if getattr(s, "pid", None):
+            r = res[s.name]
+            print("%s: of its core-s/GB, the daemon's: store %.3f, retrieve %.3f" % (
+                s.name, med(x[4] for x in r), med(x[5] for x in r)))
     for n in notes:
         print("note: " + n)
     return 0
