@@ -68,15 +68,15 @@ func (ss *Session) guard(mine func(addr uintptr) bool, f func() error) error {
 	return err
 }
 
-// readGroups and writeGroups are the two calls into the store; the time
-// they take is what the store costs, the rest of a call is the control
-// path. A read lands in client memory: the caller runs it under guard,
+// readGroups and writeGroups are the two calls into the store (through
+// the DRAM tier when there is one, Options.Tier); the time they take is
+// what the store costs, the rest of a call is the control path. A read lands in client memory: the caller runs it under guard,
 // which catches the daemon's own accesses that fault; a read(2) of the
 // engine's into that memory gets EFAULT instead, and fails the call the
 // same way (ErrFault), not its groups as I/O errors of the device.
 func (ss *Session) readGroups(reqs []store.ReadReq) error {
 	t0 := time.Now()
-	err := ss.srv.st.Read(reqs)
+	err := ss.srv.io.Read(reqs)
 	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
 	if err != nil {
 		return err
@@ -95,7 +95,7 @@ func (ss *Session) readGroups(reqs []store.ReadReq) error {
 // other is logged here and reported per request (writeOutcome).
 func (ss *Session) writeGroups(reqs []store.WriteReq) error {
 	t0 := time.Now()
-	err := ss.srv.st.Write(reqs)
+	err := ss.srv.io.Write(reqs)
 	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
 	if err != nil && !errors.Is(err, store.ErrClosed) {
 		ss.srv.log.Warn("ctl: store batch failed", zap.Uint64("session", ss.id), zap.Error(err))

@@ -12,6 +12,7 @@ import (
 	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // Options control a Server. The zero value is usable.
@@ -49,6 +50,20 @@ type Options struct {
 	MaxPinnedPerUID int64
 	// GPU configures REGISTER_CUDA and loads into GPU memory.
 	GPU GPUOptions
+	// Tier, when set, is the DRAM tier in front of the store (package
+	// tier): loads into host memory (LOAD, LOAD_BLOCKS) read through it
+	// and stores from host memory write through it. Loads and stores of
+	// GPU memory still go to the store; the tier checks every copy it
+	// serves against the store's current version, so a GPU store is seen
+	// by the next host load all the same.
+	Tier *tier.Tier
+}
+
+// groupIO is what host loads and stores move groups through: the store,
+// or the DRAM tier in front of it (Options.Tier).
+type groupIO interface {
+	Read(reqs []store.ReadReq) error
+	Write(reqs []store.WriteReq) error
 }
 
 // EnsureDefaults fills in zero fields.
@@ -112,6 +127,7 @@ type Metrics struct {
 // Server answers control ioctls for one store.
 type Server struct {
 	st   *store.Store
+	io   groupIO // st, or Options.Tier
 	geo  layout.Geometry
 	tile abi.Tile
 	gb   int
@@ -142,11 +158,14 @@ func NewServer(s *store.Store, o Options) *Server {
 	o.EnsureDefaults()
 	g := s.Geometry()
 	srv := &Server{
-		st: s, geo: g, gb: g.GroupBytes(), opts: o, log: o.Logger,
+		st: s, io: s, geo: g, gb: g.GroupBytes(), opts: o, log: o.Logger,
 		tile: abi.Tile{Layers: uint32(g.Layers), KVHeads: uint32(g.KVHeads), Rows: uint32(g.BlockTokens), RowBytes: uint32(g.RowBytes())},
 	}
 	if r, ok := s.Engine().(store.MemoryRegistrar); ok && !o.NoRegisterMemory {
 		srv.reg = r
+	}
+	if o.Tier != nil {
+		srv.io = o.Tier
 	}
 	srv.stage.max = 8
 	srv.gpus.opts, srv.gpus.log = o.GPU, o.Logger

@@ -167,6 +167,15 @@ func (t *Tier) Metrics() Metrics {
 	}
 }
 
+// Holds reports whether the tier holds a copy of block b now (a copy a
+// read may still find stale).
+func (t *Tier) Holds(b uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.mu.idx.Slot(b)
+	return ok
+}
+
 // Write writes reqs through to the store (it returns when the store has
 // them durably, as store.Write does) and then drops the tier's copies of
 // their blocks: the next read of one reads the new version from the store.
