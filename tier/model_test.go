@@ -18,6 +18,10 @@ type model struct {
 	hist      [][]int64
 	committed []int // index in hist of the last change that returned
 	locks     []sync.Mutex
+	// evicts: the store is small enough to evict blocks, so any block
+	// may be absent at any time (its content, when present, is still
+	// checked).
+	evicts bool
 }
 
 func newModel(blocks int) *model {
@@ -59,6 +63,9 @@ func (m *model) window(b int) (lo int) {
 }
 
 func (m *model) allowed(b, lo int, c int64) bool {
+	if c < 0 && m.evicts {
+		return true
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, h := range m.hist[b][lo:] {
@@ -74,15 +81,26 @@ func (m *model) allowed(b, lo int, c int64) bool {
 // smaller than the blocks (evictions and promotions all along), and checks
 // every byte every read lands against the model: always some version the
 // block had while the read ran, never one older than the last change that
-// had returned before it began.
+// had returned before it began. With a store smaller than the blocks, the
+// store's own evictions join in.
 func TestConcurrentModel(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		storeBlocks int64
+	}{{"store-holds-all", 64}, {"store-evicts", 5}} {
+		t.Run(c.name, func(t *testing.T) { runModel(t, c.storeBlocks) })
+	}
+}
+
+func runModel(t *testing.T, storeBlocks int64) {
 	const blocks, writers, readers = 8, 2, 3
 	writeOps, readOps := 300, 600
 	if testing.Short() {
 		writeOps, readOps = 60, 120
 	}
-	tr, st, _ := newTier(t, 64, 3)
+	tr, st, _ := newTier(t, storeBlocks, 3)
 	m := newModel(blocks)
+	m.evicts = storeBlocks < blocks
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errc := make(chan error, writers+readers)
@@ -113,7 +131,7 @@ func TestConcurrentModel(t *testing.T) {
 					m.locks[b].Lock()
 					if m.current(b) >= 0 {
 						at := m.start(b, -1)
-						if err := via.DeleteBlock(uint64(b)); err != nil {
+						if err := via.DeleteBlock(uint64(b)); err != nil && !(m.evicts && errors.Is(err, store.ErrNotFound)) {
 							errc <- err
 						}
 						m.commit(b, at)
@@ -130,7 +148,7 @@ func TestConcurrentModel(t *testing.T) {
 					if c := m.current(b); c >= 0 && m.current(to) < 0 {
 						atTo := m.start(to, c)
 						atFrom := m.start(b, -1)
-						if err := via.RenameBlock(uint64(b), uint64(to)); err != nil {
+						if err := via.RenameBlock(uint64(b), uint64(to)); err != nil && !(m.evicts && errors.Is(err, store.ErrNotFound)) {
 							errc <- err
 						}
 						m.commit(to, atTo)
@@ -191,6 +209,9 @@ func TestConcurrentModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	mt := tr.Metrics()
+	if sm := st.Metrics(); m.evicts && sm.Evictions == 0 {
+		t.Fatalf("the store evicted nothing: %+v", sm)
+	}
 	if mt.Hits == 0 || mt.Misses == 0 || mt.Evictions == 0 || mt.Invalidations == 0 {
 		t.Fatalf("the run did not exercise the tier: %+v", mt)
 	}
