@@ -34,8 +34,9 @@
 // cannot give (more than MemAvailable, or a mapping or fault-in the kernel
 // refuses) fails the mount with ErrTooLarge and how much there is, rather
 // than an out-of-memory kill under load later; and the daemon's resident
-// size is the arena plus a bounded overhead (per slot: its index entry,
-// state, presence bitmap and one CRC per group, well under 1% of a block).
+// size is the arena plus a bounded overhead: per slot its index entry and
+// state (tens of bytes), a presence bitmap and 4 bytes of CRC per group
+// (0.1% of a block of 4 KiB groups).
 //
 // # Versions: never older than the store
 //
@@ -51,7 +52,9 @@
 // pass for a version newer than its bytes. So the tier needs no hook into
 // the store's writes or evictions to be correct: writes through the GPU
 // path, the store's own evictions and anything else that changes the store
-// are seen at the next read. Writes, deletes and renames that pass through
+// are seen at the next read. The same call counts as a use of each block
+// in the store's eviction order, so a block hot in the tier stays in the
+// store too. Writes, deletes and renames that pass through
 // the tier also drop its copies at once, so that their slots are reused
 // first; a copy the store evicted is dropped when a read finds it stale, or
 // by the tier's own eviction.
@@ -75,7 +78,9 @@
 // already in cache. A copy that fails it is never served: its destination
 // is zeroed, the block dropped, and the store reads the request again.
 // Unverified requests (the caller checks where the bytes end up) get the
-// recorded CRCs instead, as from the store.
+// recorded CRCs instead, as from the store. A hit does no I/O: it is
+// served while the device fails. Hits land on the calling goroutine; many
+// callers spread over the cores, one large call does not (yet).
 //
 // A miss reads the whole block from the store into a slot, all of its
 // groups in one store read with the other misses of the call, and verifies

@@ -5,7 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
@@ -392,5 +395,49 @@ func TestClosed(t *testing.T) {
 	}
 	if err := tr.Read(blockReqs(1)); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("read of a closed tier: %v", err)
+	}
+}
+
+// A store whose device fails reads: the failure is the caller's answer, as
+// from the store, and the block does not enter the tier; once it is in, a
+// hit needs no device.
+func TestStoreFaults(t *testing.T) {
+	for _, fault := range []storetest.Fault{storetest.EIO, storetest.ShortRead} {
+		m := storetest.Formatted(t, testGeo, 8, 512)
+		var failing atomic.Bool
+		fe := storetest.NewFaulty(m, func(n int, r store.IO) storetest.Fault {
+			if failing.Load() && r.Op == store.OpRead {
+				return fault
+			}
+			return storetest.None
+		}, nil)
+		st := storetest.Open(t, fe, store.Options{})
+		tr, err := New(st, Options{Bytes: 4 * testGeo.PayloadBytes()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		writeBlock(t, st, 1, 10, nil)
+		failing.Store(true)
+		reqs := blockReqs(1)
+		if err := tr.Read(reqs); err != nil {
+			t.Fatal(err)
+		}
+		for i := range reqs {
+			if err := reqs[i].Err; !errors.Is(err, unix.EIO) {
+				t.Fatalf("fault %v: group %d: %v, want the device's EIO", fault, i, err)
+			}
+		}
+		if n := tr.Metrics().Blocks; n != 0 {
+			t.Fatalf("fault %v: a block that failed to read entered the tier", fault)
+		}
+		failing.Store(false)
+		mustRead(t, tr, 1, 10)
+		failing.Store(true)
+		hits := tr.Metrics().Hits
+		mustRead(t, tr, 1, 10)
+		if tr.Metrics().Hits == hits {
+			t.Fatalf("fault %v: not a hit", fault)
+		}
 	}
 }
