@@ -441,3 +441,27 @@ func TestStoreFaults(t *testing.T) {
 		}
 	}
 }
+
+// A hit allocates nothing: the tier sits on the path of every load.
+func TestHitAllocs(t *testing.T) {
+	if raceOn {
+		t.Skip("sync.Pool drops items at random under the race detector")
+	}
+	tr, st, _ := newTier(t, 8, 4)
+	writeBlock(t, st, 2, 20, nil)
+	reqs := blockReqs(2)
+	if err := tr.Read(reqs); err != nil {
+		t.Fatal(err)
+	}
+	hits := tr.Metrics().Hits
+	if n := testing.AllocsPerRun(50, func() {
+		if err := tr.Read(reqs); err != nil || reqs[0].Err != nil {
+			t.Fatal(err, reqs[0].Err)
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations per hit", n)
+	}
+	if tr.Metrics().Hits == hits {
+		t.Fatal("no hit")
+	}
+}
