@@ -103,6 +103,20 @@ func (ss *Session) writeGroups(reqs []store.WriteReq) error {
 	return err
 }
 
+// gpuSource is what loads into GPU memory read from: the DRAM tier when
+// there is one and the store's file is not in memory (a store on a disk:
+// hits then reach the device through staging, with no disk read), else
+// the store itself, whose file in memory (tmpfs) the GPU loads straight
+// from where it can (gpu.Pipeline.SetHost), which a tier in front of it
+// would only take away. Stores into the store go through the tier
+// whenever there is one (s.io), so that it drops the copies they replace.
+func (s *Server) gpuSource() gpu.Reader {
+	if s.opts.Tier != nil && !s.hostView {
+		return s.opts.Tier
+	}
+	return s.st
+}
+
 // loadOutcome is the status of a group a load moved (err its result), and
 // logs a corrupt one: the store (or the device's checker) verified it in
 // memory only the daemon writes before calling it corrupt. d is the
@@ -140,9 +154,9 @@ func (ss *Session) gpuMove(d *gpuDev, items []gpu.Item, load, tiles bool) error 
 	s := ss.srv
 	var err error
 	if load {
-		err = d.pipe.Load(s.st, items, tiles)
+		err = d.pipe.Load(s.gpuSource(), items, tiles)
 	} else {
-		err = d.pipe.Store(s.st, items)
+		err = d.pipe.Store(s.io, items)
 	}
 	if errors.Is(err, store.ErrClosed) {
 		return err

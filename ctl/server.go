@@ -52,10 +52,10 @@ type Options struct {
 	GPU GPUOptions
 	// Tier, when set, is the DRAM tier in front of the store (package
 	// tier): loads into host memory (LOAD, LOAD_BLOCKS) read through it
-	// and stores from host memory write through it. Loads and stores of
-	// GPU memory still go to the store; the tier checks every copy it
-	// serves against the store's current version, so a GPU store is seen
-	// by the next host load all the same.
+	// and stores from host memory write through it; loads into GPU memory
+	// read through it, by staging, unless the store's file is in memory
+	// (then they load from that, as without a tier), and stores from GPU
+	// memory write through it.
 	Tier *tier.Tier
 }
 
@@ -126,14 +126,17 @@ type Metrics struct {
 
 // Server answers control ioctls for one store.
 type Server struct {
-	st   *store.Store
-	io   groupIO // st, or Options.Tier
-	geo  layout.Geometry
-	tile abi.Tile
-	gb   int
-	opts Options
-	log  *zap.Logger
-	reg  store.MemoryRegistrar // nil when the engine has none (or disabled)
+	st *store.Store
+	io groupIO // st, or Options.Tier
+	// hostView: the store's file is in host memory (store.Store.HostView
+	// at NewServer), where GPU loads bypass a tier (gpuSource).
+	hostView bool
+	geo      layout.Geometry
+	tile     abi.Tile
+	gb       int
+	opts     Options
+	log      *zap.Logger
+	reg      store.MemoryRegistrar // nil when the engine has none (or disabled)
 
 	nextSession atomic.Uint64
 	nextBuffer  atomic.Uint32
@@ -166,6 +169,7 @@ func NewServer(s *store.Store, o Options) *Server {
 	}
 	if o.Tier != nil {
 		srv.io = o.Tier
+		srv.hostView = s.HostView() != nil
 	}
 	srv.stage.max = 8
 	srv.gpus.opts, srv.gpus.log = o.GPU, o.Logger

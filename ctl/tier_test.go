@@ -7,9 +7,8 @@ import (
 	"testing"
 
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu/gputest"
 	"github.com/kvfs/kvfs/store"
-	"github.com/kvfs/kvfs/store/storetest"
-	"github.com/kvfs/kvfs/tier"
 )
 
 // TestTierBlocks: with a DRAM tier, STORE_BLOCKS writes through it and
@@ -108,18 +107,8 @@ func TestTierBlocks(t *testing.T) {
 // (a repeat from memory), and a version replaced in the store is never
 // served.
 func TestTierV1(t *testing.T) {
-	m := storetest.Formatted(t, testGeo, 8, 512)
-	st := storetest.Open(t, m, store.Options{})
-	tr, err := tier.New(st, tier.Options{Bytes: 4 * testGeo.PayloadBytes()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := NewServer(st, Options{Tier: tr})
-	t.Cleanup(func() {
-		srv.Close()
-		tr.Close()
-	})
-	f := &fixture{t: t, srv: srv, st: st, mem: m, gb: testGeo.GroupBytes()}
+	f := newFixtureTier(t, 8, Options{}, 4)
+	tr := f.srv.opts.Tier
 	ss := f.open(0, 0)
 	keys := blockKeys(0x10)
 	s := newShm(t, len(keys)*f.gb, 4096)
@@ -156,4 +145,72 @@ func TestTierV1(t *testing.T) {
 		}
 	}
 	s.checkGuard(t)
+}
+
+// TestTierGPU: loads into GPU memory from a store whose file is not in
+// memory read through the tier (the repeat is a hit), never a version the
+// store replaced; stores from GPU memory write through it and drop its
+// copy of the block.
+func TestTierGPU(t *testing.T) {
+	o, fakes := fakeGPUOptions(t, 1, fakeArena)
+	f := newFixtureTier(t, 16, Options{GPU: o}, 4)
+	tr := f.srv.opts.Tier
+	dev := fakes[0]
+	ss := f.open(0, 0)
+	gb := uint64(f.gb)
+	keys := blockKeys(3)
+	f.put(keys, 1)
+	base := gputest.Base
+	n := uint64(len(keys)) * gb
+	id := mustRegisterCUDA(t, ss, 0, base, 2*n, 0, 2*n)
+	load := func(block uint64, at uint64, version int, src uint64) {
+		t.Helper()
+		var es []abi.Entry
+		for i, k := range blockKeys(block) {
+			es = append(es, entry(k, id, at+uint64(i)*gb, 0))
+		}
+		dev.Fill(base+at, bytes.Repeat([]byte{0xAB}, int(n)))
+		for i, e := range mustBatch(t, ss, true, es) {
+			k := blockKeys(src)[i]
+			if e.Status != abi.OK || !bytes.Equal(dev.Mem(base+at+uint64(i)*gb, int(gb)), groupData(k, version)) {
+				t.Fatalf("block %d entry %d: %v, or not version %d", block, i, e.Status, version)
+			}
+		}
+	}
+	for round, version := range []int{1, 1, 2} {
+		if round == 2 {
+			f.put(keys, 2) // straight to the store
+		}
+		hits := tr.Metrics().Hits
+		load(3, 0, version, 3)
+		if hit := tr.Metrics().Hits > hits; hit != (round == 1) {
+			t.Fatalf("round %d: served from the tier: %v", round, hit)
+		}
+	}
+	// Store the device's tiles of block 3 as block 9, load them back.
+	var es []abi.Entry
+	for i, k := range keys {
+		k.Block = 9
+		es = append(es, entry(k, id, uint64(i)*gb, 0))
+	}
+	for _, e := range mustBatch(t, ss, false, es) {
+		if e.Status != abi.OK {
+			t.Fatalf("store: %v", e.Status)
+		}
+	}
+	load(9, n, 2, 3)
+	if !tr.Holds(9) {
+		t.Fatal("a GPU load did not bring block 9 into the tier")
+	}
+	for _, e := range mustBatch(t, ss, false, es) {
+		if e.Status != abi.OK {
+			t.Fatalf("store: %v", e.Status)
+		}
+	}
+	if tr.Holds(9) {
+		t.Fatal("a GPU store of block 9 left the tier's copy")
+	}
+	if v := dev.Violations(); len(v) != 0 {
+		t.Fatalf("fake device violations: %v", v)
+	}
 }

@@ -7,20 +7,21 @@
 //
 // The tier speaks the store's own vocabulary (Read with store.ReadReq,
 // Write with store.WriteReq, Delete, DeleteBlock, RenameBlock), so the
-// servers above it (fs for group files, ctl for host LOAD and LOAD_BLOCKS)
-// take either the store or a tier through one small interface of their
-// own; without --dram they get the store itself and nothing changes.
-// Everything else (Stat, Block, Blocks, Lookup, Info) they still ask the
-// store: the store is the one source of truth and the tier holds nothing
-// the store does not.
+// servers above it (fs for group files; ctl for LOAD, LOAD_BLOCKS, STORE,
+// STORE_BLOCKS, and the GPU pipeline it drives) take either the store or a
+// tier through one small interface of their own; without --dram they get
+// the store itself and nothing changes. Everything else (Stat, Block,
+// Blocks, Lookup, Info) they still ask the store: the store is the one
+// source of truth and the tier holds nothing the store does not.
 //
-// The GPU path (REGISTER_CUDA loads and stores, package gpu) still talks to
-// the store directly: its loads do not land from the tier yet, and its
-// stores change the store without passing here, which the tier tolerates
-// by design (below). Registering the arena with io_uring as fixed buffers
-// and with CUDA (cuMemHostRegister) so that a hit reaches GPU memory by
-// DMA is the next step; the arena is one mapping so that either is one
-// call.
+// Loads into GPU memory read through the tier like host loads, by the
+// pipeline's staging (a hit is one CPU copy from the arena into pinned
+// staging, then DMA), except from a store whose file is in memory
+// (tmpfs), which the GPU loads straight from as without a tier. The next
+// step is to register the arena with io_uring as fixed buffers and with
+// CUDA (cuMemHostRegister), so that a hit reaches GPU memory by DMA from
+// the arena with no staging copy; the arena is one mapping so that either
+// is one call.
 //
 // # Memory
 //
@@ -41,23 +42,23 @@
 // # Versions: never older than the store
 //
 // A copy in the tier is labelled with the store's generation of the block
-// it was read under (store.BlockVersion.Gen: every write, delete, rename
-// and eviction of the block in the store gives it a generation never used
-// before). Every read asks the store, under the store's index lock and in
-// one call for the batch (store.Versions, no I/O), for the current
-// generation and tag of each block it touches; a copy is served only when
-// its label equals the store's generation. The generation is taken before
-// a miss reads the block, so a write racing the fill can only leave newer
-// bytes under an older label, which never matches again; a copy can never
-// pass for a version newer than its bytes. So the tier needs no hook into
-// the store's writes or evictions to be correct: writes through the GPU
-// path, the store's own evictions and anything else that changes the store
-// are seen at the next read. The same call counts as a use of each block
-// in the store's eviction order, so a block hot in the tier stays in the
-// store too. Writes, deletes and renames that pass through
-// the tier also drop its copies at once, so that their slots are reused
-// first; a copy the store evicted is dropped when a read finds it stale, or
-// by the tier's own eviction.
+// it was read under (store.BlockVersion.Gen: every write, delete or rename
+// of a block commits a generation never used before; a block the store
+// evicted is absent). Every read asks the store, under the store's index
+// lock and in one call for the batch (store.Versions, no I/O), for the
+// current generation and tag of each block it touches; a copy is served
+// only when its label equals the store's generation. The generation is
+// taken before a miss reads the block, so a write racing the fill can only
+// leave newer bytes under an older label, which never matches again; a
+// copy can never pass for a version newer than its bytes. So the tier
+// needs no hook into the store to be correct: the store's own evictions,
+// and any change made without passing through the tier (a caller holding
+// the store itself), are seen at the next read. The same call counts as a
+// use of each block in the store's eviction order, so a block hot in the
+// tier stays in the store too. Writes, deletes and renames that pass
+// through the tier also drop its copies at once, so that their slots are
+// reused first; a copy of a block the store evicted is dropped when a read
+// finds it stale, or by the tier's own eviction.
 //
 // The tag of a block is checked the way the store checks it: a request
 // whose expected tag (ReadReq.Tag) is not the store's current tag for the
