@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kvfs/kvfs/internal/bytesize"
+	"github.com/kvfs/kvfs/internal/par"
 )
 
 // ErrTooLarge is New's refusal of a tier larger than the machine can give:
@@ -93,21 +96,42 @@ func mapArena(n int64) (*arena, error) {
 	// Transparent huge pages cut the TLB misses of copies that sweep
 	// whole blocks; a kernel without them keeps base pages.
 	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
-	// MADV_POPULATE_WRITE faults every page in and says when the kernel
-	// cannot (ENOMEM), where touching them would get the daemon killed.
-	// Kernels before 5.14 answer EINVAL: the pages are then touched one
-	// by one, which cannot report a shortage but still commits them.
-	switch err := unix.Madvise(b, unix.MADV_POPULATE_WRITE); {
-	case err == nil:
-	case errors.Is(err, unix.EINVAL):
-		for i := 0; i < len(b); i += os.Getpagesize() {
-			b[i] = 0
-		}
-	default:
+	if err := populate(b); err != nil {
 		_ = unix.Munmap(b)
 		return nil, fmt.Errorf("%w: faulting in %s: %v", ErrTooLarge, bytesize.Format(n), err)
 	}
 	return &arena{b: b}, nil
+}
+
+// populateChunk is the piece of the arena one goroutine faults in at a
+// time: the kernel zeroes every page it gives, at a few GB/s per core, so a
+// tier of hundreds of GiB is faulted in by every core at once.
+const populateChunk = 256 << 20
+
+// populate faults every page of b in. MADV_POPULATE_WRITE says when the
+// kernel cannot (ENOMEM), where touching the pages would get the daemon
+// killed instead. Kernels before 5.14 answer EINVAL: the pages are then
+// touched one by one, which cannot report a shortage but still commits
+// them.
+func populate(b []byte) error {
+	var mu sync.Mutex
+	var first error
+	par.Pieces(len(b), populateChunk, runtime.GOMAXPROCS(0), func(lo, hi int) {
+		switch err := unix.Madvise(b[lo:hi], unix.MADV_POPULATE_WRITE); {
+		case err == nil:
+		case errors.Is(err, unix.EINVAL):
+			for i := lo; i < hi; i += os.Getpagesize() {
+				b[i] = 0
+			}
+		default:
+			mu.Lock()
+			if first == nil {
+				first = err
+			}
+			mu.Unlock()
+		}
+	})
+	return first
 }
 
 func (a *arena) free() error {
