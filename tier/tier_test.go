@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -463,5 +465,44 @@ func TestHitAllocs(t *testing.T) {
 	}
 	if tr.Metrics().Hits == hits {
 		t.Fatal("no hit")
+	}
+}
+
+// rss is the process's resident size (VmRSS), in bytes.
+func rss(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			n, err := strconv.ParseInt(f[0], 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n << 10
+		}
+	}
+	t.Skip("no VmRSS")
+	return 0
+}
+
+// The tier's memory is resident once New returns (a shortage fails New,
+// not a load later), and its bookkeeping is small beside it.
+func TestArenaResident(t *testing.T) {
+	m := storetest.Formatted(t, testGeo, 4, 512)
+	st := storetest.Open(t, m, store.Options{})
+	const size = 64 << 20
+	before := rss(t)
+	tr, err := New(st, Options{Bytes: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	grew := rss(t) - before
+	if grew < size-(1<<20) || grew > size+size/8 {
+		t.Fatalf("resident size grew by %d bytes for a tier of %d", grew, size)
 	}
 }
