@@ -70,10 +70,11 @@ func (ss *Session) guard(mine func(addr uintptr) bool, f func() error) error {
 
 // readGroups and writeGroups are the two calls into the store (through
 // the DRAM tier when there is one, Options.Tier); the time they take is
-// what the store costs, the rest of a call is the control path. A read lands in client memory: the caller runs it under guard,
-// which catches the daemon's own accesses that fault; a read(2) of the
-// engine's into that memory gets EFAULT instead, and fails the call the
-// same way (ErrFault), not its groups as I/O errors of the device.
+// what the store costs, the rest of a call is the control path. A read
+// lands in client memory: the caller runs it under guard, which catches
+// the daemon's own accesses that fault; a read(2) of the engine's into
+// that memory gets EFAULT instead, and fails the call the same way
+// (ErrFault), not its groups as I/O errors of the device.
 func (ss *Session) readGroups(reqs []store.ReadReq) error {
 	t0 := time.Now()
 	err := ss.srv.io.Read(reqs)

@@ -126,17 +126,18 @@ type Metrics struct {
 
 // Server answers control ioctls for one store.
 type Server struct {
-	st *store.Store
+	st   *store.Store
+	geo  layout.Geometry
+	tile abi.Tile
+	gb   int
+	opts Options
+	log  *zap.Logger
+	reg  store.MemoryRegistrar // nil when the engine has none (or disabled)
+
 	io groupIO // st, or Options.Tier
 	// hostView: the store's file is in host memory (store.Store.HostView
 	// at NewServer), where GPU loads bypass a tier (gpuSource).
 	hostView bool
-	geo      layout.Geometry
-	tile     abi.Tile
-	gb       int
-	opts     Options
-	log      *zap.Logger
-	reg      store.MemoryRegistrar // nil when the engine has none (or disabled)
 
 	nextSession atomic.Uint64
 	nextBuffer  atomic.Uint32
