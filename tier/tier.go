@@ -136,9 +136,6 @@ func New(st *store.Store, o Options) (*Tier, error) {
 	return t, nil
 }
 
-// Store is the store the tier is in front of.
-func (t *Tier) Store() *store.Store { return t.st }
-
 // Close unmaps the tier's memory once the reads landing from it are done;
 // later reads fail with store.ErrClosed. It does not close the store.
 func (t *Tier) Close() error {
