@@ -168,17 +168,17 @@ func runModel(t *testing.T, storeBlocks int64) {
 			for range readOps {
 				b := rng.IntN(blocks)
 				lo := m.window(b)
-				reqs := blockReqs(uint64(b))
-				if err := tr.Read(reqs); err != nil {
+				bufs, errs, err := readGroups(tr, uint64(b), rng.IntN(2) == 0)
+				if err != nil {
 					errc <- err
 					return
 				}
 				got := int64(-2)
-				for idx := range reqs {
+				for idx := range bufs {
 					c := int64(-1)
-					switch err := reqs[idx].Err; {
+					switch err := errs[idx]; {
 					case err == nil:
-						id, ok := contentOf(reqs[idx].Buf, idx)
+						id, ok := contentOf(bufs[idx], idx)
 						if !ok {
 							t.Errorf("block %d group %d: bytes of no version", b, idx)
 							return
@@ -216,4 +216,41 @@ func runModel(t *testing.T, storeBlocks int64) {
 		t.Fatalf("the run did not exercise the tier: %+v", mt)
 	}
 	t.Logf("%+v", mt)
+}
+
+// readGroups reads every group of block b through tr, one request per
+// group or (ranged) one per (layer, kind) for all its heads, and returns
+// each group's bytes and outcome.
+func readGroups(tr *Tier, b uint64, ranged bool) ([][]byte, []error, error) {
+	n, gb, heads := testGeo.GroupsPerBlock(), testGeo.GroupBytes(), testGeo.KVHeads
+	bufs, errs := make([][]byte, n), make([]error, n)
+	if !ranged {
+		reqs := blockReqs(b)
+		if err := tr.Read(reqs); err != nil {
+			return nil, nil, err
+		}
+		for i := range reqs {
+			bufs[i], errs[i] = reqs[i].Buf, reqs[i].Err
+		}
+		return bufs, errs, nil
+	}
+	reqs := make([]store.ReadReq, n/heads)
+	for lk := range reqs {
+		reqs[lk] = store.ReadReq{Key: testGeo.KeyAt(b, lk*heads), Heads: heads, HeadStride: gb, Buf: make([]byte, heads*gb)}
+	}
+	if err := tr.Read(reqs); err != nil {
+		return nil, nil, err
+	}
+	for lk, r := range reqs {
+		for h := range heads {
+			i := lk*heads + h
+			bufs[i] = r.Buf[h*gb : (h+1)*gb]
+			if r.Bad&(1<<h) != 0 {
+				errs[i] = r.Err
+			} else if r.Err != nil && r.Failed == 0 {
+				errs[i] = r.Err
+			}
+		}
+	}
+	return bufs, errs, nil
 }
