@@ -16,6 +16,7 @@ import (
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // blocksGeo is the geometry of the v1 measurements in docs/abi.md: 8 layers
@@ -40,6 +41,13 @@ type blocksFixture struct {
 
 func newBlocksFixture(tb testing.TB, geo layout.Geometry, stored, nb int, nhd bool) *blocksFixture {
 	tb.Helper()
+	return newBlocksFixtureTier(tb, geo, stored, nb, nhd, 0)
+}
+
+// newBlocksFixtureTier is newBlocksFixture with a DRAM tier of tierBlocks
+// blocks in front of the store (none for 0).
+func newBlocksFixtureTier(tb testing.TB, geo layout.Geometry, stored, nb int, nhd bool, tierBlocks int) *blocksFixture {
+	tb.Helper()
 	needShm(tb)
 	m := storetest.Formatted(tb, geo, int64(stored)+2, 4096)
 	st := storetest.Open(tb, m, store.Options{})
@@ -55,7 +63,15 @@ func newBlocksFixture(tb testing.TB, geo layout.Geometry, stored, nb int, nhd bo
 			tb.Fatal(err)
 		}
 	}
-	srv := NewServer(st, Options{})
+	var o Options
+	if tierBlocks > 0 {
+		tr, err := tier.New(st, tier.Options{Bytes: int64(tierBlocks) * geo.PayloadBytes()})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		o.Tier = tr
+	}
+	srv := NewServer(st, o)
 	ss, errno := srv.Open(0, 0)
 	if errno != 0 {
 		tb.Fatal(errno)
@@ -63,6 +79,9 @@ func newBlocksFixture(tb testing.TB, geo layout.Geometry, stored, nb int, nhd bo
 	tb.Cleanup(func() {
 		ss.Release()
 		srv.Close()
+		if o.Tier != nil {
+			o.Tier.Close()
+		}
 		st.Close()
 	})
 	rb, T, H := geo.RowBytes(), geo.BlockTokens, geo.KVHeads
@@ -124,11 +143,17 @@ func (f *blocksFixture) loadBlocks(tb testing.TB, geo layout.Geometry, ids []uin
 // by two; the corrupt group's tile is zeroed, the missing one's left as it
 // was, every other tile lands; the next entry is unaffected. The control
 // path asks for a (layer, kind)'s heads with one store request, so this is
-// the store range's outcome read back per entry.
+// the store range's outcome read back per entry. The same holds through a
+// DRAM tier: a block with a corrupt group never enters it, and the store
+// answers.
 func TestLoadBlocksPartial(t *testing.T) {
 	geo := blocksGeo
-	for _, nhd := range []bool{false, true} {
-		f := newBlocksFixture(t, geo, 4, 8, nhd)
+	for _, c := range []struct {
+		nhd        bool
+		tierBlocks int
+	}{{false, 0}, {true, 0}, {false, 4}, {true, 4}} {
+		nhd := c.nhd
+		f := newBlocksFixtureTier(t, geo, 4, 8, nhd, c.tierBlocks)
 		gone := layout.Key{Block: 1, Layer: 2, Head: 1, Kind: layout.K}
 		bad := layout.Key{Block: 1, Layer: 5, Head: 3, Kind: layout.V}
 		if err := f.st.Delete([]layout.Key{gone}); err != nil {

@@ -664,7 +664,7 @@ func (ss *Session) tileHeads(t *target) bool {
 	default:
 		return false
 	}
-	return t.dev.pipe.TakesTiles(s.st, !t.lay.Packed)
+	return t.dev.pipe.TakesTiles(s.gpuSource(), !t.lay.Packed)
 }
 
 // entPart is a share of a call's entries, [lo, hi), whose items are

@@ -100,6 +100,12 @@ func gpuFixture(t testing.TB, devs int, mods ...func(*GPUOptions, []*fakeGPU)) (
 // of arena bytes.
 func gpuFixtureSized(t testing.TB, devs, slots, arena int, mods ...func(*GPUOptions, []*fakeGPU)) (*fixture, []*fakeGPU) {
 	t.Helper()
+	o, fakes := fakeGPUOptions(t, devs, arena, mods...)
+	return newFixture(t, slots, Options{GPU: o}), fakes
+}
+
+// fakeGPUOptions are GPU options opening devs fake devices of arena bytes.
+func fakeGPUOptions(t testing.TB, devs, arena int, mods ...func(*GPUOptions, []*fakeGPU)) (GPUOptions, []*fakeGPU) {
 	fakes := make([]*fakeGPU, devs)
 	for i := range fakes {
 		fakes[i] = &fakeGPU{Device: gputest.NewDevice(arena)}
@@ -118,8 +124,7 @@ func gpuFixtureSized(t testing.TB, devs, slots, arena int, mods ...func(*GPUOpti
 	for _, m := range mods {
 		m(&o, fakes)
 	}
-	f := newFixture(t, slots, Options{GPU: o})
-	return f, fakes
+	return o, fakes
 }
 
 // testTarget is a target of nb cache blocks of testGeo in buffer id, token-

@@ -18,6 +18,7 @@ import (
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // testGeo: 2 layers × 4 heads × 2 = 16 groups of 16 rows × 32 bytes = 512 bytes.
@@ -33,8 +34,23 @@ type fixture struct {
 
 func newFixture(t testing.TB, slots int, o Options) *fixture {
 	t.Helper()
+	return newFixtureTier(t, slots, o, 0)
+}
+
+// newFixtureTier is newFixture with a DRAM tier of tierBlocks blocks in
+// front of the store (none for 0), in o.Tier.
+func newFixtureTier(t testing.TB, slots int, o Options, tierBlocks int) *fixture {
+	t.Helper()
 	m := storetest.Formatted(t, testGeo, int64(slots), 512)
 	st := storetest.Open(t, m, store.Options{})
+	if tierBlocks > 0 {
+		tr, err := tier.New(st, tier.Options{Bytes: int64(tierBlocks) * testGeo.PayloadBytes()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tr.Close() }) // after the server's cleanup below
+		o.Tier = tr
+	}
 	srv := NewServer(st, o)
 	t.Cleanup(func() {
 		if n := srv.Sessions(); n != 0 {

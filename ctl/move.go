@@ -68,15 +68,16 @@ func (ss *Session) guard(mine func(addr uintptr) bool, f func() error) error {
 	return err
 }
 
-// readGroups and writeGroups are the two calls into the store; the time
-// they take is what the store costs, the rest of a call is the control
-// path. A read lands in client memory: the caller runs it under guard,
-// which catches the daemon's own accesses that fault; a read(2) of the
-// engine's into that memory gets EFAULT instead, and fails the call the
-// same way (ErrFault), not its groups as I/O errors of the device.
+// readGroups and writeGroups are the two calls into the store (through
+// the DRAM tier when there is one, Options.Tier); the time they take is
+// what the store costs, the rest of a call is the control path. A read
+// lands in client memory: the caller runs it under guard, which catches
+// the daemon's own accesses that fault; a read(2) of the engine's into
+// that memory gets EFAULT instead, and fails the call the same way
+// (ErrFault), not its groups as I/O errors of the device.
 func (ss *Session) readGroups(reqs []store.ReadReq) error {
 	t0 := time.Now()
-	err := ss.srv.st.Read(reqs)
+	err := ss.srv.io.Read(reqs)
 	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
 	if err != nil {
 		return err
@@ -95,12 +96,26 @@ func (ss *Session) readGroups(reqs []store.ReadReq) error {
 // other is logged here and reported per request (writeOutcome).
 func (ss *Session) writeGroups(reqs []store.WriteReq) error {
 	t0 := time.Now()
-	err := ss.srv.st.Write(reqs)
+	err := ss.srv.io.Write(reqs)
 	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
 	if err != nil && !errors.Is(err, store.ErrClosed) {
 		ss.srv.log.Warn("ctl: store batch failed", zap.Uint64("session", ss.id), zap.Error(err))
 	}
 	return err
+}
+
+// gpuSource is what loads into GPU memory read from: the DRAM tier when
+// there is one and the store's file is not in memory (a store on a disk:
+// hits then reach the device through staging, with no disk read), else
+// the store itself, whose file in memory (tmpfs) the GPU loads straight
+// from where it can (gpu.Pipeline.SetHost), which a tier in front of it
+// would only take away. Stores into the store go through the tier
+// whenever there is one (s.io), so that it drops the copies they replace.
+func (s *Server) gpuSource() gpu.Reader {
+	if s.opts.Tier != nil && !s.hostView {
+		return s.opts.Tier
+	}
+	return s.st
 }
 
 // loadOutcome is the status of a group a load moved (err its result), and
@@ -140,9 +155,9 @@ func (ss *Session) gpuMove(d *gpuDev, items []gpu.Item, load, tiles bool) error 
 	s := ss.srv
 	var err error
 	if load {
-		err = d.pipe.Load(s.st, items, tiles)
+		err = d.pipe.Load(s.gpuSource(), items, tiles)
 	} else {
-		err = d.pipe.Store(s.st, items)
+		err = d.pipe.Store(s.io, items)
 	}
 	if errors.Is(err, store.ErrClosed) {
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // Options control a Server. The zero value is usable.
@@ -49,6 +50,20 @@ type Options struct {
 	MaxPinnedPerUID int64
 	// GPU configures REGISTER_CUDA and loads into GPU memory.
 	GPU GPUOptions
+	// Tier, when set, is the DRAM tier in front of the store (package
+	// tier): loads into host memory (LOAD, LOAD_BLOCKS) read through it
+	// and stores from host memory write through it; loads into GPU memory
+	// read through it, by staging, unless the store's file is in memory
+	// (then they load from that, as without a tier), and stores from GPU
+	// memory write through it.
+	Tier *tier.Tier
+}
+
+// groupIO is what host loads and stores move groups through: the store,
+// or the DRAM tier in front of it (Options.Tier).
+type groupIO interface {
+	Read(reqs []store.ReadReq) error
+	Write(reqs []store.WriteReq) error
 }
 
 // EnsureDefaults fills in zero fields.
@@ -119,6 +134,11 @@ type Server struct {
 	log  *zap.Logger
 	reg  store.MemoryRegistrar // nil when the engine has none (or disabled)
 
+	io groupIO // st, or Options.Tier
+	// hostView: the store's file is in host memory (store.Store.HostView
+	// at NewServer), where GPU loads bypass a tier (gpuSource).
+	hostView bool
+
 	nextSession atomic.Uint64
 	nextBuffer  atomic.Uint32
 	stage       stagePool
@@ -142,11 +162,15 @@ func NewServer(s *store.Store, o Options) *Server {
 	o.EnsureDefaults()
 	g := s.Geometry()
 	srv := &Server{
-		st: s, geo: g, gb: g.GroupBytes(), opts: o, log: o.Logger,
+		st: s, io: s, geo: g, gb: g.GroupBytes(), opts: o, log: o.Logger,
 		tile: abi.Tile{Layers: uint32(g.Layers), KVHeads: uint32(g.KVHeads), Rows: uint32(g.BlockTokens), RowBytes: uint32(g.RowBytes())},
 	}
 	if r, ok := s.Engine().(store.MemoryRegistrar); ok && !o.NoRegisterMemory {
 		srv.reg = r
+	}
+	if o.Tier != nil {
+		srv.io = o.Tier
+		srv.hostView = s.HostView() != nil
 	}
 	srv.stage.max = 8
 	srv.gpus.opts, srv.gpus.log = o.GPU, o.Logger

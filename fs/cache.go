@@ -125,7 +125,7 @@ func (f *FS) snapshotOf(k layout.Key, gi store.GroupInfo) (*snapshot, error) {
 	for i := range wants {
 		reqs[i] = store.ReadReq{Key: wants[i].key, Buf: buf[i*gb : (i+1)*gb]}
 	}
-	if err := f.st.Read(reqs); err != nil {
+	if err := f.io.Read(reqs); err != nil {
 		return nil, err
 	}
 	var mine *snapshot

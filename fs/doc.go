@@ -1,7 +1,9 @@
 // Package fs is kvfs's FUSE file system (go-fuse v2) over an open
 // store.Store. It owns the tree, the file operations on groups, the
 // extended attributes and the .kvfs/ control files; it keeps no state the
-// store already has: every lookup, listing and read asks the store.
+// store already has: every lookup, listing and read asks the store (reads,
+// writes, unlinks and block renames through the DRAM tier in front of it
+// when there is one, Options.Tier).
 //
 // # Invariants
 //

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // CtlHandler serves the ioctls of .kvfs/ctl. The fs package only moves
@@ -129,6 +130,11 @@ type Options struct {
 	Debug bool
 	// Now is the clock for directory times; nil means time.Now.
 	Now func() time.Time
+	// Tier, when set, is the DRAM tier in front of the store (package
+	// tier): group files are read through it, and writes, deletes and
+	// renames pass through it so that it drops the copies they replace.
+	// .kvfs/stats reports its counters (zeros without one).
+	Tier *tier.Tier
 
 	// pageCache, for measurements only, serves group files through the
 	// kernel page cache (no FOPEN_DIRECT_IO) to compare the policies.
@@ -177,6 +183,16 @@ func (o *Options) ensureDefaults() {
 	}
 }
 
+// groupIO is what the file system reads and changes groups through: the
+// store, or the DRAM tier in front of it (Options.Tier). Everything else
+// (Stat, Block, Blocks) it asks the store.
+type groupIO interface {
+	Read(reqs []store.ReadReq) error
+	Write(reqs []store.WriteReq) error
+	Delete(keys []layout.Key) error
+	RenameBlock(from, to uint64) error
+}
+
 // blockDirKey names one block directory: a block as seen from one layer.
 type blockDirKey struct {
 	layer int
@@ -189,6 +205,7 @@ type blockDirKey struct {
 // directories and counters.
 type FS struct {
 	st    *store.Store
+	io    groupIO // st, or Options.Tier
 	geo   layout.Geometry
 	opts  Options
 	log   *zap.Logger
@@ -249,7 +266,10 @@ type Metrics struct {
 // file system is unmounted.
 func New(st *store.Store, o Options) *FS {
 	o.ensureDefaults()
-	f := &FS{st: st, geo: st.Geometry(), opts: o, log: o.Logger, start: o.Now()}
+	f := &FS{st: st, io: st, geo: st.Geometry(), opts: o, log: o.Logger, start: o.Now()}
+	if o.Tier != nil {
+		f.io = o.Tier
+	}
 	f.uid, f.gid = uint32(os.Getuid()), uint32(os.Getgid())
 	if o.UID != nil {
 		f.uid = *o.UID

@@ -323,7 +323,7 @@ func (h *groupHandle) loadLocked() syscall.Errno {
 		return 0
 	}
 	reqs := []store.ReadReq{{Key: h.key, Buf: h.buf}}
-	err := f.st.Read(reqs)
+	err := f.io.Read(reqs)
 	if err == nil {
 		err = reqs[0].Err
 	}
@@ -411,7 +411,7 @@ func (h *groupHandle) storeLocked() syscall.Errno {
 		return syscall.EINVAL // Release logs it, once the file is closed for good
 	}
 	reqs := []store.WriteReq{{Key: h.key, Data: h.buf}}
-	err := f.st.Write(reqs)
+	err := f.io.Write(reqs)
 	if err == nil {
 		err = reqs[0].Err
 	}

@@ -143,7 +143,7 @@ func (d *headDir) Unlink(ctx context.Context, name string) syscall.Errno {
 		return 0
 	}
 	k := d.key(kind)
-	if err := f.st.Delete([]layout.Key{k}); err != nil {
+	if err := f.io.Delete([]layout.Key{k}); err != nil {
 		return f.toErrno("unlink", err)
 	}
 	f.m.deletes.Add(1)

@@ -239,6 +239,17 @@ func (f *FS) statsJSON() []byte {
 	field("store_corrupt", sm.Corrupt)
 	field("store_tag_mismatch", sm.TagMismatch)
 	field("store_io_errors", sm.IOErrors)
+	// The DRAM tier (zeros without one): hits and misses count groups
+	// read, promoted bytes those read from the store into the tier.
+	tm := f.opts.Tier.Metrics()
+	field("dram_bytes", tm.Bytes)
+	field("dram_blocks", tm.Blocks)
+	field("dram_hits", tm.Hits)
+	field("dram_misses", tm.Misses)
+	field("dram_evictions", tm.Evictions)
+	field("dram_invalidations", tm.Invalidations)
+	field("dram_promoted_bytes", tm.PromotedBytes)
+	field("dram_corrupt", tm.Corrupt)
 	field("fs_lookups", fm.Lookups)
 	field("fs_opens", fm.Opens)
 	field("fs_reads", fm.Reads)

@@ -186,7 +186,7 @@ func (d *layerDir) Rename(ctx context.Context, name string, newParent gofs.Inode
 		return syscall.ENOTEMPTY
 	}
 	if groups {
-		if err := f.st.RenameBlock(from, to); err != nil {
+		if err := f.io.RenameBlock(from, to); err != nil {
 			return f.toErrno("rename", err)
 		}
 		f.dropPending(d.layer, to)

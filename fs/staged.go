@@ -249,7 +249,7 @@ func (f *FS) commitStaged(st *staged, k layout.Key) syscall.Errno {
 		return syscall.ERANGE
 	}
 	reqs := []store.WriteReq{{Key: k, Data: st.buf}}
-	err := f.st.Write(reqs)
+	err := f.io.Write(reqs)
 	if err == nil {
 		err = reqs[0].Err
 	}

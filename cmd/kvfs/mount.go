@@ -35,6 +35,7 @@ import (
 	"github.com/kvfs/kvfs/internal/sdnotify"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/index"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // mountOptions are the flags of kvfs mount.
@@ -70,6 +71,7 @@ type mountOptions struct {
 	leaseTTL                 time.Duration
 	forceTakeover            bool
 	viewReads                bool
+	dram                     string
 }
 
 // daemonEnv marks the detached child of kvfs mount --daemon.
@@ -155,6 +157,7 @@ always does); the GOMAXPROCS environment variable sets it instead.`,
 	f.IntVar(&o.gpuDirectWorkers, "gpu-direct-workers", 4, "goroutines that queue the copies of one direct GPU load (1..64)")
 	f.BoolVar(&o.viewReads, "view-reads", true, "with a store file in memory (tmpfs, ramfs) on the uring engine: check and land host reads straight from the daemon's mapping of the file instead of reading them into a chunk buffer first")
 	f.StringVar(&o.evict, "evict", "prefix", "eviction order: prefix (least recently used leaves of the prefix forest the blocks' parents form, so a shared prefix stays while a continuation of it is stored) or lru (least recently used block); blocks without parents are evicted by recency under both")
+	f.StringVar(&o.dram, "dram", "0", "DRAM tier: host memory for whole blocks in front of the store, shared by every client of the mount (e.g. 64GiB; 0: none): host loads and group file reads of a block land from it once one read brought the block in; mapped and faulted in at mount, so more than the machine can give fails the mount")
 	f.StringVar(&o.gpuScratch, "gpu-scratch", "512MiB", "GPU memory per device that direct loads of token-major (NHD) tiles keep as scratch (past it each load reuses its own)")
 	addCommand(c)
 }
@@ -233,6 +236,28 @@ func (o *mountOptions) parseMaxPinned() (int64, error) {
 		return 0, usageErrorf("--max-pinned %q: want a size such as 16GiB", o.maxPinned)
 	}
 	return n, nil
+}
+
+// parseDRAM checks --dram: the tier's bytes, 0 for none.
+func (o *mountOptions) parseDRAM() (int64, error) {
+	n, err := bytesize.Parse(o.dram)
+	if err != nil {
+		return 0, usageErrorf("--dram %q: want a size such as 64GiB, or 0", o.dram)
+	}
+	return n, nil
+}
+
+// newTier makes the DRAM tier of --dram in front of s, or returns nil for
+// --dram 0.
+func newTier(log *zap.Logger, s *store.Store, bytes int64, evict index.Policy) (*tier.Tier, error) {
+	if bytes == 0 {
+		return nil, nil
+	}
+	tr, err := tier.New(s, tier.Options{Bytes: bytes, Logger: log, Evict: evict})
+	if err != nil {
+		return nil, fmt.Errorf("--dram %s: %w", bytesize.Format(bytes), err)
+	}
+	return tr, nil
 }
 
 // parseReadAhead checks --read-ahead: fs.Options.ReadAhead and CacheBytes.
@@ -521,11 +546,23 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	if err != nil || maxIO < 4<<10 || maxIO > 64<<20 {
 		return usageErrorf("--max-io %q: want a size from 4KiB to 64MiB", o.maxIO)
 	}
-	s, closeAll, err := engine.OpenStore(storePath, eo, o.storeOptions(log, pm.observe, int(maxIO)))
+	dram, err := o.parseDRAM()
+	if err != nil {
+		return err
+	}
+	so := o.storeOptions(log, pm.observe, int(maxIO))
+	s, closeAll, err := engine.OpenStore(storePath, eo, so)
 	if err != nil {
 		return err
 	}
 	defer closeInto(&err, closeAll)
+	tr, err := newTier(log, s, dram, so.Evict)
+	if err != nil {
+		return err
+	}
+	if tr != nil {
+		defer tr.Close()
+	}
 
 	maxPinned, err := o.parseMaxPinned()
 	if err != nil {
@@ -535,12 +572,12 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 	if err != nil {
 		return err
 	}
-	ctlSrv := ctl.NewServer(s, ctl.Options{Logger: log, MaxPinnedBytes: maxPinned, GPU: gpuOpts})
+	ctlSrv := ctl.NewServer(s, ctl.Options{Logger: log, MaxPinnedBytes: maxPinned, GPU: gpuOpts, Tier: tr})
 	defer ctlSrv.Close()
 	srv, err := fs.Mount(mountpoint, s, fs.Options{
 		Logger: log, Ctl: fs.Handler(ctlSrv.Open), CtlMode: ctlMode, CtlGID: ctlGID,
 		AllowOther: o.allowOther, FsName: abs, Debug: o.debugFUSE,
-		ReadAhead: readAhead, CacheBytes: cacheBytes,
+		ReadAhead: readAhead, CacheBytes: cacheBytes, Tier: tr,
 	})
 	if err != nil {
 		return err
@@ -555,7 +592,7 @@ func (o *mountOptions) serve(cmd *cobra.Command, storePath, mountpoint string) (
 
 	var httpSrv *http.Server
 	if o.metricsAddr != "" {
-		pm.register(s, srv.FS, ctlSrv)
+		pm.register(s, srv.FS, ctlSrv, tr)
 		if httpSrv, err = serveMetrics(log, o.metricsAddr, pm); err != nil {
 			_ = fs.Detach(mountpoint)
 			srv.Wait()
@@ -684,9 +721,9 @@ func (pm *promMetrics) observe(op store.Op, groups int, d time.Duration) {
 	pm.groups.WithLabelValues(name).Observe(float64(groups))
 }
 
-// register exports the store's and the file system's counters, read at
-// scrape time.
-func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
+// register exports the store's, the DRAM tier's (zeros without one) and
+// the file system's counters, read at scrape time.
+func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server, tr *tier.Tier) {
 	counter := func(name, help string, v func() uint64) {
 		pm.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(v()) }))
@@ -707,6 +744,15 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server) {
 	counter("kvfs_store_io_errors_total", "I/O errors of the store's engine.", func() uint64 { return sm().IOErrors })
 	gauge("kvfs_store_slots_used", "Slots holding a block.", func() float64 { return float64(s.Info().UsedSlots) })
 	gauge("kvfs_store_slots_free", "Slots free.", func() float64 { return float64(s.Info().FreeSlots) })
+	tm := tr.Metrics
+	gauge("kvfs_dram_bytes", "Bytes of the DRAM tier (--dram).", func() float64 { return float64(tm().Bytes) })
+	gauge("kvfs_dram_blocks", "Blocks the DRAM tier holds.", func() float64 { return float64(tm().Blocks) })
+	counter("kvfs_dram_hits_total", "Groups read that landed from the DRAM tier.", func() uint64 { return tm().Hits })
+	counter("kvfs_dram_misses_total", "Groups read through the DRAM tier that the store served.", func() uint64 { return tm().Misses })
+	counter("kvfs_dram_evictions_total", "Blocks the DRAM tier dropped to make room.", func() uint64 { return tm().Evictions })
+	counter("kvfs_dram_invalidations_total", "Copies the DRAM tier dropped because the store's version changed.", func() uint64 { return tm().Invalidations })
+	counter("kvfs_dram_promoted_bytes_total", "Bytes read from the store into the DRAM tier.", func() uint64 { return tm().PromotedBytes })
+	counter("kvfs_dram_corrupt_total", "Groups whose copy in the DRAM tier failed its checksum (dropped, read from the store).", func() uint64 { return tm().Corrupt })
 	fm := f.Metrics
 	counter("kvfs_fs_lookups_total", "FUSE lookups.", func() uint64 { return fm().Lookups })
 	counter("kvfs_fs_opens_total", "Group files opened.", func() uint64 { return fm().Opens })

@@ -517,7 +517,21 @@ func joinComma(s []string) string {
 // TestConcurrentClients: 8 clients store and load at once for a while, each
 // verifying every byte of its own blocks and of a shared read-only set.
 func TestConcurrentClients(t *testing.T) {
-	e := mountEnv(t, envOptions{slots: 128})
+	concurrentClients(t, envOptions{slots: 128})
+}
+
+// TestConcurrentClientsTier is TestConcurrentClients through a DRAM tier of
+// 4 blocks: every client's stores go through it and replace blocks it
+// holds, and the shared set is served from it.
+func TestConcurrentClientsTier(t *testing.T) {
+	e := concurrentClients(t, envOptions{slots: 128, tierBlocks: 4})
+	if m := e.tier.Metrics(); m.Hits == 0 || m.Misses == 0 || m.Evictions == 0 {
+		t.Fatalf("the tier was not exercised: %+v", m)
+	}
+}
+
+func concurrentClients(t *testing.T, o envOptions) *env {
+	e := mountEnv(t, o)
 	shared := blockKeys(e.geo, 0x5a5a)
 	e.put(shared, 7)
 	const clients = 8
@@ -590,4 +604,5 @@ func TestConcurrentClients(t *testing.T) {
 		}
 	}
 	t.Logf("rounds per client: %v", rounds)
+	return e
 }

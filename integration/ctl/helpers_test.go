@@ -20,6 +20,7 @@ import (
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // testGeo: 4 KiB groups (16 tokens × 128 × bf16), 4 layers × 2 heads × 2 =
@@ -77,6 +78,8 @@ type env struct {
 	fs  *fs.Server
 	geo layout.Geometry
 	gb  int
+	// tier is the DRAM tier in front of the store, nil without one.
+	tier *tier.Tier
 }
 
 type envOptions struct {
@@ -90,6 +93,9 @@ type envOptions struct {
 	// minor0 makes the daemon look like one of ABI 1.0: INFO without the
 	// minor-1 capabilities and fields, REGISTER_FD unknown (ENOTTY).
 	minor0 bool
+	// tierBlocks, when not 0, puts a DRAM tier of that many blocks in
+	// front of the store, as kvfs mount --dram does.
+	tierBlocks int64
 }
 
 func mountEnv(t testing.TB, o envOptions) *env {
@@ -118,8 +124,16 @@ func mountEnv(t testing.TB, o envOptions) *env {
 	if o.ctl.Logger == nil {
 		o.ctl.Logger = log
 	}
+	if o.tierBlocks > 0 {
+		tr, err := tier.New(e.st, tier.Options{Bytes: o.tierBlocks * e.geo.PayloadBytes(), Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.tier, o.ctl.Tier = tr, tr
+		t.Cleanup(func() { tr.Close() }) // after the unmount's cleanup below
+	}
 	e.srv = ctl.NewServer(e.st, o.ctl)
-	fo := fs.Options{Logger: log, Ctl: fs.Handler(e.srv.Open)}
+	fo := fs.Options{Logger: log, Ctl: fs.Handler(e.srv.Open), Tier: e.tier}
 	if o.minor0 {
 		fo.Ctl = minor0Handler{e.srv}
 	}

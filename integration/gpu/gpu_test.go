@@ -29,6 +29,7 @@ import (
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // geo: 4 layers × 4 kv heads × 128 bf16 × 16 tokens: 4 KiB groups, 32 per
@@ -44,6 +45,7 @@ type env struct {
 	// engine (mountDirect); mem is nil then.
 	path string
 	srv  *ctl.Server
+	tier *tier.Tier // the DRAM tier in front of the store (mountTier), or nil
 }
 
 // requireGPU skips without root, /dev/fuse or a CUDA device.
@@ -68,6 +70,10 @@ var mountStreams int
 // engine instead of memory of the test's: with the GPU verifying, packed
 // loads then copy straight from the file (gpu.Pipeline.SetHost).
 var mountDirect bool
+
+// mountTier, when not 0, puts a DRAM tier of that many blocks in front of
+// mount's store, as kvfs mount --dram does.
+var mountTier int64
 
 // mount mounts an in-memory store holding blocks 0..nblocks-1 in this
 // process (the daemon).
@@ -113,10 +119,18 @@ func mount(t *testing.T, nblocks int, verifyOnGPU, trustHandles bool) *env {
 	}
 	e.st = st
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	var tr *tier.Tier
+	if mountTier > 0 {
+		var err error
+		if tr, err = tier.New(st, tier.Options{Bytes: mountTier * geo.PayloadBytes(), Logger: log}); err != nil {
+			t.Fatal(err)
+		}
+		e.tier = tr
+	}
 	e.srv = ctl.NewServer(st, ctl.Options{Logger: log, GPU: ctl.GPUOptions{StagingCount: 8, StagingSize: 1 << 20, VerifyOnGPU: verifyOnGPU, TrustHandles: trustHandles,
-		Streams: mountStreams}})
+		Streams: mountStreams}, Tier: tr})
 	e.dir = t.TempDir()
-	srv, err := fs.Mount(e.dir, st, fs.Options{Logger: log, Ctl: fs.Handler(e.srv.Open)})
+	srv, err := fs.Mount(e.dir, st, fs.Options{Logger: log, Ctl: fs.Handler(e.srv.Open), Tier: tr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,6 +147,9 @@ func mount(t *testing.T, nblocks int, verifyOnGPU, trustHandles bool) *env {
 		}
 		if err := e.srv.Close(); err != nil {
 			t.Errorf("server close: %v", err)
+		}
+		if tr != nil {
+			tr.Close()
 		}
 		if err := st.CheckInvariants(); err != nil {
 			t.Error(err)
@@ -310,6 +327,17 @@ func TestRoundTrip(t *testing.T) {
 	mountDirect = true
 	defer func() { mountDirect = false }()
 	t.Run("direct", func(t *testing.T) { roundTrip(t, true) })
+	mountDirect = false
+	// A DRAM tier of half the blocks in front of the store: loads read
+	// through it (promoting, evicting, the repeats hits), stores write
+	// through it, and every outcome is the same.
+	mountTier = 8
+	defer func() { mountTier = 0 }()
+	for _, onGPU := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dram-tier/verify-on-gpu=%v", onGPU), func(t *testing.T) {
+			roundTrip(t, onGPU)
+		})
+	}
 }
 
 func roundTrip(t *testing.T, verifyOnGPU bool) {
@@ -395,6 +423,29 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 			n := b*geo.GroupsPerBlock() + i
 			if st[n] != wantSt || !bytes.Equal(mem[v1+n*gb:v1+(n+1)*gb], want) {
 				t.Fatalf("LOAD: %v: status %v, bytes equal %v", k, st[n], bytes.Equal(mem[v1+n*gb:v1+(n+1)*gb], want))
+			}
+		}
+	}
+	// Through a tier: the same block loaded twice in a row is a hit the
+	// second time, and lands the same bytes.
+	if e.tier != nil {
+		again := func() {
+			t.Helper()
+			es := []client.BlockEntry{tg.WholeBlock(uint64(nb-1), 0)}
+			if n, err := c.LoadBlocks(tid, es); err != nil || n != 1 {
+				t.Fatalf("load-blocks again: %d ok, %v", n, err)
+			}
+		}
+		again()
+		hits := e.tier.Metrics().Hits
+		again()
+		if e.tier.Metrics().Hits == hits {
+			t.Fatalf("a block loaded twice in a row missed the DRAM tier: %+v", e.tier.Metrics())
+		}
+		mem := exp.dump()
+		for i := range geo.GroupsPerBlock() {
+			if k := geo.KeyAt(uint64(nb-1), i); !bytes.Equal(nhdTile(mem, tensor, k, 0), data(k)) {
+				t.Fatalf("LOAD_BLOCKS from the DRAM tier: %v differs on the GPU", k)
 			}
 		}
 	}

@@ -1,0 +1,144 @@
+package tier
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvfs/kvfs/internal/bytesize"
+	"github.com/kvfs/kvfs/internal/par"
+)
+
+// ErrTooLarge is New's refusal of a tier larger than the machine can give:
+// more than its available memory, or memory the kernel would not map or
+// fault in.
+var ErrTooLarge = errors.New("tier: not enough memory for the DRAM tier")
+
+// hugePage is the size of the huge pages the arena asks for with
+// MAP_HUGETLB (the kernel's default size on x86-64 and arm64 with 4K base
+// pages).
+const hugePage = 2 << 20
+
+// arena is the tier's memory: one anonymous mapping, faulted in whole at
+// New so that the memory is the tier's from the start (a shortage fails
+// the mount, not a load hours later) and the daemon's resident size is the
+// arena plus the small per-slot bookkeeping.
+type arena struct {
+	b    []byte
+	huge bool // backed by reserved huge pages (MAP_HUGETLB)
+}
+
+// meminfo reads one "Key: N kB" field of /proc/meminfo, in bytes (pages
+// for the HugePages_ counts, which have no unit).
+func meminfo(key string) (int64, bool) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok || name != key {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			return 0, false
+		}
+		v, err := strconv.ParseInt(fields[0], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		if len(fields) > 1 && fields[1] == "kB" {
+			v <<= 10
+		}
+		return v, true
+	}
+	return 0, false
+}
+
+// mapArena maps n bytes for the tier. It uses reserved huge pages when the
+// system has enough of them free (HugePages_Free), else ordinary pages
+// with transparent huge pages asked for (MADV_HUGEPAGE); either way every
+// page is faulted in before it returns. More than MemAvailable (for
+// ordinary pages), or a mapping or fault-in the kernel refuses, is
+// ErrTooLarge.
+func mapArena(n int64) (*arena, error) {
+	if n <= 0 || int64(int(n)) != n {
+		return nil, fmt.Errorf("%w: %d bytes", ErrTooLarge, n)
+	}
+	if n%hugePage == 0 {
+		free, ok1 := meminfo("HugePages_Free")
+		size, ok2 := meminfo("Hugepagesize")
+		if ok1 && ok2 && size == hugePage && free*size >= n {
+			b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE,
+				unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_HUGETLB|unix.MAP_POPULATE)
+			if err == nil {
+				return &arena{b: b, huge: true}, nil
+			}
+		}
+	}
+	if avail, ok := meminfo("MemAvailable"); ok && n > avail {
+		return nil, fmt.Errorf("%w: %s asked, %s available (MemAvailable in /proc/meminfo)", ErrTooLarge, bytesize.Format(n), bytesize.Format(avail))
+	}
+	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mapping %s: %v", ErrTooLarge, bytesize.Format(n), err)
+	}
+	// Transparent huge pages cut the TLB misses of copies that sweep
+	// whole blocks; a kernel without them keeps base pages.
+	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
+	if err := populate(b); err != nil {
+		_ = unix.Munmap(b)
+		return nil, fmt.Errorf("%w: faulting in %s: %v", ErrTooLarge, bytesize.Format(n), err)
+	}
+	return &arena{b: b}, nil
+}
+
+// populateChunk is the piece of the arena one goroutine faults in at a
+// time: the kernel zeroes every page it gives, at a few GB/s per core, so a
+// tier of hundreds of GiB is faulted in by every core at once.
+const populateChunk = 256 << 20
+
+// populate faults every page of b in. MADV_POPULATE_WRITE says when the
+// kernel cannot (ENOMEM), where touching the pages would get the daemon
+// killed instead. Kernels before 5.14 answer EINVAL: the pages are then
+// touched one by one, which cannot report a shortage but still commits
+// them.
+func populate(b []byte) error {
+	var mu sync.Mutex
+	var first error
+	par.Pieces(len(b), populateChunk, runtime.GOMAXPROCS(0), func(lo, hi int) {
+		switch err := unix.Madvise(b[lo:hi], unix.MADV_POPULATE_WRITE); {
+		case err == nil:
+		case errors.Is(err, unix.EINVAL):
+			for i := lo; i < hi; i += os.Getpagesize() {
+				b[i] = 0
+			}
+		default:
+			mu.Lock()
+			if first == nil {
+				first = err
+			}
+			mu.Unlock()
+		}
+	})
+	return first
+}
+
+func (a *arena) free() error {
+	if a == nil || a.b == nil {
+		return nil
+	}
+	err := unix.Munmap(a.b)
+	a.b = nil
+	return err
+}
