@@ -28,10 +28,13 @@ token, untimed); a hit whose tokens differ from the recompute's is
 reported, and with --check (the default with --tiny) ends the script with
 exit status 1. Blocks are named by a fresh identity per run of the script,
 so blocks an earlier run left in the store never serve. A store given with
---disk has its page cache dropped before each hit where the kernel lets us.
+--disk or --dram has its page cache dropped before each hit where the kernel
+lets us; --dram is a disk store mounted with `kvfs mount --dram SIZE`
+(docs/performance.md, "DRAM tier"), whose first hit may still read from the
+disk what the tier does not hold yet.
 
     ttft.py --geometry        # the kvfs format flags of the GPU model's stores
-    ttft.py --tmpfs MOUNT --disk MOUNT [--tokens 4096,16384,32768] [--repeat 3]
+    ttft.py --tmpfs MOUNT --disk MOUNT [--dram MOUNT] [--tokens 4096,16384,32768] [--repeat 3]
     ttft.py --device cpu --tiny --mount MOUNT [--tokens 256] [--json out.json]
 
 It prints a Markdown table and, last, one line "JSON: {...}" (also written
@@ -254,6 +257,8 @@ def main():
     p.add_argument("--mount", help="mount of a store (its page cache is left alone)")
     p.add_argument("--tmpfs", help="mount of the store on tmpfs")
     p.add_argument("--disk", help="mount of the store on disk (page cache dropped before each hit)")
+    p.add_argument("--dram", help="mount of a store on disk mounted with kvfs mount --dram (page cache dropped "
+                   "before each hit; a block the tier does not hold yet is read from the disk)")
     p.add_argument("--tokens", help="prompt lengths [4096,16384,32768; --tiny: 256]")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per cell (the median is reported)")
     p.add_argument("--new-tokens", type=int, default=4, help="tokens each run generates (the first is timed)")
@@ -265,10 +270,10 @@ def main():
     if args.geometry:
         print(" ".join(GEOMETRY))
         return 0
-    runs = [Run(n, m, n == "disk") for n, m in (("mount", args.mount), ("tmpfs", args.tmpfs), ("disk", args.disk))
-            if m]
+    runs = [Run(n, m, n in ("disk", "dram")) for n, m in (("mount", args.mount), ("tmpfs", args.tmpfs),
+                                                          ("disk", args.disk), ("dram", args.dram)) if m]
     if not runs:
-        p.error("give at least one of --mount, --tmpfs, --disk")
+        p.error("give at least one of --mount, --tmpfs, --disk, --dram")
     args.tokens = args.tokens or ("256" if args.tiny else "4096,16384,32768")
     check = args.check or args.tiny
     import torch
