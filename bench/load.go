@@ -113,6 +113,13 @@ type LoadResult struct {
 	// idle over the run (0 to 1, /proc/stat; -1 where unreadable): cores
 	// the daemon left unused while calls waited.
 	MachineIdle float64 `json:"machine_idle"`
+	// DRAMHitRatio is the share of the groups the daemon read during the
+	// run that landed from its DRAM tier (kvfs mount --dram), from the
+	// dram_hits and dram_misses of .kvfs/stats; absent when the mount has
+	// no tier. DRAMHits and DRAMMisses are those differences.
+	DRAMHitRatio *float64 `json:"dram_hit_ratio,omitempty"`
+	DRAMHits     uint64   `json:"dram_hits,omitempty"`
+	DRAMMisses   uint64   `json:"dram_misses,omitempty"`
 	// LOAD_BLOCKS runs (BlocksPerCall > 0).
 	BlocksPerCall int     `json:"blocks_per_call,omitempty"`
 	Layout        string  `json:"layout,omitempty"`
@@ -231,6 +238,10 @@ type callers struct {
 	daemonCPU float64
 	daemonOK  bool
 	idle      float64 // the machine's idle share, -1 when unknown
+	// dram: the DRAM tier's group hits and misses over the run, when the
+	// mount has a tier.
+	dram                 bool
+	dramHits, dramMisses uint64
 }
 
 // runCallers runs c.Jobs concurrent callers. Each gets its call from
@@ -271,6 +282,7 @@ func runCallers(c LoadConfig, newCall func(j int) func() (int, error)) (callers,
 		}()
 	}
 	ready.Wait()
+	dr0, drok0 := DRAMCounters(c.Mountpoint)
 	d0, dok0 := daemonCPU(c)
 	cpu0 := CPUSeconds()
 	i0, t0, jok0 := MachineJiffies()
@@ -281,6 +293,11 @@ func runCallers(c LoadConfig, newCall func(j int) func() (int, error)) (callers,
 	i1, t1, jok1 := MachineJiffies()
 	m.clientCPU = CPUSeconds() - cpu0
 	d1, dok1 := daemonCPU(c)
+	dr1, drok1 := DRAMCounters(c.Mountpoint)
+	if drok0 && drok1 && dr1.Bytes > 0 {
+		m.dram = true
+		m.dramHits, m.dramMisses = dr1.Hits-dr0.Hits, dr1.Misses-dr0.Misses
+	}
 	m.idle = -1
 	if jok0 && jok1 && t1 > t0 {
 		m.idle = float64(i1-i0) / float64(t1-t0)
@@ -312,6 +329,14 @@ func (m callers) fill(r *LoadResult, callBytes int64) {
 	r.UsPerGroup = r.UsPerCall / float64(r.GroupsPerCall)
 	r.ClientCPUs = m.clientCPU
 	r.MachineIdle = m.idle
+	if m.dram {
+		r.DRAMHits, r.DRAMMisses = m.dramHits, m.dramMisses
+		ratio := 0.0
+		if n := m.dramHits + m.dramMisses; n > 0 {
+			ratio = float64(m.dramHits) / float64(n)
+		}
+		r.DRAMHitRatio = &ratio
+	}
 	if m.daemonOK {
 		r.CPUs = m.daemonCPU
 		r.CPUsPerGB = PerGB(r.CPUs, r.Bytes)
@@ -337,6 +362,10 @@ func (r LoadResult) String() string {
 	s += fmt.Sprintf("\n  daemon cpu %.2f s (%.3f s/GB), callers' cpu %.2f s", r.CPUs, r.CPUsPerGB, r.ClientCPUs)
 	if r.MachineIdle >= 0 {
 		s += fmt.Sprintf(", machine idle %.1f %%", 100*r.MachineIdle)
+	}
+	if r.DRAMHitRatio != nil {
+		s += fmt.Sprintf("\n  DRAM tier: hit ratio %.3f (%d of %d groups read landed from it)",
+			*r.DRAMHitRatio, r.DRAMHits, r.DRAMHits+r.DRAMMisses)
 	}
 	if r.NotOK > 0 {
 		s += fmt.Sprintf("\n  %d groups not ok (absent, corrupt or evicted while measuring)", r.NotOK)
@@ -373,6 +402,25 @@ func DaemonCPUSeconds(mountpoint string) (float64, bool) {
 		return 0, false
 	}
 	return *st.CPU, true
+}
+
+// DRAMStats are the DRAM tier's counters of a mount's .kvfs/stats.
+type DRAMStats struct {
+	Bytes  uint64 `json:"dram_bytes"`
+	Hits   uint64 `json:"dram_hits"`
+	Misses uint64 `json:"dram_misses"`
+}
+
+// DRAMCounters reads the DRAM tier's counters from the mount's
+// .kvfs/stats; false when they cannot be read. Bytes is 0 when the mount
+// has no tier.
+func DRAMCounters(mountpoint string) (DRAMStats, bool) {
+	var st DRAMStats
+	data, err := os.ReadFile(filepath.Join(mountpoint, ".kvfs", "stats"))
+	if err != nil || json.Unmarshal(data, &st) != nil {
+		return DRAMStats{}, false
+	}
+	return st, true
 }
 
 // ListBlocks returns the blocks present under mountpoint (the union over

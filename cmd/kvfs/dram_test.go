@@ -1,8 +1,11 @@
 package main
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 
+	"github.com/kvfs/kvfs/bench"
 	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/store"
@@ -61,5 +64,39 @@ func TestDRAMMetrics(t *testing.T) {
 		if got["kvfs_dram_bytes"] != want {
 			t.Fatalf("kvfs_dram_bytes %v, want %v", got["kvfs_dram_bytes"], want)
 		}
+	}
+}
+
+// TestBenchLoadDRAMHitRatio: bench-load reports the DRAM tier's hit ratio
+// over its measured calls: a second run over blocks the first brought in
+// lands every group from the tier. Without a tier it reports none.
+func TestBenchLoadDRAMHitRatio(t *testing.T) {
+	mnt, _ := mountForLoadTier(t, 16*testGeo.PayloadBytes())
+	var rep bench.LoadResult
+	for i := range 2 {
+		r := kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--calls", "4", "--fill", "3", "--warmup", "0", "--json")
+		r.want(t, 0)
+		rep = bench.LoadResult{}
+		if err := json.Unmarshal(r.stdout, &rep); err != nil {
+			t.Fatalf("%v: %s", err, r.stdout)
+		}
+		if rep.DRAMHitRatio == nil || rep.DRAMHits+rep.DRAMMisses != uint64(4*3*testGeo.GroupsPerBlock()) {
+			t.Fatalf("run %d: dram hit ratio %v, %d hits, %d misses: %s", i, rep.DRAMHitRatio, rep.DRAMHits, rep.DRAMMisses, r.stdout)
+		}
+	}
+	if *rep.DRAMHitRatio != 1 {
+		t.Fatalf("second run over 3 blocks in a 16-block tier: hit ratio %v", *rep.DRAMHitRatio)
+	}
+	r := kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--calls", "2")
+	r.want(t, 0)
+	if !strings.Contains(string(r.stdout), "DRAM tier: hit ratio 1.000") {
+		t.Fatalf("text output lacks the hit ratio: %s", r.stdout)
+	}
+
+	plain, _ := mountForLoad(t)
+	r = kvfs(t, nil, "bench-load", plain, "--blocks-per-call", "3", "--calls", "2", "--fill", "3", "--json")
+	r.want(t, 0)
+	if strings.Contains(string(r.stdout), "dram_hit_ratio") {
+		t.Fatalf("a mount without a tier reported a hit ratio: %s", r.stdout)
 	}
 }

@@ -293,7 +293,9 @@ core-seconds per GB moved, read from the mount's .kvfs/stats
 (daemon_cpu_seconds); --daemon-pid PID reads it from /proc/PID/stat
 instead, for a daemon whose stats do not carry it. Compare with
 'kvfs bench STORE --blocks B --qd J' on the same store, unmounted, for the
-store's own cost with the same access pattern.`,
+store's own cost with the same access pattern. On a mount with a DRAM tier
+(kvfs mount --dram) the report adds the share of the groups read during the
+measured calls that landed from the tier (dram_hit_ratio, from .kvfs/stats).`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 || args[0] == "" {
 				return usageErrorf("bench-load takes one MOUNTPOINT argument, got %d", len(args))

@@ -20,11 +20,19 @@ import (
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // mountForLoad mounts an in-memory store with the ctl server in this
 // process, as kvfs mount does.
 func mountForLoad(t *testing.T) (string, *store.Store) {
+	t.Helper()
+	return mountForLoadTier(t, 0)
+}
+
+// mountForLoadTier is mountForLoad with a DRAM tier of dram bytes in front
+// of the store (none for 0), as kvfs mount --dram does.
+func mountForLoadTier(t *testing.T, dram int64) (string, *store.Store) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root to mount; CI runs as root")
@@ -34,8 +42,15 @@ func mountForLoad(t *testing.T) (string, *store.Store) {
 	}
 	mem := storetest.Formatted(t, testGeo, 16, 4096)
 	st := storetest.Open(t, mem, store.Options{})
+	var tr *tier.Tier
+	if dram > 0 {
+		var err error
+		if tr, err = tier.New(st, tier.Options{Bytes: dram}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	dir := t.TempDir()
-	srv, err := fs.Mount(dir, st, fs.Options{Ctl: fs.Handler(ctl.NewServer(st, ctl.Options{}).Open)})
+	srv, err := fs.Mount(dir, st, fs.Options{Tier: tr, Ctl: fs.Handler(ctl.NewServer(st, ctl.Options{Tier: tr}).Open)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,6 +65,9 @@ func mountForLoad(t *testing.T) (string, *store.Store) {
 		// What the ioctls and bench-load did left the store consistent.
 		if err := st.CheckInvariants(); err != nil {
 			t.Error(err)
+		}
+		if tr != nil {
+			tr.Close()
 		}
 		st.Close()
 	})
