@@ -66,6 +66,20 @@ type infoReport struct {
 	// when the report comes from its .kvfs/ files (the store is locked):
 	// then Owner, FDP and Attachment are absent.
 	MountedAt string `json:"mounted_at,omitempty"`
+	// DRAM is the daemon's DRAM tier (kvfs mount --dram), from its
+	// .kvfs/stats; absent without a tier or when the store is not mounted.
+	DRAM *infoDRAM `json:"dram,omitempty"`
+}
+
+// infoDRAM is the DRAM tier's size and counters as info reports them. Hits
+// and misses count groups.
+type infoDRAM struct {
+	Bytes         uint64 `json:"dram_bytes"`
+	Blocks        uint64 `json:"dram_blocks"`
+	Hits          uint64 `json:"dram_hits"`
+	Misses        uint64 `json:"dram_misses"`
+	Evictions     uint64 `json:"dram_evictions"`
+	PromotedBytes uint64 `json:"dram_promoted_bytes"`
 }
 
 // infoOwner is the ownership lease record as info reports it.
@@ -190,6 +204,14 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 	if r.MountedAt != "" {
 		fmt.Fprintf(tw, "mounted at:\t%s (the daemon holds the store: these figures are its own, from %s)\n",
 			r.MountedAt, filepath.Join(r.MountedAt, ".kvfs"))
+	}
+	if d := r.DRAM; d != nil {
+		ratio := ""
+		if n := d.Hits + d.Misses; n > 0 {
+			ratio = fmt.Sprintf(", hit ratio %.3f", float64(d.Hits)/float64(n))
+		}
+		fmt.Fprintf(tw, "dram tier:\t%s holding %d blocks; %d groups hit, %d missed%s; %d evictions; %s promoted\n",
+			bytesize.Format(int64(d.Bytes)), d.Blocks, d.Hits, d.Misses, ratio, d.Evictions, bytesize.Format(int64(d.PromotedBytes)))
 	}
 	if wb := r.WrittenBytes; wb != nil {
 		line := fmt.Sprintf("%d (%s)", *wb, bytesize.Format(*wb))

@@ -86,6 +86,7 @@ func mountedInfo(path, mnt string) (infoReport, error) {
 		SlotsUsed int64  `json:"slots_used"`
 		SlotsFree int64  `json:"slots_free"`
 		Blocks    int    `json:"blocks"`
+		infoDRAM
 	}
 	for name, v := range map[string]any{"geometry": &geo, "stats": &stats} {
 		b, err := os.ReadFile(filepath.Join(mnt, ".kvfs", name))
@@ -106,6 +107,10 @@ func mountedInfo(path, mnt string) (infoReport, error) {
 		GroupStride: geo.GroupStride, HeaderBytes: geo.HeaderBytes, SlotBytes: geo.SlotBytes, Slots: geo.Slots,
 		UsedSlots: stats.SlotsUsed, FreeSlots: stats.SlotsFree, Blocks: stats.Blocks,
 		Size: geo.Size, Created: created.UTC(),
+	}
+	if stats.infoDRAM.Bytes > 0 {
+		d := stats.infoDRAM
+		r.DRAM = &d
 	}
 	if w, size, err := store.WrittenBytes(path); err == nil {
 		r.WrittenBytes, r.fileBytes = &w, size

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -10,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // TestInfoOfMountedStore: kvfs info of a store a daemon holds answers from
@@ -32,28 +35,7 @@ func TestInfoOfMountedStore(t *testing.T) {
 	var offline infoReport
 	decodeJSON(t, r.stdout, &offline)
 
-	st, closeStore, err := engine.OpenStore(path, engine.Options{Kind: "posix"}, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mnt := t.TempDir()
-	srv, err := fs.Mount(mnt, st, fs.Options{FsName: path})
-	if err != nil {
-		closeStore()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for range 100 {
-			if err := srv.Unmount(); err == nil || !errors.Is(err, syscall.EBUSY) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		srv.Wait()
-		if err := closeStore(); err != nil {
-			t.Error(err)
-		}
-	})
+	mnt := mountStoreFile(t, path, 0)
 
 	r = kvfs(t, nil, "info", path, "--json")
 	r.want(t, 0)
@@ -71,6 +53,88 @@ func TestInfoOfMountedStore(t *testing.T) {
 	r.want(t, 0)
 	if !strings.Contains(string(r.stdout), "mounted at:") || !strings.Contains(string(r.stdout), filepath.Join(mnt, ".kvfs")) {
 		t.Errorf("info does not say where the store is mounted:\n%s", r.stdout)
+	}
+}
+
+// mountStoreFile mounts the store file path in this process, as kvfs mount
+// does, with a DRAM tier of dram bytes in front of it (none for 0), and
+// unmounts it when the test ends.
+func mountStoreFile(t *testing.T, path string, dram int64) string {
+	t.Helper()
+	st, closeStore, err := engine.OpenStore(path, engine.Options{Kind: "posix"}, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr *tier.Tier
+	if dram > 0 {
+		if tr, err = tier.New(st, tier.Options{Bytes: dram}); err != nil {
+			closeStore()
+			t.Fatal(err)
+		}
+	}
+	mnt := t.TempDir()
+	srv, err := fs.Mount(mnt, st, fs.Options{FsName: path, Tier: tr, Ctl: fs.Handler(ctl.NewServer(st, ctl.Options{Tier: tr}).Open)})
+	if err != nil {
+		closeStore()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for range 100 {
+			if err := srv.Unmount(); err == nil || !errors.Is(err, syscall.EBUSY) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		srv.Wait()
+		if tr != nil {
+			tr.Close()
+		}
+		if err := closeStore(); err != nil {
+			t.Error(err)
+		}
+	})
+	return mnt
+}
+
+// TestInfoOfMountedStoreDRAM: kvfs info of a store mounted with a DRAM tier
+// reports the tier's size and counters from the mount: a group file read
+// through the mount is a miss that brings its block in, and a LOAD of the
+// same group (kvfs load) is then a hit.
+func TestInfoOfMountedStoreDRAM(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: needs root to mount; CI runs as root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("skipping: /dev/fuse is missing")
+	}
+	path := newStore(t)
+	put(t, path, "1", 0, 0, "K", group(1))
+	dram := 4 * testGeo.PayloadBytes()
+	mnt := mountStoreFile(t, path, dram)
+	file := filepath.Join(mnt, "layer-0", "block-0000000000000001", "head-0", "K")
+	if b, err := os.ReadFile(file); err != nil || !bytes.Equal(b, group(1)) {
+		t.Fatalf("read %s through the tier: %v", file, err)
+	}
+	dir := t.TempDir()
+	reqs, out := filepath.Join(dir, "reqs"), filepath.Join(dir, "out")
+	if err := os.WriteFile(reqs, []byte("1 0 0 K\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kvfs(t, nil, "load", mnt, "--requests", reqs, "--out", out).want(t, 0)
+	if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, group(1)) {
+		t.Fatalf("kvfs load through the tier: %v", err)
+	}
+	r := kvfs(t, nil, "info", path, "--json")
+	r.want(t, 0)
+	var rep infoReport
+	decodeJSON(t, r.stdout, &rep)
+	if d := rep.DRAM; d == nil || d.Bytes != uint64(dram) || d.Blocks != 1 || d.Hits != 1 || d.Misses != 1 || d.PromotedBytes == 0 {
+		t.Fatalf("info of a store mounted with a DRAM tier: dram %+v\n%s", rep.DRAM, r.stdout)
+	}
+	r = kvfs(t, nil, "info", path)
+	r.want(t, 0)
+	if !strings.Contains(string(r.stdout), "dram tier:") || !strings.Contains(string(r.stdout), "1 groups hit, 1 missed, hit ratio 0.500") {
+		t.Fatalf("info text lacks the DRAM tier:\n%s", r.stdout)
 	}
 }
 
