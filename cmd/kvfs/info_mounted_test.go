@@ -3,31 +3,20 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
-	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/engine"
-	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/store"
-	"github.com/kvfs/kvfs/tier"
 )
 
 // TestInfoOfMountedStore: kvfs info of a store a daemon holds answers from
 // the mount's .kvfs/ files, with the figures info gives of the store
 // unmounted, and says where it is mounted.
 func TestInfoOfMountedStore(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root to mount; CI runs as root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("skipping: /dev/fuse is missing")
-	}
+	requireMount(t)
 	path := newStore(t)
 	put(t, path, "1", 0, 0, "K", group(1))
 	r := kvfs(t, nil, "info", path, "--json", "--engine", "posix")
@@ -65,35 +54,11 @@ func mountStoreFile(t *testing.T, path string, dram int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tr *tier.Tier
-	if dram > 0 {
-		if tr, err = tier.New(st, tier.Options{Bytes: dram}); err != nil {
-			closeStore()
-			t.Fatal(err)
-		}
-	}
-	mnt := t.TempDir()
-	srv, err := fs.Mount(mnt, st, fs.Options{FsName: path, Tier: tr, Ctl: fs.Handler(ctl.NewServer(st, ctl.Options{Tier: tr}).Open)})
-	if err != nil {
-		closeStore()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for range 100 {
-			if err := srv.Unmount(); err == nil || !errors.Is(err, syscall.EBUSY) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		srv.Wait()
-		if tr != nil {
-			tr.Close()
-		}
+	return mountServed(t, st, dram, path, func() {
 		if err := closeStore(); err != nil {
 			t.Error(err)
 		}
 	})
-	return mnt
 }
 
 // TestInfoOfMountedStoreDRAM: kvfs info of a store mounted with a DRAM tier
@@ -101,12 +66,7 @@ func mountStoreFile(t *testing.T, path string, dram int64) string {
 // through the mount is a miss that brings its block in, and a LOAD of the
 // same group (kvfs load) is then a hit.
 func TestInfoOfMountedStoreDRAM(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: needs root to mount; CI runs as root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("skipping: /dev/fuse is missing")
-	}
+	requireMount(t)
 	path := newStore(t)
 	put(t, path, "1", 0, 0, "K", group(1))
 	dram := 4 * testGeo.PayloadBytes()

@@ -34,24 +34,51 @@ func mountForLoad(t *testing.T) (string, *store.Store) {
 // of the store (none for 0), as kvfs mount --dram does.
 func mountForLoadTier(t *testing.T, dram int64) (string, *store.Store) {
 	t.Helper()
+	requireMount(t)
+	st := storetest.Open(t, storetest.Formatted(t, testGeo, 16, 4096), store.Options{})
+	// What the ioctls and bench-load did left the store consistent.
+	return mountServed(t, st, dram, "", func() {
+		if err := st.CheckInvariants(); err != nil {
+			t.Error(err)
+		}
+		st.Close()
+	}), st
+}
+
+// requireMount skips a test that mounts unless it runs as root with
+// /dev/fuse.
+func requireMount(t *testing.T) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("skipping: needs root to mount; CI runs as root")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("skipping: /dev/fuse is missing")
 	}
-	mem := storetest.Formatted(t, testGeo, 16, 4096)
-	st := storetest.Open(t, mem, store.Options{})
+}
+
+// mountServed mounts st in this process with the ctl server, as kvfs mount
+// does, with a DRAM tier of dram bytes in front of it (none for 0) and
+// fsName as the mount's source. When the test ends it unmounts (retrying
+// while the kernel says busy), closes the tier and calls done, which owns
+// closing the store. A failed mount calls done at once.
+func mountServed(t *testing.T, st *store.Store, dram int64, fsName string, done func()) string {
+	t.Helper()
 	var tr *tier.Tier
 	if dram > 0 {
 		var err error
 		if tr, err = tier.New(st, tier.Options{Bytes: dram}); err != nil {
+			done()
 			t.Fatal(err)
 		}
 	}
 	dir := t.TempDir()
-	srv, err := fs.Mount(dir, st, fs.Options{Tier: tr, Ctl: fs.Handler(ctl.NewServer(st, ctl.Options{Tier: tr}).Open)})
+	srv, err := fs.Mount(dir, st, fs.Options{FsName: fsName, Tier: tr, Ctl: fs.Handler(ctl.NewServer(st, ctl.Options{Tier: tr}).Open)})
 	if err != nil {
+		if tr != nil {
+			tr.Close()
+		}
+		done()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -62,16 +89,12 @@ func mountForLoadTier(t *testing.T, dram int64) (string, *store.Store) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		srv.Wait()
-		// What the ioctls and bench-load did left the store consistent.
-		if err := st.CheckInvariants(); err != nil {
-			t.Error(err)
-		}
 		if tr != nil {
 			tr.Close()
 		}
-		st.Close()
+		done()
 	})
-	return dir, st
+	return dir
 }
 
 func TestLoadCommand(t *testing.T) {
