@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/ctl"
-	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
 )
@@ -214,24 +212,7 @@ func punchStore(t *testing.T, kind string) (*store.Store, *pinEngine) {
 		return storetest.Open(t, pe, store.Options{}), pe
 	}
 	requireMount(t)
-	path := filepath.Join(t.TempDir(), "s.kvfs")
-	if err := store.PrepareFile(path, store.SizeFor(testGeo, 8)); err != nil {
-		t.Fatal(err)
-	}
-	eng, err := engine.Open(path, engine.Options{Kind: kind})
-	if err != nil {
-		t.Skipf("skipping: no %s engine here: %v", kind, err)
-	}
-	if _, err := store.Format(eng, testGeo, store.FormatOptions{Force: true}); err != nil {
-		t.Fatal(err)
-	}
-	eng.Close()
-	st, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind}, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeAll() })
-	return st, nil
+	return fileStore(t, kind), nil
 }
 
 // TestPunchedHoleNotRefilled: a resident registration whose caller punches

@@ -27,7 +27,6 @@ import (
 	"github.com/kvfs/kvfs/client"
 	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/ctl/abi"
-	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
@@ -625,23 +624,7 @@ func TestPythonClientCloses(t *testing.T) {
 // is pinned and loads, one over the per-uid share is refused.
 func TestPinUring(t *testing.T) {
 	requireMount(t)
-	path := filepath.Join(t.TempDir(), "s.kvfs")
-	if err := store.PrepareFile(path, store.SizeFor(testGeo, 8)); err != nil {
-		t.Fatal(err)
-	}
-	eng, err := engine.Open(path, engine.Options{Kind: "uring"})
-	if err != nil {
-		t.Skipf("skipping: no io_uring engine here: %v", err)
-	}
-	if _, err := store.Format(eng, testGeo, store.FormatOptions{Force: true}); err != nil {
-		t.Fatal(err)
-	}
-	eng.Close()
-	st, closeAll, err := engine.OpenStore(path, engine.Options{Kind: "uring"}, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeAll() })
+	st := fileStore(t, "uring")
 	const mib = 1 << 20
 	e := mountEnv(t, envOptions{st: st, ctl: ctl.Options{MaxPinnedBytes: 64 * mib, MaxPinnedPerUID: 32 * mib}})
 	c := openClient(t, e)

@@ -16,6 +16,7 @@ import (
 	"github.com/kvfs/kvfs/ctl"
 	"github.com/kvfs/kvfs/ctl/abi"
 	"github.com/kvfs/kvfs/ctl/ctltest"
+	"github.com/kvfs/kvfs/engine"
 	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
@@ -284,4 +285,29 @@ func newShm(t testing.TB, n, guard int) *shmFile {
 func (s *shmFile) checkGuard(t testing.TB) {
 	t.Helper()
 	ctltest.CheckGuard(t, s.mem, s.n)
+}
+
+// fileStore formats a store of testGeo with 8 slots in a file of the
+// test's temporary directory and opens it with the engine kind, closed when
+// the test ends; the test is skipped where that engine cannot open here.
+func fileStore(t testing.TB, kind string) *store.Store {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "s.kvfs")
+	if err := store.PrepareFile(path, store.SizeFor(testGeo, 8)); err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.Open(path, engine.Options{Kind: kind})
+	if err != nil {
+		t.Skipf("skipping: no %s engine here: %v", kind, err)
+	}
+	if _, err := store.Format(eng, testGeo, store.FormatOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	eng.Close()
+	st, closeAll, err := engine.OpenStore(path, engine.Options{Kind: kind}, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeAll() })
+	return st
 }
