@@ -164,29 +164,34 @@ func (t *textFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, of
 	return fuse.ReadResultData(b[off:min(int64(len(b)), off+int64(len(dest)))]), 0
 }
 
+// GeometryFile is the content of .kvfs/geometry, as JSON: the store's
+// geometry and layout as the mount serves them. kvfs info of a mounted
+// store reads it back.
+type GeometryFile struct {
+	Layers         int    `json:"layers"`
+	KVHeads        int    `json:"kv_heads"`
+	HeadDim        int    `json:"head_dim"`
+	BlockTokens    int    `json:"block_tokens"`
+	DType          string `json:"dtype"`
+	Align          int    `json:"align"`
+	Shape          string `json:"shape"`
+	GroupBytes     int    `json:"group_bytes"`
+	GroupStride    int64  `json:"group_stride"`
+	GroupsPerBlock int    `json:"groups_per_block"`
+	SlotBytes      int64  `json:"slot_bytes"`
+	Slots          int64  `json:"slots"`
+	UUID           string `json:"uuid"`
+	Version        uint32 `json:"format_version"`
+	HeaderBytes    int64  `json:"header_bytes"`
+	Size           int64  `json:"size"`
+	Created        string `json:"created"` // RFC 3339, UTC
+}
+
 // geometryJSON renders .kvfs/geometry.
 func (f *FS) geometryJSON() []byte {
 	in := f.st.Info()
 	g := f.geo
-	v := struct {
-		Layers         int    `json:"layers"`
-		KVHeads        int    `json:"kv_heads"`
-		HeadDim        int    `json:"head_dim"`
-		BlockTokens    int    `json:"block_tokens"`
-		DType          string `json:"dtype"`
-		Align          int    `json:"align"`
-		Shape          string `json:"shape"`
-		GroupBytes     int    `json:"group_bytes"`
-		GroupStride    int64  `json:"group_stride"`
-		GroupsPerBlock int    `json:"groups_per_block"`
-		SlotBytes      int64  `json:"slot_bytes"`
-		Slots          int64  `json:"slots"`
-		UUID           string `json:"uuid"`
-		Version        uint32 `json:"format_version"`
-		HeaderBytes    int64  `json:"header_bytes"`
-		Size           int64  `json:"size"`
-		Created        string `json:"created"`
-	}{g.Layers, g.KVHeads, g.HeadDim, g.BlockTokens, g.DType.String(), g.Align, g.Shape(),
+	v := GeometryFile{g.Layers, g.KVHeads, g.HeadDim, g.BlockTokens, g.DType.String(), g.Align, g.Shape(),
 		g.GroupBytes(), g.GroupStride(), g.GroupsPerBlock(), in.SlotBytes, in.Slots, in.UUID, in.Version,
 		in.HeaderBytes, in.Size, in.Created.UTC().Format(time.RFC3339Nano)}
 	b, err := json.MarshalIndent(v, "", "  ")

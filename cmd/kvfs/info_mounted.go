@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvfs/kvfs/fs"
 	"github.com/kvfs/kvfs/store"
 )
 
@@ -68,19 +69,7 @@ func unescapeMount(s string) string {
 // mnt, read from mnt/.kvfs/geometry and mnt/.kvfs/stats. The ownership
 // lease and the FDP state are not in them.
 func mountedInfo(path, mnt string) (infoReport, error) {
-	var geo struct {
-		infoGeometry
-		GroupsPerBlock int    `json:"groups_per_block"`
-		GroupBytes     int    `json:"group_bytes"`
-		GroupStride    int64  `json:"group_stride"`
-		SlotBytes      int64  `json:"slot_bytes"`
-		Slots          int64  `json:"slots"`
-		UUID           string `json:"uuid"`
-		Version        uint32 `json:"format_version"`
-		HeaderBytes    int64  `json:"header_bytes"`
-		Size           int64  `json:"size"`
-		Created        string `json:"created"`
-	}
+	var geo fs.GeometryFile
 	var stats struct {
 		Engine    string `json:"engine"`
 		SlotsUsed int64  `json:"slots_used"`
@@ -103,7 +92,9 @@ func mountedInfo(path, mnt string) (infoReport, error) {
 	}
 	r := infoReport{
 		Path: path, MountedAt: mnt, UUID: geo.UUID, FormatVersion: geo.Version, Engine: stats.Engine,
-		Geometry: geo.infoGeometry, GroupsPerBlock: geo.GroupsPerBlock, GroupBytes: geo.GroupBytes,
+		Geometry: infoGeometry{Layers: geo.Layers, KVHeads: geo.KVHeads, HeadDim: geo.HeadDim,
+			BlockTokens: geo.BlockTokens, DType: geo.DType, Align: geo.Align},
+		GroupsPerBlock: geo.GroupsPerBlock, GroupBytes: geo.GroupBytes,
 		GroupStride: geo.GroupStride, HeaderBytes: geo.HeaderBytes, SlotBytes: geo.SlotBytes, Slots: geo.Slots,
 		UsedSlots: stats.SlotsUsed, FreeSlots: stats.SlotsFree, Blocks: stats.Blocks,
 		Size: geo.Size, Created: created.UTC(),
