@@ -37,10 +37,7 @@ func (d *blockDir) Getxattr(ctx context.Context, attr string, dest []byte) (uint
 		return 0, syscall.ENODATA
 	}
 	v := values[i]
-	if len(dest) < len(v) {
-		return uint32(len(v)), syscall.ERANGE
-	}
-	return uint32(copy(dest, v)), 0
+	return xattrReply(dest, v)
 }
 
 func (d *blockDir) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
@@ -50,10 +47,7 @@ func (d *blockDir) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.
 		b = append(b, n...)
 		b = append(b, 0)
 	}
-	if len(dest) < len(b) {
-		return uint32(len(b)), syscall.ERANGE
-	}
-	return uint32(copy(dest, b)), 0
+	return xattrReply(dest, b)
 }
 
 // Setxattr accepts and ignores user.kvfs.* (computed, as on a group: a copy

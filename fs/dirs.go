@@ -79,6 +79,15 @@ func (d *dirBase) Setxattr(ctx context.Context, attr string, data []byte, flags 
 
 func (d *dirBase) Removexattr(ctx context.Context, attr string) syscall.Errno { return syscall.ENODATA }
 
+// xattrReply answers getxattr and listxattr with v: its length alone for a
+// size query or a dest too small (ERANGE), else v copied into dest.
+func xattrReply[T ~string | ~[]byte](dest []byte, v T) (uint32, syscall.Errno) {
+	if len(dest) < len(v) {
+		return uint32(len(v)), syscall.ERANGE
+	}
+	return uint32(copy(dest, v)), 0
+}
+
 // setxattrErrno is what setxattr answers: kvfs stores no extended
 // attributes. On a group (or staged) file, user.kvfs.* are accepted and
 // ignored, like chmod: they are computed, and a restore from a backup made

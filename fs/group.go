@@ -150,17 +150,11 @@ func (g *groupFile) Getxattr(ctx context.Context, attr string, dest []byte) (uin
 	default:
 		return 0, syscall.ENODATA
 	}
-	if len(dest) < len(v) {
-		return uint32(len(v)), syscall.ERANGE
-	}
-	return uint32(copy(dest, v)), 0
+	return xattrReply(dest, v)
 }
 
 func (g *groupFile) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	if len(dest) < len(xattrList) {
-		return uint32(len(xattrList)), syscall.ERANGE
-	}
-	return uint32(copy(dest, xattrList)), 0
+	return xattrReply(dest, xattrList)
 }
 
 func (g *groupFile) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
