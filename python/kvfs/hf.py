@@ -280,13 +280,7 @@ class PrefixCache:
         """The daemon is down or refused: drop what belongs to the old
         connection, warn once per outage."""
         self.stats["fallbacks"] += 1
-        self._drop_host()
-        if self._own_client and self._client is not None:
-            try:
-                self._client.close()
-            except (OSError, BufferError):
-                pass
-            self._client = None
+        self.close()
         if not self._down:
             self._down = True
             warnings.warn("kvfs.hf: %s failed, recomputing without the kvfs cache: %s" % (what, err),
