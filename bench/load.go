@@ -282,8 +282,8 @@ func runCallers(c LoadConfig, newCall func(j int) func() (int, error)) (callers,
 		}()
 	}
 	ready.Wait()
-	dr0, drok0 := DRAMCounters(c.Mountpoint)
-	d0, dok0 := daemonCPU(c)
+	s0, sok0 := ReadMountStats(c.Mountpoint)
+	d0, dok0 := daemonCPU(c, s0, sok0)
 	cpu0 := CPUSeconds()
 	i0, t0, jok0 := MachineJiffies()
 	start := time.Now()
@@ -292,11 +292,11 @@ func runCallers(c LoadConfig, newCall func(j int) func() (int, error)) (callers,
 	m.wall = time.Since(start)
 	i1, t1, jok1 := MachineJiffies()
 	m.clientCPU = CPUSeconds() - cpu0
-	d1, dok1 := daemonCPU(c)
-	dr1, drok1 := DRAMCounters(c.Mountpoint)
-	if drok0 && drok1 && dr1.Bytes > 0 {
+	s1, sok1 := ReadMountStats(c.Mountpoint)
+	d1, dok1 := daemonCPU(c, s1, sok1)
+	if sok0 && sok1 && s1.Bytes > 0 {
 		m.dram = true
-		m.dramHits, m.dramMisses = dr1.Hits-dr0.Hits, dr1.Misses-dr0.Misses
+		m.dramHits, m.dramMisses = s1.Hits-s0.Hits, s1.Misses-s0.Misses
 	}
 	m.idle = -1
 	if jok0 && jok1 && t1 > t0 {
@@ -388,39 +388,40 @@ func (r LoadResult) String() string {
 	return s
 }
 
-// DaemonCPUSeconds reads the daemon's CPU time from the mount's
-// .kvfs/stats (daemon_cpu_seconds); false when it is not there.
-func DaemonCPUSeconds(mountpoint string) (float64, bool) {
-	data, err := os.ReadFile(filepath.Join(mountpoint, ".kvfs", "stats"))
-	if err != nil {
-		return 0, false
-	}
-	var st struct {
-		CPU *float64 `json:"daemon_cpu_seconds"`
-	}
-	if json.Unmarshal(data, &st) != nil || st.CPU == nil {
-		return 0, false
-	}
-	return *st.CPU, true
+// MountStats is what bench-load reads of a mount's .kvfs/stats: the
+// daemon's CPU time and its DRAM tier's counters.
+type MountStats struct {
+	CPU *float64 `json:"daemon_cpu_seconds"` // nil when the daemon does not report it
+	DRAMStats
 }
 
-// DRAMStats are the DRAM tier's counters of a mount's .kvfs/stats.
+// DRAMStats are the DRAM tier's counters of a mount's .kvfs/stats; Bytes is
+// 0 when the mount has no tier.
 type DRAMStats struct {
 	Bytes  uint64 `json:"dram_bytes"`
 	Hits   uint64 `json:"dram_hits"`
 	Misses uint64 `json:"dram_misses"`
 }
 
-// DRAMCounters reads the DRAM tier's counters from the mount's
-// .kvfs/stats; false when they cannot be read. Bytes is 0 when the mount
-// has no tier.
-func DRAMCounters(mountpoint string) (DRAMStats, bool) {
-	var st DRAMStats
+// ReadMountStats reads the mount's .kvfs/stats once; false when it cannot
+// be read.
+func ReadMountStats(mountpoint string) (MountStats, bool) {
+	var st MountStats
 	data, err := os.ReadFile(filepath.Join(mountpoint, ".kvfs", "stats"))
 	if err != nil || json.Unmarshal(data, &st) != nil {
-		return DRAMStats{}, false
+		return MountStats{}, false
 	}
 	return st, true
+}
+
+// DaemonCPUSeconds reads the daemon's CPU time from the mount's
+// .kvfs/stats (daemon_cpu_seconds); false when it is not there.
+func DaemonCPUSeconds(mountpoint string) (float64, bool) {
+	st, ok := ReadMountStats(mountpoint)
+	if !ok || st.CPU == nil {
+		return 0, false
+	}
+	return *st.CPU, true
 }
 
 // ListBlocks returns the blocks present under mountpoint (the union over

@@ -259,14 +259,18 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 }
 
 // daemonCPU is the daemon's CPU seconds so far: ProcessCPU of
-// c.DaemonPID when set (any daemon, old ones too), else the mount's
-// daemon_cpu_seconds; false when neither can be read.
-func daemonCPU(c LoadConfig) (float64, bool) {
+// c.DaemonPID when set (any daemon, old ones too), else the
+// daemon_cpu_seconds of st, the mount's stats read just now (ok: read);
+// false when neither can be read.
+func daemonCPU(c LoadConfig, st MountStats, ok bool) (float64, bool) {
 	if c.DaemonPID != 0 {
 		d, err := ProcessCPU(c.DaemonPID)
 		return d.Seconds(), err == nil
 	}
-	return DaemonCPUSeconds(c.Mountpoint)
+	if !ok || st.CPU == nil {
+		return 0, false
+	}
+	return *st.CPU, true
 }
 
 // RunLoadSweep runs RunLoad once per caller count in jobs (SweepJobs when
