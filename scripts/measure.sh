@@ -24,6 +24,13 @@
 #   load-gpu     LOAD_BLOCKS of GPU_BPC blocks into GPU memory, HND and NHD,
 #                1 and 8 callers, direct and staged, against the pinned H2D
 #                rate of the same run (needs a GPU)
+#   dram         LOAD_BLOCKS of DRAM_BPC blocks, HND, 8 callers, from a
+#                store on DISK without and with a DRAM tier of DRAM_SIZE
+#                (kvfs mount --dram; DRAM_WS blocks stored, read once before
+#                measuring so the tier holds them), and from a tmpfs store
+#                of the same blocks; into host memory and, with a GPU, into
+#                GPU memory (REGISTER_CUDA) against the pinned H2D rate of
+#                the same run
 #   ttft         time to first token with a Llama-3-8B-shaped model,
 #                integration/gpu/run_torch.sh (needs a GPU, torch, transformers)
 #   ttft-cpu     integration/gpu/ttft.py on the CPU with a tiny random Llama
@@ -55,6 +62,7 @@
 #   SHM [/dev/shm]  DISK [/var/tmp]  directories of the tmpfs and disk stores
 #   SIZE [6GiB]  FILL blocks stored [2048]  BPC [128]  CALLS per caller [20]
 #   JOBS for load-v1 ["1 8"]  DISK_BPC [1000]  GPU_BPC [1024]
+#   DRAM_SIZE [768MiB]  DRAM_WS [192]  DRAM_BPC [16]
 #   MOUNT_FLAGS    extra flags of every kvfs mount (e.g. --cpuprofile F)
 #   TOKENS         ttft's token counts [4096,16384,32768; ttft-cpu: 256,1024]
 #   PY             the python of ttft-cpu [python3]
@@ -92,6 +100,9 @@ CALLS=${CALLS:-20}
 JOBS=${JOBS:-1 8}
 DISK_BPC=${DISK_BPC:-1000}
 GPU_BPC=${GPU_BPC:-1024}
+DRAM_SIZE=${DRAM_SIZE:-768MiB}
+DRAM_WS=${DRAM_WS:-192}
+DRAM_BPC=${DRAM_BPC:-16}
 FIO=${FIO:-fio}
 FIO_SECONDS=${FIO_SECONDS:-3}
 FIO_WARMUP=${FIO_WARMUP:-2}
@@ -228,10 +239,12 @@ umnt() {
 }
 
 # bl ARGS...: one kvfs bench-load against the mount; sets GBPS, CPU (daemon
-# core-s/GB) and H2D (the pinned H2D rate of GPU runs) from its JSON.
+# core-s/GB) and H2D (the pinned H2D rate of GPU runs) from its JSON, and
+# BL_JSON to the JSON.
 bl() {
 	local j
 	j=$(timeout "${BL_TIMEOUT:-180}" "$MOUNTED" bench-load "$M" --daemon-pid "$pid" --json "$@" 2>"$WORK/bl.err")
+	BL_JSON=$j
 	GBPS=$(echo "$j" | num gbps)
 	CPU=$(echo "$j" | num cpu_s_per_gb)
 	H2D=$(echo "$j" | num h2d_gbps)
@@ -444,6 +457,41 @@ s_load_gpu() {
 	done
 }
 
+s_dram() {
+	local fill=$FILL sd ss into intos="host"
+	have_gpu && intos="host cuda"
+	FILL=$DRAM_WS
+	fresh dram-disk "$DISK"
+	sd=$S
+	fresh dram-shm "$SHM"
+	ss=$S
+	FILL=$fill
+	header "DRAM tier: LOAD_BLOCKS of $DRAM_BPC random blocks per call, HND, 8 callers, $DRAM_WS blocks stored, tier $DRAM_SIZE; × H2D = ÷ the pinned H2D rate of the same run" round build store into "GB/s (core-s/GB)" "tier hit ratio" "× H2D"
+	for r in $(seq "$ROUNDS"); do
+		for b in $BUILDS; do
+			for cfg in disk dram tmpfs; do
+				case $cfg in
+				disk) S=$sd mnt "$D/$b" || return 1 ;;
+				dram) S=$sd mnt "$D/$b" --dram "$DRAM_SIZE" || return 1 ;;
+				tmpfs) S=$ss mnt "$D/$b" || return 1 ;;
+				esac
+				# Every block read a few times over, unmeasured: the tier
+				# holds the working set before the measured calls.
+				[ $cfg = dram ] && "$MOUNTED" bench-load "$M" --blocks-per-call 64 --layout hnd --jobs 1 --warmup 0 \
+					--calls $((DRAM_WS * 4 / 64 + 1)) >/dev/null 2>&1
+				for into in $intos; do
+					bl --blocks-per-call "$DRAM_BPC" --layout hnd --jobs 8 --calls 8 --warmup 2 --into "$into"
+					local hit="-" x="-"
+					[ $cfg = dram ] && hit=$(fmt "$(echo "$BL_JSON" | num dram_hit_ratio)")
+					[ "$into" = cuda ] && x=$(ratio "$GBPS" "$H2D")
+					row "$r" "$b" "$cfg" "$into" "$(fmt "$GBPS") ($(fmt3 "$CPU"))" "$hit" "$x"
+				done
+				umnt
+			done
+		done
+	done
+}
+
 s_ttft() {
 	needs_gpu ttft || return 0
 	python3 -c 'import torch, transformers' 2>/dev/null || {
@@ -519,11 +567,12 @@ run() {
 	cold) s_cold ;;
 	disk) s_disk ;;
 	load-gpu) s_load_gpu ;;
+	dram) s_dram ;;
 	ttft) s_ttft ;;
 	ttft-cpu) s_ttft_cpu ;;
 	peers) s_peers ;;
 	control) s_control ;;
-	all) for s in engine store load-v1 load-blocks sweep cold disk load-gpu control ttft ttft-cpu peers; do run $s; done ;;
+	all) for s in engine store load-v1 load-blocks sweep cold disk load-gpu dram control ttft ttft-cpu peers; do run $s; done ;;
 	*)
 		echo "measure.sh: unknown scenario $1" >&2
 		usage

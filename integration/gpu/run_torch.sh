@@ -1,5 +1,5 @@
 #!/bin/bash
-# PyTorch + kvfs on a GPU machine (issues 12 and 14): formats stores, mounts
+# PyTorch + kvfs on a GPU machine: formats stores, mounts
 # them, runs hf_roundtrip.py (pin=True and REGISTER_CUDA), tp_shards.py
 # (tensor-parallel shard loads, one rank killed) and ttft.py, prints a
 # summary. Needs root (mount(2), tmpfs), python3 with torch and transformers,
@@ -36,14 +36,16 @@ if ! mountpoint -q "$WORK/tmpfs"; then
 	mount -t tmpfs -o size=16g tmpfs "$WORK/tmpfs" || { echo "cannot mount a tmpfs on $WORK/tmpfs"; exit 1; }
 fi
 
-# mkstore NAME STORE_FILE SIZE GEOMETRY... -> mounts at $WORK/mnt-NAME
+# mkstore NAME STORE_FILE SIZE GEOMETRY... -> mounts at $WORK/mnt-NAME, with
+# the mount flags in $MOUNT_FLAGS.
 mkstore() {
 	local name=$1 file=$2 size=$3
 	shift 3
 	local mnt="$WORK/mnt-$name"
 	mkdir -p "$mnt"
 	"$KVFS" format "$file" --size "$size" --force "$@" || return 1
-	"$KVFS" mount "$file" "$mnt" --daemon --log-file "$WORK/$name.log" || { tail -20 "$WORK/$name.log"; return 1; }
+	# shellcheck disable=SC2086
+	"$KVFS" mount "$file" "$mnt" --daemon --log-file "$WORK/$name.log" ${MOUNT_FLAGS:-} || { tail -20 "$WORK/$name.log"; return 1; }
 	mounts+=("$mnt")
 	echo "mounted $file ($size, $*) on $mnt"
 }
@@ -92,8 +94,9 @@ read -r -a TGEO <<<"$($PY "$HERE/ttft.py" --geometry)"
 ok=1
 mkstore tmpfs "$WORK/tmpfs/ttft.store" 10GiB "${TGEO[@]}" || ok=0
 mkstore disk "$DISK_DIR/ttft.store" 10GiB "${TGEO[@]}" || ok=0
+MOUNT_FLAGS="--dram 12GiB" mkstore dram "$DISK_DIR/ttft-dram.store" 10GiB "${TGEO[@]}" || ok=0
 if [ $ok = 1 ]; then
-	$PY "$HERE/ttft.py" --tmpfs "$WORK/mnt-tmpfs" --disk "$WORK/mnt-disk" --tokens "$TOKENS" 2>&1 | tee "$WORK/ttft.out"
+	$PY "$HERE/ttft.py" --tmpfs "$WORK/mnt-tmpfs" --disk "$WORK/mnt-disk" --dram "$WORK/mnt-dram" --tokens "$TOKENS" 2>&1 | tee "$WORK/ttft.out"
 	rc=${PIPESTATUS[0]}
 	if [ "$rc" = 0 ]; then summary+=("ttft: done (table above)"); else summary+=("ttft: FAIL (exit $rc)"); fail=1; fi
 else
