@@ -180,8 +180,9 @@ func TestWriteMetaDisagree(t *testing.T) {
 	}
 }
 
-// Eviction under index.Prefix takes leaves of the prefix forest, least
-// recently used first, skipping pinned blocks; a parent whose children are
+// Eviction under index.Prefix takes leaves of the prefix forest, skipping
+// pinned blocks, those never read before those read (until a read one has
+// gone unused for the index's window longer); a parent whose children are
 // gone becomes a leaf. Under index.LRU the same trace evicts by recency.
 func TestEvictionParents(t *testing.T) {
 	chain := func(p uint64) *store.BlockMeta {
@@ -207,7 +208,7 @@ func TestEvictionParents(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Unpin(pins)
-		for b := uint64(10); b < 13; b++ {
+		for b := uint64(10); b < 40; b++ {
 			before := present(s, 1, 2, 3, 4, 5)
 			putMeta(t, s, b, nil, 1, 0)
 			now := present(s, 1, 2, 3, 4, 5)
@@ -219,14 +220,16 @@ func TestEvictionParents(t *testing.T) {
 		}
 		return gone
 	}
-	// Prefix: leaves 3, 4 (pinned), 5, and 10.. as they come; 5 is the
-	// least recent leaf, then 3; then 2, a leaf once 3 is gone, before the
-	// newer leaves. The root stays while its pinned child 4 is stored.
+	// Prefix: leaves 3 (read), 4 (pinned), 5 (never read), and 10.. as
+	// they come (never read). 5 goes first; then the new blocks replace
+	// each other while 3, read, is within the window; then 3, and 2, a
+	// leaf once 3 is gone. The root stays while its pinned child 4 is
+	// stored.
 	if got, want := run(index.Prefix), []uint64{5, 3, 2}; !equalIDs(got, want) {
 		t.Errorf("prefix evicted %v, want %v", got, want)
 	}
-	// LRU: 2 5 1 by recency (4 pinned), the root among them.
-	if got, want := run(index.LRU), []uint64{2, 5, 1}; !equalIDs(got, want) {
+	// LRU: 2 5 1 3 by recency (4 pinned), the root among them.
+	if got, want := run(index.LRU), []uint64{2, 5, 1, 3}; !equalIDs(got, want) {
 		t.Errorf("lru evicted %v, want %v", got, want)
 	}
 }

@@ -205,8 +205,9 @@ func TestNeverStale(t *testing.T) {
 		t.Fatalf("missing group from the tier: %+v", reqs[1])
 	}
 
-	// The store's own eviction: a store of 4 slots, 4 more blocks.
-	for b := uint64(10); b < 14; b++ {
+	// The store's own eviction: a store of 4 slots, 16 more blocks (block
+	// 3 was read: it outlives new unread blocks for 2 × 4 block uses).
+	for b := uint64(10); b < 26; b++ {
 		writeBlock(t, st, b, b, nil)
 	}
 	if _, ok := st.Block(3); ok {

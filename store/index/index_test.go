@@ -18,6 +18,7 @@ type mblock struct {
 	meta  Meta
 	full  bool
 	stamp uint64
+	read  bool // touched since inserted
 }
 
 func (m *model) children(b uint64) int {
@@ -30,29 +31,39 @@ func (m *model) children(b uint64) int {
 	return n
 }
 
-// victim: the least recently used unskipped candidate (a leaf under Prefix,
-// any block under LRU), else the least recently used unskipped block.
-func (m *model) victim(skip func(int64) bool) int64 {
-	best, bestInterior := int64(-1), int64(-1)
-	var bs, bis uint64
+// victim: under LRU the least recently used unskipped block. Under Prefix,
+// among the unskipped leaves: the least recently used unread one, unless the
+// least recently used read one was last used more than window uses before
+// it (or there is no unread one); with no leaf, the least recently used
+// unskipped block.
+func (m *model) victim(skip func(int64) bool, window uint64) int64 {
+	var oldest [3]*mblock // unread leaf, read leaf, interior
 	for id, b := range m.blocks {
 		if skip(b.slot) {
 			continue
 		}
-		if m.policy == Prefix && m.children(id) > 0 {
-			if bestInterior < 0 || b.stamp < bis {
-				bestInterior, bis = b.slot, b.stamp
-			}
-			continue
+		k := 0
+		switch {
+		case m.policy == LRU:
+		case m.children(id) > 0:
+			k = 2
+		case b.read:
+			k = 1
 		}
-		if best < 0 || b.stamp < bs {
-			best, bs = b.slot, b.stamp
+		if oldest[k] == nil || b.stamp < oldest[k].stamp {
+			oldest[k] = b
 		}
 	}
-	if best >= 0 {
-		return best
+	u, r, in := oldest[0], oldest[1], oldest[2]
+	switch {
+	case u != nil && r != nil && r.stamp+window < u.stamp, u == nil && r != nil:
+		return r.slot
+	case u != nil:
+		return u.slot
+	case in != nil:
+		return in.slot
 	}
-	return bestInterior
+	return -1
 }
 
 func check(t *testing.T, x *Index) {
@@ -118,7 +129,7 @@ func runModel(t *testing.T, p Policy, seed uint64) {
 				_ = b
 				x.Touch(mb.slot)
 				m.clock++
-				mb.stamp = m.clock
+				mb.stamp, mb.read = m.clock, true
 			}
 		case op < 6: // update, or set full without a touch
 			if b, mb := anyBlock(); mb != nil {
@@ -157,7 +168,7 @@ func runModel(t *testing.T, p Policy, seed uint64) {
 				pinned[int64(r.IntN(slots))] = true
 			}
 			skip := func(s int64) bool { return pinned[s] }
-			got, want := x.Victim(skip), m.victim(skip)
+			got, want := x.Victim(skip), m.victim(skip, 2*slots)
 			if got != want {
 				t.Fatalf("seed %d step %d: victim slot %d, model says %d", seed, step, got, want)
 			}
@@ -271,4 +282,31 @@ func TestParsePolicy(t *testing.T) {
 	if _, err := ParsePolicy("lfu"); err == nil {
 		t.Fatal("ParsePolicy accepted lfu")
 	}
+}
+
+// Under Prefix a leaf read since it was stored outlives leaves stored and
+// never read, until it has gone unused for the window (2 × slots uses)
+// longer than they have.
+func TestReadLeavesOutliveUnread(t *testing.T) {
+	x := New(8, Prefix)
+	x.Insert(0, 1, Meta{}, true) // read below: a reused prefix
+	x.Insert(1, 2, Meta{}, true) // never read
+	x.Touch(0)
+	x.Insert(2, 3, Meta{}, true) // never read, newer than block 1
+	if s := x.Victim(nil); s != 1 {
+		t.Fatalf("victim slot %d, want 1 (the oldest unread leaf)", s)
+	}
+	x.Remove(1)
+	if s := x.Victim(nil); s != 2 {
+		t.Fatalf("victim slot %d, want 2 (unread, though newer than the read leaf)", s)
+	}
+	// Writes (Update) are uses but not reads: the unread leaf moves ahead
+	// in time until the read leaf is more than the window older.
+	for range 16 {
+		x.Update(2, Meta{}, true)
+	}
+	if s := x.Victim(nil); s != 0 {
+		t.Fatalf("victim slot %d, want 0: the read leaf went unused longer than the window", s)
+	}
+	check(t, x)
 }
