@@ -29,8 +29,10 @@
 // payload each (store geometry's PayloadBytes: its groups at the store's
 // group stride, so a block read lands in a slot with the store's own
 // alignment, straight from the device where the engine can). Reserved huge
-// pages (MAP_HUGETLB) when the system has enough free, else base pages with
-// transparent huge pages asked for (MADV_HUGEPAGE). Every page is faulted
+// pages (MAP_HUGETLB, the mapping rounded up to whole huge pages) when the
+// system has enough free, else base pages with transparent huge pages
+// asked for (MADV_HUGEPAGE); where huge pages are reserved but too few are
+// free for the tier, the log says so and how many. Every page is faulted
 // in when the tier is made (MADV_POPULATE_WRITE): a size the machine
 // cannot give (more than MemAvailable, or a mapping or fault-in the kernel
 // refuses) fails the mount with ErrTooLarge and how much there is, rather

@@ -135,6 +135,9 @@ func New(st *store.Store, o Options) (*Tier, error) {
 		t.mu.free = append(t.mu.free, s)
 	}
 	t.scratch.New = func() any { return new(scratch) }
+	if ar.thpWhy != "" {
+		t.log.Info("tier: the DRAM tier is on transparent huge pages, not the reserved ones", zap.String("why", ar.thpWhy))
+	}
 	t.log.Info("tier: DRAM tier ready", zap.String("bytes", bytesize.Format(slots*sb)),
 		zap.Int64("blocks", slots), zap.Bool("huge_pages", ar.huge), zap.String("evict", o.Evict.String()))
 	return t, nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -157,4 +158,62 @@ func TestBenchLoadZipf(t *testing.T) {
 	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--zipf", "-1").want(t, 2, "--zipf")
 	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--working-set", "-1").want(t, 2, "--working-set")
 	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--store", "--zipf", "1").want(t, 2, "--store")
+}
+
+// TestMountDRAMHugePages: where huge pages are reserved, a mount's DRAM
+// tier is on them (the system's free huge pages drop by the tier's while
+// it is mounted) and serves loads. Skipped where none can be reserved.
+func TestMountDRAMHugePages(t *testing.T) {
+	requireMount(t)
+	const path = "/proc/sys/vm/nr_hugepages"
+	hugeFree := func() int64 {
+		t.Helper()
+		data, err := os.ReadFile("/proc/meminfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "HugePages_Free:"); ok {
+				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		t.Skip("skipping: no HugePages_Free in /proc/meminfo")
+		return 0
+	}
+	old, err := os.ReadFile(path)
+	if err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(old)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	free0 := hugeFree()
+	if err := os.WriteFile(path, []byte(strconv.Itoa(n+16)), 0o644); err != nil {
+		t.Skipf("skipping: reserving huge pages: %v", err)
+	}
+	t.Cleanup(func() { // after the unmount (cleanups run last first)
+		if err := os.WriteFile(path, old, 0o644); err != nil {
+			t.Errorf("giving the huge pages back: %v", err)
+		}
+	})
+	if hugeFree()-free0 < 16 {
+		t.Skip("skipping: the kernel reserved fewer huge pages than asked")
+	}
+	free1 := hugeFree()
+	st := storetest.Open(t, storetest.Formatted(t, testGeo, 16, 4096), store.Options{})
+	dram := 4 << 20 / testGeo.PayloadBytes() * testGeo.PayloadBytes()
+	mnt := mountServed(t, st, dram, "", func() { st.Close() })
+	if got := hugeFree(); free1-got < dram>>21 {
+		t.Fatalf("huge pages free: %d before the mount, %d with a tier of %d bytes", free1, got, dram)
+	}
+	r := kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--calls", "3", "--fill", "3", "--json")
+	r.want(t, 0)
+	if !strings.Contains(string(r.stdout), "dram_hit_ratio") {
+		t.Fatalf("no tier on the mount: %s", r.stdout)
+	}
 }
