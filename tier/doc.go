@@ -165,7 +165,12 @@
 // nor evicts what it keeps before the call ends. A write of some groups of
 // a block (a FUSE write of one group file, a STORE of a few groups) drops
 // the tier's copy instead: the new version's other groups are the store's,
-// which the tier cannot know to be its copy's without reading them.
+// which the tier cannot know to be its copy's without reading them. Stores
+// from GPU memory write the staged groups through the tier in chunks of
+// the pipeline's depth: a block whole within one chunk is kept like any
+// other (the copy then is a CPU pass over the staged bytes, checked
+// against the checksums the GPU computed), one split across chunks is
+// dropped.
 //
 // # Restart
 //
