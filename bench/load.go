@@ -44,6 +44,14 @@ type LoadConfig struct {
 	FillProgress func(done, total int64)
 	// Seed seeds the choice of blocks.
 	Seed uint64
+	// WorkingSet, when above 0, draws the loaded blocks from the first
+	// WorkingSet of the mount's blocks in id order (after the fill) rather
+	// than from all of them; more than the mount holds wraps ErrFewBlocks.
+	WorkingSet int
+	// Zipf, when above 0, draws them with Zipf(Zipf) popularity over the
+	// working set (the block of rank k, in the working set's order, with
+	// probability proportional to 1/(k+1)^Zipf) instead of uniformly.
+	Zipf float64
 	// BlocksPerCall, when above 0, measures LOAD_BLOCKS (ABI minor 2)
 	// instead: each call loads that many random whole blocks into the
 	// job's own target of Layout ("nhd", the default, "hnd" or "hf");
@@ -101,6 +109,11 @@ type LoadResult struct {
 	P99us         float64 `json:"p99_us"`
 	UsPerGroup    float64 `json:"us_per_group"`
 	NotOK         int     `json:"not_ok"`
+	// WorkingSet is how many blocks the calls drew from (Blocks unless
+	// LoadConfig.WorkingSet), Zipf the exponent of their popularity (0:
+	// uniform); loads only.
+	WorkingSet int     `json:"working_set,omitempty"`
+	Zipf       float64 `json:"zipf"`
 	// CPUs is the daemon's CPU time over the run (user + system seconds:
 	// /proc/PID/stat when LoadConfig.DaemonPID is set, else
 	// daemon_cpu_seconds of .kvfs/stats; 0 when neither is there),
@@ -173,6 +186,8 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return LoadResult{}, fmt.Errorf("%w: the daemon does not report KVFS_CAP_CUDA (no GPU, or mounted with --gpu=false)", ErrConfig)
 	case c.Calls < 1 || c.Jobs < 1 || c.Warmup < 0 || c.Fill < 0:
 		return LoadResult{}, fmt.Errorf("%w: %d calls, %d jobs, %d warmup calls, fill %d", ErrConfig, c.Calls, c.Jobs, c.Warmup, c.Fill)
+	case c.Store && (c.WorkingSet != 0 || c.Zipf != 0):
+		return LoadResult{}, fmt.Errorf("%w: a working set and Zipf popularity choose the blocks of loads; stores write blocks of their own", ErrConfig)
 	}
 	g, gb := info.Geometry, info.GroupBytes
 	blocks, err := ListBlocks(c.Mountpoint, g)
@@ -185,15 +200,19 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		}
 	}
 	perBlock := g.GroupsPerBlock()
+	pk, err := newPicker(c, blocks)
+	if err != nil {
+		return LoadResult{}, err
+	}
 	if c.BlocksPerCall > 0 {
-		if len(blocks) == 0 && !c.Store {
+		if len(pk.blocks) == 0 && !c.Store {
 			return LoadResult{}, fmt.Errorf("%w: %s holds no blocks", ErrFewBlocks, c.Mountpoint)
 		}
-		return runLoadBlocks(c, blocks)
+		return runLoadBlocks(c, blocks, pk)
 	}
 	need := (c.GroupsPerCall + perBlock - 1) / perBlock
-	if len(blocks) < need {
-		return LoadResult{}, fmt.Errorf("%w: %s holds %d blocks, a call of %d groups needs %d", ErrFewBlocks, c.Mountpoint, len(blocks), c.GroupsPerCall, need)
+	if len(pk.blocks) < need {
+		return LoadResult{}, fmt.Errorf("%w: %s holds %d blocks, a call of %d groups needs %d", ErrFewBlocks, c.Mountpoint, len(pk.blocks), c.GroupsPerCall, need)
 	}
 	callBytes := int64(c.GroupsPerCall * gb)
 	buf, err := c.Client.NewHostBuffer("", callBytes*int64(c.Jobs))
@@ -210,7 +229,7 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return func() (int, error) {
 			n := 0
 			for n < len(es) {
-				b := blocks[rng.IntN(len(blocks))]
+				b := pk.pick(rng)
 				for i := 0; i < perBlock && n < len(es); i++ {
 					es[n] = client.Entry{Key: g.KeyAt(b, i), Buffer: buf.ID, Offset: base + uint64(n*gb)}
 					n++
@@ -224,7 +243,7 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return LoadResult{}, err
 	}
 	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: c.GroupsPerCall,
-		Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), NotOK: m.notOK}
+		Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), NotOK: m.notOK, WorkingSet: len(pk.blocks), Zipf: c.Zipf}
 	m.fill(&res, callBytes)
 	return res, nil
 }
@@ -353,6 +372,9 @@ func (r LoadResult) String() string {
 			s = fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d STORE_BLOCKS × %d whole blocks (%d groups of %d bytes) from %s targets\n",
 				r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.BlocksPerCall, r.GroupsPerCall, r.GroupBytes, r.Layout)
 		}
+	}
+	if r.Op != "store" {
+		s += "  " + describeDraw(r) + "\n"
 	}
 	s += fmt.Sprintf("  %.2f GB/s   %.1f µs/ioctl (p50 %.1f, p99 %.1f)   %.3f µs/group   %d bytes in %.3f s",
 		r.GBps, r.UsPerCall, r.P50us, r.P99us, r.UsPerGroup, r.Bytes, r.Seconds)

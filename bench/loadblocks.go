@@ -132,7 +132,7 @@ func blocksTarget(c *client.Client, lay string, n, dev int, pinned bool) (client
 // target (inline up to abi.BlocksInlineMax entries, else through the job's
 // entry array); with c.Store each call stores those cache blocks as
 // blocks StoreBlock(job, i) instead.
-func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
+func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error) {
 	info := c.Client.Info()
 	g, gb := info.Geometry, info.GroupBytes
 	if c.Layout == "" {
@@ -207,7 +207,7 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 			for i := range es {
 				b := StoreBlock(j, i)
 				if !c.Store {
-					b = blocks[rng.IntN(len(blocks))]
+					b = pk.pick(rng)
 				}
 				es[i] = jb.t.WholeBlock(b, cache[i])
 			}
@@ -232,6 +232,9 @@ func runLoadBlocks(c LoadConfig, blocks []uint64) (LoadResult, error) {
 	}
 	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: n * g.GroupsPerBlock(),
 		BlocksPerCall: n, Layout: c.Layout, Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), NotOKBlocks: m.notOK}
+	if !c.Store {
+		res.WorkingSet, res.Zipf = len(pk.blocks), c.Zipf
+	}
 	m.fill(&res, callBytes)
 	res.UsPerBlock = res.UsPerCall / float64(n)
 	if c.Store {
@@ -309,8 +312,12 @@ func SweepTable(rs []LoadResult) string {
 	if r0.Into != "" && r0.Into != "host" {
 		what += " in " + r0.Into
 	}
-	fmt.Fprintf(&b, "bench-load %s (engine %s): %s, %d calls per caller, %d blocks in the store\n",
-		r0.Mountpoint, r0.Engine, what, r0.Calls, r0.Blocks)
+	draw := ""
+	if r0.Op != "store" {
+		draw = "; " + describeDraw(r0)
+	}
+	fmt.Fprintf(&b, "bench-load %s (engine %s): %s, %d calls per caller, %d blocks in the store%s\n",
+		r0.Mountpoint, r0.Engine, what, r0.Calls, r0.Blocks, draw)
 	fmt.Fprintf(&b, "%8s %9s %12s %10s %10s %12s %14s %6s\n", "callers", "GB/s", "µs/call", "p50 µs", "p99 µs", "µs/group", "core-s/GB", "idle")
 	for _, r := range rs {
 		cpu, idle := "-", "-"

@@ -62,7 +62,15 @@ func crashWorkload() []op {
 	}
 }
 
-func (o op) apply(s *store.Store) error {
+// changer is what the crash workload changes the store through: the store
+// itself, or a DRAM tier in front of it (package tier).
+type changer interface {
+	Write([]store.WriteReq) error
+	Delete([]layout.Key) error
+	DeleteBlock(uint64) error
+}
+
+func (o op) apply(s changer) error {
 	switch {
 	case o.puts != nil:
 		var reqs []store.WriteReq
@@ -167,7 +175,13 @@ func crashAtEveryWrite(t *testing.T, slots int) {
 
 // runWorkload applies work until the engine crashes; it returns what was
 // acknowledged and the index of the interrupted op (-1 when none).
-func runWorkload(t *testing.T, s *store.Store, work []op, crashed func() bool, what string) (model, int) {
+func runWorkload(t *testing.T, s changer, work []op, crashed func() bool, what string) (model, int) {
+	return runWorkloadChecked(t, s, work, crashed, what, nil)
+}
+
+// runWorkloadChecked is runWorkload that calls check, when not nil, after
+// each op the device acknowledged before crashing.
+func runWorkloadChecked(t *testing.T, s changer, work []op, crashed func() bool, what string, check func(acked model) error) (model, int) {
 	acked := model{}
 	for i, o := range work {
 		err := o.apply(s)
@@ -178,6 +192,11 @@ func runWorkload(t *testing.T, s *store.Store, work []op, crashed func() bool, w
 			return acked, i
 		}
 		acked.apply(o)
+		if check != nil && !crashed() {
+			if err := check(acked); err != nil {
+				t.Fatalf("%s: after op %d: %v", what, i, err)
+			}
+		}
 	}
 	return acked, -1
 }
@@ -216,11 +235,15 @@ func checkRecovered(t *testing.T, what string, m store.Engine, acked model, work
 // interrupted op (inflight, nil when none) was writing, and it is absent
 // only where it was never acknowledged, the interrupted op deletes it, or
 // (evicting) the store may have evicted its block.
-func checkModel(s *store.Store, acked model, inflight *op, evicting bool) error {
+func checkModel(s interface{ Read([]store.ReadReq) error }, acked model, inflight *op, evicting bool) error {
 	for b := uint64(1); b <= 6; b++ {
 		for idx := range testGeo.GroupsPerBlock() {
 			k := testGeo.KeyAt(b, idx)
-			got, err := get(s, k)
+			reqs := []store.ReadReq{{Key: k, Buf: make([]byte, testGeo.GroupBytes())}}
+			if err := s.Read(reqs); err != nil {
+				return err
+			}
+			got, err := reqs[0].Buf, reqs[0].Err
 			want, isAcked := acked[k]
 			var inV int
 			var inTouch bool

@@ -41,6 +41,13 @@ type WriteReq struct {
 	Meta *BlockMeta
 	// Err is set by Write: nil once the group is durable.
 	Err error
+	// Gen is set by Write: the generation (BlockVersion.Gen) of the
+	// block's header that this Write committed with this request's Data
+	// in it; 0 when the group is not durable, or when a request of
+	// another call committed with it replaced Data (naming the same group,
+	// or the block under another tag). A cache of the store's blocks
+	// labels a copy of Data with it (package tier).
+	Gen uint64
 }
 
 // plan is the work of one Write batch on one block.
@@ -109,6 +116,7 @@ func (s *Store) Write(reqs []WriteReq) error {
 	valid, toSum := 0, 0
 	for i := range reqs {
 		r := &reqs[i]
+		r.Gen = 0
 		if r.Err = s.checkRequest(r.Key, len(r.Data)); r.Err != nil {
 			continue
 		}
@@ -236,6 +244,9 @@ func (s *Store) commit(calls []*writeCall) {
 			r.Err = p.err
 			if p.err == nil {
 				n++
+				if d := p.groups[s.geo.Index(r.Key)]; len(d) > 0 && &d[0] == &r.Data[0] {
+					r.Gen = p.hdr.Gen
+				}
 			}
 		}
 	}

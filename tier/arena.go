@@ -33,6 +33,11 @@ const hugePage = 2 << 20
 type arena struct {
 	b    []byte
 	huge bool // backed by reserved huge pages (MAP_HUGETLB)
+	// m is the whole mapping: b, rounded up to whole huge pages when huge.
+	m []byte
+	// thpWhy, when not empty, says why the system's reserved huge pages
+	// were not used (New logs it).
+	thpWhy string
 }
 
 // meminfo reads one "Key: N kB" field of /proc/meminfo, in bytes (pages
@@ -66,24 +71,33 @@ func meminfo(key string) (int64, bool) {
 }
 
 // mapArena maps n bytes for the tier. It uses reserved huge pages when the
-// system has enough of them free (HugePages_Free), else ordinary pages
-// with transparent huge pages asked for (MADV_HUGEPAGE); either way every
-// page is faulted in before it returns. More than MemAvailable (for
-// ordinary pages), or a mapping or fault-in the kernel refuses, is
-// ErrTooLarge.
+// system has enough of them free (HugePages_Free; the mapping rounded up
+// to whole huge pages), else ordinary pages with transparent huge pages
+// asked for (MADV_HUGEPAGE), saying why in thpWhy when huge pages are
+// reserved; either way every page is faulted in before it returns. More
+// than MemAvailable (for ordinary pages), or a mapping or fault-in the
+// kernel refuses, is ErrTooLarge.
 func mapArena(n int64) (*arena, error) {
 	if n <= 0 || int64(int(n)) != n {
 		return nil, fmt.Errorf("%w: %d bytes", ErrTooLarge, n)
 	}
-	if n%hugePage == 0 {
-		free, ok1 := meminfo("HugePages_Free")
-		size, ok2 := meminfo("Hugepagesize")
-		if ok1 && ok2 && size == hugePage && free*size >= n {
-			b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE,
+	var why string
+	if total, ok := meminfo("HugePages_Total"); ok && total > 0 {
+		free, _ := meminfo("HugePages_Free")
+		size, _ := meminfo("Hugepagesize")
+		hn := (n + hugePage - 1) / hugePage * hugePage
+		switch {
+		case size != hugePage:
+			why = fmt.Sprintf("the reserved huge pages are of %s, not %s", bytesize.Format(size), bytesize.Format(hugePage))
+		case free*size < hn:
+			why = fmt.Sprintf("%d huge pages of %s are free, the tier needs %d", free, bytesize.Format(size), hn/hugePage)
+		default:
+			m, err := unix.Mmap(-1, 0, int(hn), unix.PROT_READ|unix.PROT_WRITE,
 				unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_HUGETLB|unix.MAP_POPULATE)
 			if err == nil {
-				return &arena{b: b, huge: true}, nil
+				return &arena{b: m[:n], m: m, huge: true}, nil
 			}
+			why = fmt.Sprintf("mapping %d huge pages: %v", hn/hugePage, err)
 		}
 	}
 	if avail, ok := meminfo("MemAvailable"); ok && n > avail {
@@ -100,7 +114,7 @@ func mapArena(n int64) (*arena, error) {
 		_ = unix.Munmap(b)
 		return nil, fmt.Errorf("%w: faulting in %s: %v", ErrTooLarge, bytesize.Format(n), err)
 	}
-	return &arena{b: b}, nil
+	return &arena{b: b, m: b, thpWhy: why}, nil
 }
 
 // populateChunk is the piece of the arena one goroutine faults in at a
@@ -138,7 +152,7 @@ func (a *arena) free() error {
 	if a == nil || a.b == nil {
 		return nil
 	}
-	err := unix.Munmap(a.b)
-	a.b = nil
+	err := unix.Munmap(a.m)
+	a.b, a.m = nil, nil
 	return err
 }

@@ -29,8 +29,10 @@
 // payload each (store geometry's PayloadBytes: its groups at the store's
 // group stride, so a block read lands in a slot with the store's own
 // alignment, straight from the device where the engine can). Reserved huge
-// pages (MAP_HUGETLB) when the system has enough free, else base pages with
-// transparent huge pages asked for (MADV_HUGEPAGE). Every page is faulted
+// pages (MAP_HUGETLB, the mapping rounded up to whole huge pages) when the
+// system has enough free, else base pages with transparent huge pages
+// asked for (MADV_HUGEPAGE); where huge pages are reserved but too few are
+// free for the tier, the log says so and how many. Every page is faulted
 // in when the tier is made (MADV_POPULATE_WRITE): a size the machine
 // cannot give (more than MemAvailable, or a mapping or fault-in the kernel
 // refuses) fails the mount with ErrTooLarge and how much there is, rather
@@ -55,10 +57,18 @@
 // and any change made without passing through the tier (a caller holding
 // the store itself), are seen at the next read. The same call counts as a
 // use of each block in the store's eviction order, so a block hot in the
-// tier stays in the store too. Writes, deletes and renames that pass
-// through the tier also drop its copies at once, so that their slots are
-// reused first; a copy of a block the store evicted is dropped when a read
-// finds it stale, or by the tier's own eviction.
+// tier stays in the store too. Deletes and renames that pass through the
+// tier also drop its copies at once, so that their slots are reused
+// first, and so do writes, except of whole blocks, whose written version
+// the tier keeps under the generation of the write's own commit (see
+// Writes); a copy of a block the store evicted is dropped when a read finds
+// it stale, or by the tier's own eviction.
+//
+// So the one rule for every copy, read or written: its label is the
+// generation of a header the store committed with exactly the copy's bytes
+// in it, and a copy is served only while that is the block's current
+// generation. A copy can be late (labelled with a generation the block
+// has left: never served again) but never wrong.
 //
 // The tag of a block is checked the way the store checks it: a request
 // whose expected tag (ReadReq.Tag) is not the store's current tag for the
@@ -114,11 +124,53 @@
 //
 // # Writes
 //
-// Write-through: a write returns when the store has it durably, as
-// without the tier, and the tier then drops its copy of each block
-// written. It does not keep the new version: the write's generation is
-// not known to the caller of store.Write, and the next read of the block
-// reads it back (a later step may keep the written bytes).
+// Write-through: a write returns when the store has it durably, with the
+// store's outcome, as without the tier. A write of a whole block (every
+// group of it in one call, each once: a STORE_BLOCKS or v1 STORE of whole
+// blocks) is also kept, whether the tier held the block or not:
+//
+//  1. Before the store sees it, each group is copied into a slot reserved
+//     for the block (outside the index: no read finds it, no eviction
+//     takes it), its CRC32C computed as it is copied, from the core's
+//     cache; a request that came with its checksum (Summed) must match it,
+//     else the block is written from the caller's bytes as given and kept
+//     nowhere. The store then writes the block from the slot, with those
+//     checksums: the store's bytes are the tier's, byte for byte, however
+//     the caller's memory changes meanwhile.
+//  2. The store answers, per request, the generation of the header it
+//     committed the request's bytes in (store.WriteReq.Gen): 0 when the
+//     write failed, or when another call committed in the same batch, and
+//     queued after it, replaced them (the store's group commit keeps the
+//     last).
+//  3. After the store acknowledged the write, the block is kept under that
+//     generation, in place of any older copy, only when every group of it
+//     got the same one and it is still the block's (store.Versions, one
+//     call for the blocks of the write): a write or delete that committed
+//     after it, through the tier or not, wins, and the written copy is
+//     given up (or, committed after this check, leaves it labelled with a
+//     generation the block no longer has). A read that brought the same
+//     version in first keeps its copy.
+//
+// The label is the write's own generation, never the block's current one
+// read after the write: a write straight to the store that committed in
+// between would otherwise pass the older bytes for its version (the model
+// test breaks the rule this way on purpose and fails).
+//
+// Admission on write: a block an engine stores is the block it is most
+// likely to load next (a conversation's next turn reloads the prefix its
+// last turn stored; a shared prompt stored by one request is loaded by
+// the next ones), and the copy costs one pass over bytes the store would
+// have checksummed anyway. A call keeps at most half the tier, so that a
+// store larger than the tier neither pins all of it while it is written
+// nor evicts what it keeps before the call ends. A write of some groups of
+// a block (a FUSE write of one group file, a STORE of a few groups) drops
+// the tier's copy instead: the new version's other groups are the store's,
+// which the tier cannot know to be its copy's without reading them. Stores
+// from GPU memory write the staged groups through the tier in chunks of
+// the pipeline's depth: a block whole within one chunk is kept like any
+// other (the copy then is a CPU pass over the staged bytes, checked
+// against the checksums the GPU computed), one split across chunks is
+// dropped.
 //
 // # Restart
 //

@@ -140,7 +140,7 @@ func (t *Tier) planLocked(sc *scratch) {
 		*p = plan{how: viaStore, slot: -1, tag: v.Meta.Tag}
 		if slot, ok := t.mu.idx.Slot(b); ok {
 			e := &t.mu.ent[slot]
-			if v.Stored && e.gen == v.Gen {
+			if genCheck.hit(e.gen, v) {
 				if !e.filling {
 					e.pins++
 					t.mu.idx.Touch(slot)

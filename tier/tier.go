@@ -49,6 +49,9 @@ type Metrics struct {
 	// PromotedBytes counts the bytes of groups read from the store into
 	// the tier.
 	PromotedBytes uint64
+	// WrittenBytes counts the bytes of whole blocks written through the
+	// tier that it kept (Write).
+	WrittenBytes uint64
 	// Corrupt counts groups whose copy in the tier failed its checksum
 	// on a hit: the block was dropped and the store read again.
 	Corrupt uint64
@@ -94,9 +97,10 @@ type Tier struct {
 		ent  []entry
 		free []int64
 	}
-	scratch sync.Pool // *scratch
-	m       struct {
-		hits, misses, evictions, invalidations, promoted, corrupt atomic.Uint64
+	scratch  sync.Pool // *scratch
+	wscratch sync.Pool // *wscratch
+	m        struct {
+		hits, misses, evictions, invalidations, promoted, written, corrupt atomic.Uint64
 	}
 }
 
@@ -131,6 +135,9 @@ func New(st *store.Store, o Options) (*Tier, error) {
 		t.mu.free = append(t.mu.free, s)
 	}
 	t.scratch.New = func() any { return new(scratch) }
+	if ar.thpWhy != "" {
+		t.log.Info("tier: the DRAM tier is on transparent huge pages, not the reserved ones", zap.String("why", ar.thpWhy))
+	}
 	t.log.Info("tier: DRAM tier ready", zap.String("bytes", bytesize.Format(slots*sb)),
 		zap.Int64("blocks", slots), zap.Bool("huge_pages", ar.huge), zap.String("evict", o.Evict.String()))
 	return t, nil
@@ -160,7 +167,8 @@ func (t *Tier) Metrics() Metrics {
 	return Metrics{
 		Bytes: t.slots * t.sb, Slots: t.slots, Blocks: blocks, HugePages: t.ar.huge,
 		Hits: t.m.hits.Load(), Misses: t.m.misses.Load(), Evictions: t.m.evictions.Load(),
-		Invalidations: t.m.invalidations.Load(), PromotedBytes: t.m.promoted.Load(), Corrupt: t.m.corrupt.Load(),
+		Invalidations: t.m.invalidations.Load(), PromotedBytes: t.m.promoted.Load(), WrittenBytes: t.m.written.Load(),
+		Corrupt: t.m.corrupt.Load(),
 	}
 }
 
@@ -171,23 +179,6 @@ func (t *Tier) Holds(b uint64) bool {
 	defer t.mu.Unlock()
 	_, ok := t.mu.idx.Slot(b)
 	return ok
-}
-
-// Write writes reqs through to the store (it returns when the store has
-// them durably, as store.Write does) and then drops the tier's copies of
-// their blocks: the next read of one reads the new version from the store.
-func (t *Tier) Write(reqs []store.WriteReq) error {
-	err := t.st.Write(reqs)
-	t.mu.Lock()
-	last, have := uint64(0), false
-	for i := range reqs {
-		if b := reqs[i].Key.Block; !have || b != last {
-			t.dropBlockLocked(b)
-			last, have = b, true
-		}
-	}
-	t.mu.Unlock()
-	return err
 }
 
 // Delete deletes groups in the store (store.Delete) and drops the tier's

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -98,5 +100,120 @@ func TestBenchLoadDRAMHitRatio(t *testing.T) {
 	r.want(t, 0)
 	if strings.Contains(string(r.stdout), "dram_hit_ratio") {
 		t.Fatalf("a mount without a tier reported a hit ratio: %s", r.stdout)
+	}
+}
+
+// TestBenchLoadZipf: bench-load --zipf draws from a working set with a few
+// hot blocks, which a DRAM tier a quarter of the working set keeps: its hit
+// ratio is strictly between 0 and 1 and above a uniform run's of the same
+// size over the same blocks. The reports say the working set and the
+// exponent.
+func TestBenchLoadZipf(t *testing.T) {
+	requireMount(t)
+	const ws = 32
+	st := storetest.Open(t, storetest.Formatted(t, testGeo, 2*ws, 4096), store.Options{})
+	mnt := mountServed(t, st, ws/4*testGeo.PayloadBytes(), "", func() {
+		if err := st.CheckInvariants(); err != nil {
+			t.Error(err)
+		}
+		st.Close()
+	})
+	// Blocks beyond the working set, which no draw may touch.
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "1", "--calls", "1", "--fill", strconv.Itoa(ws+8)).want(t, 0)
+	run := func(zipf string) bench.LoadResult {
+		t.Helper()
+		r := kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "4", "--calls", "60", "--warmup", "20",
+			"--working-set", strconv.Itoa(ws), "--zipf", zipf, "--json")
+		r.want(t, 0)
+		var rep bench.LoadResult
+		if err := json.Unmarshal(r.stdout, &rep); err != nil {
+			t.Fatalf("%v: %s", err, r.stdout)
+		}
+		if rep.DRAMHitRatio == nil || rep.WorkingSet != ws || rep.Blocks != ws+8 || rep.NotOKBlocks != 0 {
+			t.Fatalf("--zipf %s: %s", zipf, r.stdout)
+		}
+		return rep
+	}
+	zipf, uniform := run("1.0"), run("0")
+	if zipf.Zipf != 1 || uniform.Zipf != 0 {
+		t.Fatalf("exponents reported %v and %v", zipf.Zipf, uniform.Zipf)
+	}
+	z, u := *zipf.DRAMHitRatio, *uniform.DRAMHitRatio
+	if z <= 0 || z >= 1 || z <= u {
+		t.Fatalf("a tier of a quarter of the working set: hit ratio %.3f under Zipf(1), %.3f uniform", z, u)
+	}
+	t.Logf("hit ratio %.3f under Zipf(1), %.3f uniform", z, u)
+
+	r := kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--calls", "3", "--working-set", "16", "--zipf", "1.2")
+	r.want(t, 0)
+	if !strings.Contains(string(r.stdout), "with Zipf(1.2) popularity from a working set of 16 of the 40 blocks") {
+		t.Fatalf("text report: %s", r.stdout)
+	}
+	r = kvfs(t, nil, "bench-load", mnt, "--groups-per-call", "8", "--calls", "3")
+	r.want(t, 0)
+	if !strings.Contains(string(r.stdout), "drawn uniformly from a working set of 40 of the 40 blocks") {
+		t.Fatalf("text report: %s", r.stdout)
+	}
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--working-set", "41").want(t, 1, "--fill")
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--zipf", "-1").want(t, 2, "--zipf")
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--working-set", "-1").want(t, 2, "--working-set")
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--store", "--zipf", "1").want(t, 2, "--store")
+}
+
+// TestMountDRAMHugePages: where huge pages are reserved, a mount's DRAM
+// tier is on them (the system's free huge pages drop by the tier's while
+// it is mounted) and serves loads. Skipped where none can be reserved.
+func TestMountDRAMHugePages(t *testing.T) {
+	requireMount(t)
+	const path = "/proc/sys/vm/nr_hugepages"
+	hugeFree := func() int64 {
+		t.Helper()
+		data, err := os.ReadFile("/proc/meminfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "HugePages_Free:"); ok {
+				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+		t.Skip("skipping: no HugePages_Free in /proc/meminfo")
+		return 0
+	}
+	old, err := os.ReadFile(path)
+	if err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(old)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	free0 := hugeFree()
+	if err := os.WriteFile(path, []byte(strconv.Itoa(n+16)), 0o644); err != nil {
+		t.Skipf("skipping: reserving huge pages: %v", err)
+	}
+	t.Cleanup(func() { // after the unmount (cleanups run last first)
+		if err := os.WriteFile(path, old, 0o644); err != nil {
+			t.Errorf("giving the huge pages back: %v", err)
+		}
+	})
+	if hugeFree()-free0 < 16 {
+		t.Skip("skipping: the kernel reserved fewer huge pages than asked")
+	}
+	free1 := hugeFree()
+	st := storetest.Open(t, storetest.Formatted(t, testGeo, 16, 4096), store.Options{})
+	dram := 4 << 20 / testGeo.PayloadBytes() * testGeo.PayloadBytes()
+	mnt := mountServed(t, st, dram, "", func() { st.Close() })
+	if got := hugeFree(); free1-got < dram>>21 {
+		t.Fatalf("huge pages free: %d before the mount, %d with a tier of %d bytes", free1, got, dram)
+	}
+	r := kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "2", "--calls", "3", "--fill", "3", "--json")
+	r.want(t, 0)
+	if !strings.Contains(string(r.stdout), "dram_hit_ratio") {
+		t.Fatalf("no tier on the mount: %s", r.stdout)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -238,6 +239,8 @@ type benchLoadOptions struct {
 	warmup        int
 	fill          int
 	seed          uint64
+	workingSet    int
+	zipf          float64
 	json          bool
 	blocksPerCall int
 	layout        string
@@ -253,7 +256,7 @@ type benchLoadOptions struct {
 func init() {
 	var o benchLoadOptions
 	c := &cobra.Command{
-		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep [--plot FILE]] [--fill K] [--into host|cuda[:N,M]|pinned[:N]] [--store] [--daemon-pid PID] [--json]",
+		Use:   "bench-load MOUNTPOINT [--groups-per-call N | --blocks-per-call N [--layout nhd|hnd|hf]] --calls N [--jobs J | --sweep [--plot FILE]] [--fill K] [--working-set N [--zipf S]] [--into host|cuda[:N,M]|pinned[:N]] [--store] [--daemon-pid PID] [--json]",
 		Short: "Measure loads through the control ioctls into host shared memory",
 		Long: `Measure end-to-end LOAD throughput of the kvfs mounted on MOUNTPOINT: each
 call is one LOAD ioctl of --groups-per-call groups of whole random blocks
@@ -263,7 +266,14 @@ can land coalesced reads straight in it. --jobs callers issue --calls calls
 each, concurrently, on one open control file.
 
 The blocks are those listed in the mount's layer directories; --fill K first
-STOREs random blocks until K are present (this writes to the store).
+STOREs random blocks until K are present (this writes to the store). Each
+call draws its blocks uniformly from all of them (--seed seeds the draw),
+or, with --working-set N, from the first N in id order (--fill N stores
+them first); --zipf S draws them with Zipf(S) popularity instead (the
+working set's block of rank k with probability proportional to
+1/(k+1)^S: a few hot blocks, a long tail), the access pattern a DRAM tier
+smaller than the working set is for. The report says how the blocks were
+drawn (working_set and zipf in the JSON; zipf 0 is uniform).
 
 With --blocks-per-call N (ABI minor 2) each call is one LOAD_BLOCKS of N
 random whole blocks into cache blocks 0..N-1 of the caller's own KV-cache
@@ -311,6 +321,8 @@ measured calls that landed from the tier (dram_hit_ratio, from .kvfs/stats).`,
 	f.IntVar(&o.warmup, "warmup", 10, "unmeasured calls per job first")
 	f.IntVar(&o.fill, "fill", 0, "first store random blocks until K blocks are present")
 	f.Uint64Var(&o.seed, "seed", 1, "random seed of the block choice")
+	f.IntVar(&o.workingSet, "working-set", 0, "draw the loaded blocks from the first N of the mount's blocks in id order (0: all)")
+	f.Float64Var(&o.zipf, "zipf", 0, "draw the loaded blocks with Zipf(S) popularity over the working set (0: uniformly)")
 	f.BoolVar(&o.json, "json", false, "print the result as JSON")
 	f.IntVar(&o.blocksPerCall, "blocks-per-call", 0, "whole blocks per LOAD_BLOCKS (1..65536; 0: LOAD of --groups-per-call groups)")
 	f.StringVar(&o.layout, "layout", "nhd", "cache layout of --blocks-per-call: nhd, hnd or hf")
@@ -336,6 +348,12 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 		return usageErrorf("--layout %q: want nhd, hnd or hf", o.layout)
 	case o.daemonPID < 0:
 		return usageErrorf("--daemon-pid %d", o.daemonPID)
+	case o.workingSet < 0:
+		return usageErrorf("--working-set %d: want a count of blocks (0: all)", o.workingSet)
+	case !(o.zipf >= 0) || math.IsInf(o.zipf, 0):
+		return usageErrorf("--zipf %v: want an exponent of 0 (uniform) or more", o.zipf)
+	case o.store && (o.workingSet != 0 || o.zipf != 0):
+		return usageErrorf("--working-set and --zipf choose the blocks loaded; --store writes blocks of its own")
 	case o.plot != "" && !o.sweep:
 		return usageErrorf("--plot draws a sweep: add --sweep")
 	}
@@ -367,7 +385,7 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	}
 	defer c.Close()
 	cfg := bench.LoadConfig{Devices: devs, Pinned: pinned, H2DChunk: int(chunk), Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
-		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed,
+		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed, WorkingSet: o.workingSet, Zipf: o.zipf,
 		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID, Store: o.store, Scatter: o.scatter}
 	// The fill's progress line ends when the fill does, before measuring.
 	fill := progress.New(cmd.ErrOrStderr(), "fill", "blocks", progress.Count, int64(o.fill))

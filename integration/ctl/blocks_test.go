@@ -568,7 +568,25 @@ func blocksLoop(c *client.Client) int {
 // TestBlocksConcurrentProcesses: 8 processes store and load through their
 // own targets at once, each verifying every byte it loads.
 func TestBlocksConcurrentProcesses(t *testing.T) {
-	e := mountEnv(t, envOptions{slots: 128})
+	blocksConcurrentProcesses(t, envOptions{slots: 128})
+}
+
+// TestBlocksConcurrentProcessesTier is TestBlocksConcurrentProcesses
+// through a DRAM tier of 8 blocks, a fraction of the processes' working
+// set (8 × 12 blocks and the shared one): each STORE_BLOCKS is kept in the
+// tier and written to the store from it, each LOAD_BLOCKS of blocks just
+// stored is served from it or, evicted meanwhile by the others, from the
+// store, while stores replace blocks other loads may be landing; every
+// byte is verified as without the tier.
+func TestBlocksConcurrentProcessesTier(t *testing.T) {
+	e := blocksConcurrentProcesses(t, envOptions{slots: 128, tierBlocks: 8})
+	if m := e.tier.Metrics(); m.Hits == 0 || m.Misses == 0 || m.Evictions == 0 || m.WrittenBytes == 0 {
+		t.Fatalf("the tier was not exercised: %+v", m)
+	}
+}
+
+func blocksConcurrentProcesses(t *testing.T, o envOptions) *env {
+	e := mountEnv(t, o)
 	e.put(blockKeys(e.geo, 0x5a5a), 7)
 	secs := "2"
 	if testing.Short() {
@@ -595,6 +613,7 @@ func TestBlocksConcurrentProcesses(t *testing.T) {
 	}
 	t.Logf("rounds: %v", outs)
 	e.waitSessions(0)
+	return e
 }
 
 // TestBlocksKilledClient: a client killed with SIGKILL in the middle of

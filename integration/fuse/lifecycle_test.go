@@ -32,10 +32,22 @@ func crashKey(i int) layout.Key {
 // group whose cp succeeded reads back byte-identical and that nothing in
 // the store reads corrupt.
 func TestKill9DuringWrites(t *testing.T) {
+	kill9DuringWrites(t)
+}
+
+// TestKill9DuringWritesTier is TestKill9DuringWrites with both mounts
+// behind a DRAM tier of one block: each cp (a write of one group) drops
+// the tier's copy of its block, and the reads after the remount are
+// served through the tier.
+func TestKill9DuringWritesTier(t *testing.T) {
+	kill9DuringWrites(t, "--dram", "2MiB")
+}
+
+func kill9DuringWrites(t *testing.T, mountArgs ...string) {
 	need(t)
 	mnt := t.TempDir()
 	st := newStore(t, "128MiB")
-	d := startMount(t, st, mnt)
+	d := startMount(t, st, mnt, mountArgs...)
 	src := t.TempDir()
 	const n = 150
 	var script strings.Builder
@@ -91,7 +103,7 @@ func TestKill9DuringWrites(t *testing.T) {
 	if err := unix.Statx(unix.AT_FDCWD, mnt, unix.AT_STATX_FORCE_SYNC, unix.STATX_BASIC_STATS, &stx); !errors.Is(err, syscall.ENOTCONN) {
 		t.Fatalf("statx of the dead mount: %v, want ENOTCONN", err)
 	}
-	d2 := startMount(t, st, mnt)
+	d2 := startMount(t, st, mnt, mountArgs...)
 	for i := range ok {
 		want, _ := os.ReadFile(filepath.Join(src, strconv.Itoa(i)))
 		if err := fileEqual(t, filepath.Join(mnt, defaultGeo.Name(crashKey(i))), want); err != nil {
@@ -109,6 +121,11 @@ func TestKill9DuringWrites(t *testing.T) {
 	}
 	if got, _ := strconv.Atoi(strings.TrimSpace(out)); got < len(ok)*defaultGeo.GroupBytes() {
 		t.Fatalf("read back %s bytes, want at least %d", out, len(ok)*defaultGeo.GroupBytes())
+	}
+	if len(mountArgs) > 0 {
+		if s := dramStats(t, mnt); s["dram_bytes"] == 0 || s["dram_hits"] == 0 || s["dram_promoted_bytes"] == 0 {
+			t.Fatalf("the reads did not go through the tier: %v", s)
+		}
 	}
 }
 
