@@ -10,7 +10,10 @@ import "fmt"
 //     registered with the device (SetHost), the reader says where groups
 //     lie (Locator) and the device checks them (Verify; Land for pitched
 //     tiles). The copy engines read the groups straight from the file;
-//     no staging. Tiles never go direct.
+//     no staging. Tiles never go direct. A reader that is a Cache (the
+//     DRAM tier) whose memory is registered (SetCache) takes this route
+//     for its hits, from its memory, and the staged route for the rest
+//     (cache.go).
 //   - landed (landed.go): through staging, with pitched tiles among the
 //     items and a device that lands them (Land): their groups are staged
 //     packed into device scratch, checked and written into their rows by
