@@ -2,13 +2,20 @@ package ctl
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvfs/kvfs/ctl/abi"
+	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/gpu/gputest"
+	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // TestTierBlocks: with a DRAM tier, STORE_BLOCKS writes through it and
@@ -212,5 +219,238 @@ func TestTierGPU(t *testing.T) {
 	}
 	if v := dev.Violations(); len(v) != 0 {
 		t.Fatalf("fake device violations: %v", v)
+	}
+}
+
+// tierGPU is a server on an in-memory store (its file not in host memory,
+// as on a disk) with a DRAM tier, whose device 0 is a fake that checks
+// loads "on the GPU" (fakeLander) and copies in 2D; a session holds a
+// CUDA buffer of a target of nb cache blocks (HND or NHD).
+type tierGPU struct {
+	f    *fixture
+	tr   *tier.Tier
+	dev  *fakeGPU
+	ss   *Session
+	tid  uint32
+	nb   int
+	nhd  bool
+	size uint64
+}
+
+func newTierGPU(t *testing.T, slots, tierBlocks, nb int, nhd, refuse bool) *tierGPU {
+	t.Helper()
+	geo := testGeo
+	size := uint64(2 * geo.Layers * nb * geo.BlockTokens * geo.KVHeads * geo.RowBytes())
+	verified := 0
+	// Room above the target for a staged landing batch's device scratch
+	// (128 MiB) and direct chunks' scratch.
+	o, fakes := fakeGPUOptions(t, 1, int(size)+130<<20, func(o *GPUOptions, fakes []*fakeGPU) {
+		o.VerifyOnGPU = true
+		// Direct chunks of 128 groups: whole blocks of testGeo.
+		o.StagingSize = 64 * geo.GroupBytes()
+		o.NewVerifier = func(ordinal int, geo gpu.Geometry) (gpu.Checker, error) {
+			return &fakeLander{fakeChecker: fakeChecker{dev: fakes[ordinal], geo: geo, verified: &verified}}, nil
+		}
+		fakes[0].Enable2D = true
+		if refuse {
+			fakes[0].FailRegister = func() error { return errors.New("fake: cannot pin") }
+		}
+	})
+	f := newFixtureTier(t, slots, Options{GPU: o}, tierBlocks)
+	g := &tierGPU{f: f, tr: f.srv.opts.Tier, dev: fakes[0], ss: f.open(0, 0), nb: nb, nhd: nhd, size: size}
+	id := mustRegisterCUDA(t, g.ss, 0, gputest.Base, size, 0, size)
+	var errno syscall.Errno
+	if g.tid, errno = registerTarget(g.ss, testTarget(id, nb, nhd)); errno != 0 {
+		t.Fatalf("register target: %v", errno)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !refuse {
+		if _, ok := f.srv.gpus.cached(); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the tier's memory was never registered with the device")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if refuse {
+		time.Sleep(20 * time.Millisecond) // a registration would be done by now
+		if _, ok := f.srv.gpus.cached(); ok || g.dev.Registered() != 0 {
+			t.Fatal("registered although the device refused")
+		}
+	}
+	return g
+}
+
+// load loads blocks into cache blocks 0, 1, … of the target (device memory
+// filled with 0x5A first) and returns the entries' outcomes.
+func (g *tierGPU) load(t *testing.T, blocks ...uint64) []abi.BlockEntry {
+	t.Helper()
+	geo := testGeo
+	g.dev.Fill(gputest.Base, bytes.Repeat([]byte{0x5A}, int(g.size)))
+	es := make([]abi.BlockEntry, len(blocks))
+	for i, b := range blocks {
+		es[i] = abi.BlockEntry{Block: b, CacheBlock: uint32(i), LayerCount: uint16(geo.Layers), HeadCount: uint16(geo.KVHeads), Kinds: abi.KindsBoth}
+	}
+	got := blocksInline(t, g.ss, g.tid, abi.CmdLoadBlocksInline, es)
+	if v := g.dev.Violations(); len(v) != 0 {
+		t.Fatal(v)
+	}
+	return got
+}
+
+// group is group k as it lies in cache block cb of the target.
+func (g *tierGPU) group(cb int, k layout.Key) []byte {
+	geo := testGeo
+	rb, T, H := geo.RowBytes(), geo.BlockTokens, geo.KVHeads
+	tensor := g.nb * T * H * rb
+	base := gputest.Base + uint64((2*k.Layer+int(k.Kind))*tensor)
+	if !g.nhd {
+		return g.dev.Mem(base+uint64((cb*H+k.Head)*T*rb), geo.GroupBytes())
+	}
+	var b []byte
+	for r := range T {
+		b = append(b, g.dev.Mem(base+uint64(cb*T*H*rb+r*H*rb+k.Head*rb), rb)...)
+	}
+	return b
+}
+
+// check fails t unless every block of blocks loaded whole as version[b]
+// into its cache block.
+func (g *tierGPU) check(t *testing.T, got []abi.BlockEntry, blocks []uint64, version map[uint64]int) {
+	t.Helper()
+	for i, b := range blocks {
+		if got[i].Status != abi.OK || int(got[i].GroupsOK) != testGeo.GroupsPerBlock() {
+			t.Fatalf("block %d: %v, %d groups", b, got[i].Status, got[i].GroupsOK)
+		}
+		for _, k := range blockKeys(b) {
+			if !bytes.Equal(g.group(i, k), groupData(k, version[b])) {
+				t.Fatalf("%v in cache block %d is not version %d", k, i, version[b])
+			}
+		}
+	}
+}
+
+// TestTierGPUDirect: with the GPU checking loads and the tier's memory
+// registered with it, a LOAD_BLOCKS of blocks the tier holds is copied by
+// the device straight from the tier's memory (a 2D copy per block into an
+// HND target, one copy into scratch per chunk for an NHD one), checked
+// there, the same bytes as the store's; misses go through staging and fill
+// the tier. A byte of the tier's copy changed on purpose is never served
+// (the block is read again from the store); a write or delete that ends
+// while the copy is in flight is never undone by it; a refused
+// registration leaves every load on staging, still through the tier; and
+// Close unregisters the tier's memory.
+func TestTierGPUDirect(t *testing.T) {
+	for _, mode := range []string{"hnd", "nhd", "refused"} {
+		t.Run(mode, func(t *testing.T) {
+			const nb = 4
+			g := newTierGPU(t, 16, 4, nb, mode == "nhd", mode == "refused")
+			f, tr := g.f, g.tr
+			gpb := uint64(testGeo.GroupsPerBlock())
+			version := map[uint64]int{}
+			blocks := []uint64{1, 2, 3, 4}
+			for _, b := range blocks {
+				f.put(blockKeys(b), 1)
+				version[b] = 1
+			}
+			cached := func() uint64 { n, _ := f.srv.gpus.cached(); return n }
+
+			// Misses: staged, and the tier keeps the blocks.
+			g.check(t, g.load(t, blocks...), blocks, version)
+			if m := tr.Metrics(); m.Blocks != nb || m.Hits != 0 || cached() != 0 {
+				t.Fatalf("after the first load: %+v, %d groups direct", m, cached())
+			}
+			// Hits: straight from the tier's memory.
+			calls := g.dev.Calls()
+			g.check(t, g.load(t, blocks...), blocks, version)
+			direct := uint64(0)
+			if mode != "refused" {
+				direct = nb * gpb
+				if c := g.dev.Calls() - calls; mode == "hnd" && c > nb || mode == "nhd" && c > 1 {
+					t.Fatalf("%d copy calls for %d blocks from the tier", c, nb)
+				}
+			}
+			if m := tr.Metrics(); m.Hits != nb*gpb || cached() != direct {
+				t.Fatalf("after the repeat: %+v, %d groups direct, want %d", m, cached(), direct)
+			}
+
+			// A byte of block 2's copy in the tier changed: never served.
+			bad := blockKeys(2)[5]
+			reqs := []store.LocateReq{{Key: bad}}
+			pins, err := tr.Locate(reqs, nil)
+			if err != nil || reqs[0].Err != nil {
+				t.Fatal(err, reqs[0].Err)
+			}
+			tr.Arena()[reqs[0].Off+7] ^= 0xff
+			tr.Unpin(pins)
+			before := cached()
+			g.check(t, g.load(t, 2), []uint64{2}, version)
+			if mode == "refused" {
+				if m := tr.Metrics(); m.Corrupt != 1 {
+					t.Fatalf("corrupt copy on the host path: %+v", m)
+				}
+			} else {
+				if m := tr.Metrics(); m.Corrupt != 1 || cached()-before != gpb-1 {
+					t.Fatalf("corrupt copy: %+v, %d groups direct", m, cached()-before)
+				}
+				before = cached()
+				g.check(t, g.load(t, 2), []uint64{2}, version)
+				if cached()-before != gpb {
+					t.Fatalf("block 2 read again into the tier: %d groups direct", cached()-before)
+				}
+			}
+			if mode == "refused" {
+				return
+			}
+
+			// A write (straight to the store) and a delete (through the
+			// tier) that end while the copy from the tier is in flight: the
+			// copy is not served, the load reads the store's version.
+			var hook atomic.Pointer[func()]
+			ran := 0
+			g.dev.FailCopy = func(int) error {
+				if h := hook.Swap(nil); h != nil {
+					(*h)()
+					ran++
+				}
+				return nil
+			}
+			var hookErr error
+			write := func() {
+				reqs := make([]store.WriteReq, gpb)
+				for i, k := range blockKeys(3) {
+					reqs[i] = store.WriteReq{Key: k, Data: groupData(k, 2)}
+				}
+				hookErr = f.st.Write(reqs)
+			}
+			hook.Store(&write)
+			before = cached()
+			got := g.load(t, 3)
+			version[3] = 2
+			if ran != 1 || hookErr != nil {
+				t.Fatalf("the write during the copy: ran %d, %v", ran, hookErr)
+			}
+			g.check(t, got, []uint64{3}, version)
+			if cached() != before {
+				t.Fatalf("%d groups of a block written during the copy served from the tier", cached()-before)
+			}
+			del := func() { hookErr = tr.DeleteBlock(4) }
+			hook.Store(&del)
+			if got := g.load(t, 4); ran != 2 || hookErr != nil || got[0].Status != abi.Absent || got[0].GroupsOK != 0 {
+				t.Fatalf("a block deleted during the copy: hook ran %d (%v), %v, %d groups", ran, hookErr, got[0].Status, got[0].GroupsOK)
+			}
+			if cached() != before {
+				t.Fatalf("%d groups of a block deleted during the copy served from the tier", cached()-before)
+			}
+
+			g.ss.Release()
+			if err := f.srv.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if r := g.dev.Registered(); r != 0 {
+				t.Fatalf("%d host ranges still registered after Close", r)
+			}
+		})
 	}
 }

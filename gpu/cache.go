@@ -120,6 +120,26 @@ func (p *Pipeline) settleCached(cache Cache, c *directChunk, items []Item, base 
 	return retry
 }
 
+// corruptCopies appends to idx the items of a staged load from cache
+// that failed the device's check (a tile with any head that did), telling
+// the cache of each block (Corrupt): its copy in memory is dropped, so a
+// second load reads the store.
+func (p *Pipeline) corruptCopies(cache Cache, items []Item, idx []int) []int {
+	dropped, have := uint64(0), false
+	for i := range items {
+		it := &items[i]
+		if it.Err == nil || !errors.Is(it.Err, store.ErrCorrupt) {
+			continue
+		}
+		if b := it.Key.Block; !have || b != dropped {
+			cache.Corrupt(b)
+			dropped, have = b, true
+		}
+		idx = append(idx, i)
+	}
+	return idx
+}
+
 // loadAgain loads items[idx] through the staged route from r (the cache
 // as a Reader): the groups a load from the cache's memory did not serve.
 // When that load failed as a whole (batchErr), they fail with its error
@@ -135,15 +155,20 @@ func (p *Pipeline) loadAgain(r Reader, items []Item, idx []int, batchErr error) 
 		return nil
 	}
 	sub := make([]Item, len(idx))
+	groups := 0
 	for k, i := range idx {
 		sub[k] = items[i]
 		sub[k].Err = nil
+		if t := sub[k].Tile; t != nil {
+			t.Failed, t.Bad = 0, 0
+		}
+		groups += sub[k].Groups()
 	}
 	var err error
 	if p.landsStaged(sub) {
 		err = p.loadLanded(r, sub)
 	} else {
-		err = p.loadStaged(r, sub, len(sub))
+		err = p.loadStaged(r, sub, groups)
 	}
 	for k, i := range idx {
 		items[i] = sub[k]

@@ -23,7 +23,9 @@ import "fmt"
 //     or by the device once copied.
 //
 // Whatever the route, a group is checked before its bytes are used
-// (check.go).
+// (check.go). From a Cache, a group that fails the device's check is
+// loaded once more through staging, the cache having dropped its copy
+// (cache.go).
 
 // Load reads items' groups from r and copies them to the device, by the
 // route the request takes (see Routes). Per-item outcomes are in Item.Err
@@ -54,7 +56,14 @@ func (p *Pipeline) Load(r Reader, items []Item, tiles bool) error {
 		return err
 	}
 	if p.landsStaged(items) {
-		return p.loadLanded(r, items)
+		err = p.loadLanded(r, items)
+	} else {
+		err = p.loadStaged(r, items, groups)
 	}
-	return p.loadStaged(r, items, groups)
+	if c, ok := r.(Cache); ok && err == nil && p.checksOnDevice() {
+		// A cache's copy that failed the device's check is the cache's
+		// fault, not the store's: read once more, from the store.
+		err = p.loadAgain(c, items, p.corruptCopies(c, items, nil), nil)
+	}
+	return err
 }

@@ -183,14 +183,21 @@ func (t *Tier) Unpin(pins []int64) {
 	t.ar.located.Add(-n)
 }
 
-// Corrupt reports that a group copied from block b's copy failed its
-// checksum where it landed (the device checked it): the copy is counted
-// (Metrics.Corrupt) and dropped, and the caller reads the group again
-// through Read, which reads the block from the store.
+// Corrupt reports that a group loaded from block b failed its checksum
+// where it landed (the device checked it, after a copy from the arena or
+// from staging that Read filled from the arena): the tier's copy, if it
+// holds one, is counted (Metrics.Corrupt) and dropped, and the caller
+// reads the group again through Read, which reads the block from the
+// store. A block it does not hold was the store's own (Read handed the
+// request to the store): nothing to drop.
 func (t *Tier) Corrupt(b uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	slot, ok := t.mu.idx.Slot(b)
+	if !ok || t.mu.ent[slot].filling {
+		return
+	}
 	t.m.corrupt.Add(1)
 	t.log.Warn("tier: a group copied from DRAM to a GPU failed its checksum; dropped, read from the store")
-	t.mu.Lock()
 	t.dropBlockLocked(b)
-	t.mu.Unlock()
 }
