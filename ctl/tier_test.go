@@ -3,8 +3,10 @@ package ctl
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -235,16 +237,19 @@ type tierGPU struct {
 	nb   int
 	nhd  bool
 	size uint64
+	base uint64 // device address of the CUDA buffer
 }
 
-func newTierGPU(t *testing.T, slots, tierBlocks, nb int, nhd, refuse bool) *tierGPU {
+// newTierGPU makes the server and one session; the device has room for
+// sessions of them (another).
+func newTierGPU(t *testing.T, slots, tierBlocks, nb int, nhd, refuse bool, sessions int) *tierGPU {
 	t.Helper()
 	geo := testGeo
 	size := uint64(2 * geo.Layers * nb * geo.BlockTokens * geo.KVHeads * geo.RowBytes())
 	verified := 0
-	// Room above the target for a staged landing batch's device scratch
-	// (128 MiB) and direct chunks' scratch.
-	o, fakes := fakeGPUOptions(t, 1, int(size)+130<<20, func(o *GPUOptions, fakes []*fakeGPU) {
+	// Room above the targets for device scratch: the fake's AllocDevice
+	// does not reuse the ranges freed.
+	o, fakes := fakeGPUOptions(t, 1, sessions*int(size)+16<<20, func(o *GPUOptions, fakes []*fakeGPU) {
 		o.VerifyOnGPU = true
 		// Direct chunks of 128 groups: whole blocks of testGeo.
 		o.StagingSize = 64 * geo.GroupBytes()
@@ -257,12 +262,10 @@ func newTierGPU(t *testing.T, slots, tierBlocks, nb int, nhd, refuse bool) *tier
 		}
 	})
 	f := newFixtureTier(t, slots, Options{GPU: o}, tierBlocks)
-	g := &tierGPU{f: f, tr: f.srv.opts.Tier, dev: fakes[0], ss: f.open(0, 0), nb: nb, nhd: nhd, size: size}
-	id := mustRegisterCUDA(t, g.ss, 0, gputest.Base, size, 0, size)
-	var errno syscall.Errno
-	if g.tid, errno = registerTarget(g.ss, testTarget(id, nb, nhd)); errno != 0 {
-		t.Fatalf("register target: %v", errno)
-	}
+	g := (&tierGPU{f: f, tr: f.srv.opts.Tier, dev: fakes[0], nb: nb, nhd: nhd, size: size}).another(t, 0)
+	// Staged loads of pitched tiles land them through batches of 64
+	// groups' scratch, not 128 MiB: set before any load.
+	f.srv.gpus.devs[0].pipe.LandBatch = 64 * geo.GroupBytes()
 	deadline := time.Now().Add(10 * time.Second)
 	for !refuse {
 		if _, ok := f.srv.gpus.cached(); ok {
@@ -282,21 +285,53 @@ func newTierGPU(t *testing.T, slots, tierBlocks, nb int, nhd, refuse bool) *tier
 	return g
 }
 
+// another is g with a session of its own and a CUDA buffer (the i-th of
+// the device) holding its target.
+func (g *tierGPU) another(t *testing.T, i int) *tierGPU {
+	t.Helper()
+	c := *g
+	c.ss, c.base = g.f.open(0, 0), gputest.Base+uint64(i)*g.size
+	id := mustRegisterCUDA(t, c.ss, 0, c.base, g.size, 0, g.size)
+	var errno syscall.Errno
+	if c.tid, errno = registerTarget(c.ss, testTarget(id, g.nb, g.nhd)); errno != 0 {
+		t.Fatalf("register target: %v", errno)
+	}
+	return &c
+}
+
 // load loads blocks into cache blocks 0, 1, … of the target (device memory
 // filled with 0x5A first) and returns the entries' outcomes.
 func (g *tierGPU) load(t *testing.T, blocks ...uint64) []abi.BlockEntry {
 	t.Helper()
-	geo := testGeo
-	g.dev.Fill(gputest.Base, bytes.Repeat([]byte{0x5A}, int(g.size)))
-	es := make([]abi.BlockEntry, len(blocks))
-	for i, b := range blocks {
-		es[i] = abi.BlockEntry{Block: b, CacheBlock: uint32(i), LayerCount: uint16(geo.Layers), HeadCount: uint16(geo.KVHeads), Kinds: abi.KindsBoth}
+	got, err := g.tryLoad(blocks...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	got := blocksInline(t, g.ss, g.tid, abi.CmdLoadBlocksInline, es)
 	if v := g.dev.Violations(); len(v) != 0 {
 		t.Fatal(v)
 	}
 	return got
+}
+
+// tryLoad is load for any goroutine: it returns the ioctl's failure.
+func (g *tierGPU) tryLoad(blocks ...uint64) ([]abi.BlockEntry, error) {
+	geo := testGeo
+	g.dev.Fill(g.base, bytes.Repeat([]byte{0x5A}, int(g.size)))
+	in := make([]byte, abi.BlocksInlineSize)
+	(&abi.Blocks{ABI: abi.Version, Target: g.tid, Count: uint32(len(blocks))}).Marshal(in)
+	for i, b := range blocks {
+		e := abi.BlockEntry{Block: b, CacheBlock: uint32(i), LayerCount: uint16(geo.Layers), HeadCount: uint16(geo.KVHeads), Kinds: abi.KindsBoth}
+		e.Marshal(in[abi.BlocksSize+i*abi.BlockEntrySize:])
+	}
+	out := make([]byte, len(in))
+	if _, errno := g.ss.Ioctl(abi.CmdLoadBlocksInline, in, out); errno != 0 {
+		return nil, fmt.Errorf("load blocks: %w", errno)
+	}
+	got := make([]abi.BlockEntry, len(blocks))
+	for i := range got {
+		got[i].Unmarshal(out[abi.BlocksSize+i*abi.BlockEntrySize:])
+	}
+	return got, nil
 }
 
 // group is group k as it lies in cache block cb of the target.
@@ -304,7 +339,7 @@ func (g *tierGPU) group(cb int, k layout.Key) []byte {
 	geo := testGeo
 	rb, T, H := geo.RowBytes(), geo.BlockTokens, geo.KVHeads
 	tensor := g.nb * T * H * rb
-	base := gputest.Base + uint64((2*k.Layer+int(k.Kind))*tensor)
+	base := g.base + uint64((2*k.Layer+int(k.Kind))*tensor)
 	if !g.nhd {
 		return g.dev.Mem(base+uint64((cb*H+k.Head)*T*rb), geo.GroupBytes())
 	}
@@ -345,7 +380,7 @@ func TestTierGPUDirect(t *testing.T) {
 	for _, mode := range []string{"hnd", "nhd", "refused"} {
 		t.Run(mode, func(t *testing.T) {
 			const nb = 4
-			g := newTierGPU(t, 16, 4, nb, mode == "nhd", mode == "refused")
+			g := newTierGPU(t, 16, 4, nb, mode == "nhd", mode == "refused", 1)
 			f, tr := g.f, g.tr
 			gpb := uint64(testGeo.GroupsPerBlock())
 			version := map[uint64]int{}
@@ -451,6 +486,125 @@ func TestTierGPUDirect(t *testing.T) {
 			if r := g.dev.Registered(); r != 0 {
 				t.Fatalf("%d host ranges still registered after Close", r)
 			}
+		})
+	}
+}
+
+// TestTierGPUConcurrent: loads into GPU memory from several sessions at
+// once, through a tier that holds fewer blocks than they use (evictions
+// all along, while copies from the tier's memory are in flight), while a
+// writer replaces blocks (through the tier and behind its back): every
+// group loaded is a version no older than the last write that completed
+// before its load started, and no newer than the last one started before
+// it ended; some loads were hits copied from the tier's memory.
+func TestTierGPUConcurrent(t *testing.T) {
+	for _, nhd := range []bool{false, true} {
+		t.Run(fmt.Sprint("nhd=", nhd), func(t *testing.T) {
+			const blocks, loaders, rounds = 8, 4, 40
+			g := newTierGPU(t, 16, 3, 2, nhd, false, loaders)
+			g.dev.Delay, g.dev.Jitter = 20*time.Microsecond, 50*time.Microsecond
+			f, tr := g.f, g.tr
+			var started, done [blocks]atomic.Int64
+			for b := range uint64(blocks) {
+				f.put(blockKeys(b), 1)
+				started[b].Store(1)
+				done[b].Store(1)
+			}
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() { // the writer
+				defer wg.Done()
+				rnd := rand.New(rand.NewPCG(1, 2))
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					b := rnd.Uint64N(blocks)
+					v := started[b].Add(1)
+					reqs := make([]store.WriteReq, testGeo.GroupsPerBlock())
+					for j, k := range blockKeys(b) {
+						reqs[j] = store.WriteReq{Key: k, Data: groupData(k, int(v))}
+					}
+					var err error
+					if i%2 == 0 {
+						err = tr.Write(reqs)
+					} else {
+						err = f.st.Write(reqs)
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					done[b].Store(v)
+					time.Sleep(200 * time.Microsecond)
+				}
+			}()
+			var lwg sync.WaitGroup
+			for l := range loaders {
+				lg := g
+				if l > 0 {
+					lg = g.another(t, l)
+				}
+				lwg.Add(1)
+				go func() {
+					defer lwg.Done()
+					rnd := rand.New(rand.NewPCG(uint64(l), 9))
+					pair := []uint64{0, 1}
+					for range rounds {
+						if rnd.IntN(2) == 0 { // else the same blocks again: likely hits
+							pair[0] = rnd.Uint64N(blocks)
+							pair[1] = (pair[0] + 1 + rnd.Uint64N(blocks-1)) % blocks
+						}
+						var lo [2]int64
+						for i, b := range pair {
+							lo[i] = done[b].Load()
+						}
+						got, err := lg.tryLoad(pair...)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						for i, b := range pair {
+							hi := started[b].Load()
+							if got[i].Status != abi.OK || int(got[i].GroupsOK) != testGeo.GroupsPerBlock() {
+								t.Errorf("block %d: %v, %d groups", b, got[i].Status, got[i].GroupsOK)
+								return
+							}
+							for _, k := range blockKeys(b) {
+								have := lg.group(i, k)
+								ok := false
+								for v := lo[i]; v <= hi && !ok; v++ {
+									ok = bytes.Equal(have, groupData(k, int(v)))
+								}
+								if !ok {
+									t.Errorf("%v: not a version from %d to %d", k, lo[i], hi)
+									return
+								}
+							}
+						}
+					}
+				}()
+			}
+			lwg.Wait()
+			close(stop)
+			wg.Wait()
+			if v := g.dev.Violations(); len(v) != 0 {
+				t.Fatal(v)
+			}
+			m := tr.Metrics()
+			n, _ := f.srv.gpus.cached()
+			// Each group loaded counts once, a hit or a miss, whatever
+			// route it took (a copy found stale is read again, a miss).
+			if m.Hits+m.Misses != loaders*rounds*2*uint64(testGeo.GroupsPerBlock()) {
+				t.Fatalf("%d hits and %d misses of %d groups loaded", m.Hits, m.Misses, loaders*rounds*2*testGeo.GroupsPerBlock())
+			}
+			if m.Evictions == 0 || n == 0 || m.Blocks > 3 {
+				t.Fatalf("%+v, %d groups copied from the tier's memory", m, n)
+			}
+			t.Logf("%+v, %d groups copied from the tier's memory", m, n)
 		})
 	}
 }

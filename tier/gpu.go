@@ -31,8 +31,9 @@ import (
 var ErrNotHeld = errors.New("tier: not held in DRAM")
 
 // pinWords is how many elements of Locate's pins one pinned slot takes:
-// the slot, its block and the store generation of its copy.
-const pinWords = 3
+// the slot, its block, the store generation of its copy, and how many
+// groups Locate located in it (Changed counts them as hits).
+const pinWords = 4
 
 // Arena is the tier's memory, one mapping of every slot (nil once
 // closed): what a GPU registers to copy hits from (Locate's offsets are
@@ -53,9 +54,9 @@ func (t *Tier) Arena() []byte {
 // eviction or other block reuses a pinned slot, so the bytes at Off stay
 // the copy's. Requests it does not serve get ErrNotHeld. It takes the
 // store's versions in one call (store.Versions, no I/O), one pin per run
-// of requests for the same block, and counts the groups it located as
-// hits. The error is for the call as a whole (store.ErrClosed); then
-// nothing is pinned. The pins are opaque: pass them to Changed and Unpin.
+// of requests for the same block. The error is for the call as a whole
+// (store.ErrClosed); then nothing is pinned. The pins are opaque: pass
+// them to Changed and Unpin.
 func (t *Tier) Locate(reqs []store.LocateReq, pins []int64) ([]int64, error) {
 	t.life.RLock()
 	defer t.life.RUnlock()
@@ -79,7 +80,6 @@ func (t *Tier) Locate(reqs []store.LocateReq, pins []int64) ([]int64, error) {
 		return pins, err
 	}
 	first := len(pins)
-	var hits uint64
 	t.mu.Lock()
 	last, have, slot := uint64(0), false, int64(-1)
 	var v store.BlockVersion
@@ -93,7 +93,7 @@ func (t *Tier) Locate(reqs []store.LocateReq, pins []int64) ([]int64, error) {
 			last, have = b, true
 			v = sc.vers[sc.where[b]]
 			if slot = t.pinHitLocked(b, v); slot >= 0 {
-				pins = append(pins, slot, int64(b), int64(v.Gen))
+				pins = append(pins, slot, int64(b), int64(v.Gen), 0)
 			}
 		}
 		idx := t.geo.Index(r.Key)
@@ -103,7 +103,7 @@ func (t *Tier) Locate(reqs []store.LocateReq, pins []int64) ([]int64, error) {
 		r.Off = slot*t.sb + int64(idx)*t.stride
 		r.CRC = t.crc[int(slot)*t.groups+idx]
 		r.Err = nil
-		hits++
+		pins[len(pins)-1]++
 	}
 	t.mu.Unlock()
 	if n := (len(pins) - first) / pinWords; n > 0 {
@@ -111,7 +111,6 @@ func (t *Tier) Locate(reqs []store.LocateReq, pins []int64) ([]int64, error) {
 		// started to.
 		t.ar.located.Add(n)
 	}
-	t.m.hits.Add(hits)
 	return pins, nil
 }
 
@@ -143,9 +142,10 @@ func (t *Tier) pinHitLocked(b uint64, v store.BlockVersion) int64 {
 // store's generation of the block now is not the one the copy was read
 // under (a write, delete or rename committed since Locate). Called after
 // the copies from the slots completed, it tells the caller which copies
-// may hold a version the store replaced while they were in flight. One
-// store call (store.Versions, no I/O); its error (store.ErrClosed) means
-// none can be vouched for.
+// may hold a version the store replaced while they were in flight (the
+// caller reads those again); the groups located in the others are counted
+// as hits. One store call (store.Versions, no I/O); its error
+// (store.ErrClosed) means none can be vouched for.
 func (t *Tier) Changed(pins []int64, stale []uint64) ([]uint64, error) {
 	n := len(pins) / pinWords
 	if n == 0 {
@@ -160,11 +160,15 @@ func (t *Tier) Changed(pins []int64, stale []uint64) ([]uint64, error) {
 	if err := t.st.Versions(sc.blocks, sc.vers); err != nil {
 		return stale, err
 	}
+	var hits uint64
 	for k, v := range sc.vers {
 		if !v.Stored || v.Gen != uint64(pins[k*pinWords+2]) {
 			stale = append(stale, sc.blocks[k])
+			continue
 		}
+		hits += uint64(pins[k*pinWords+3])
 	}
+	t.m.hits.Add(hits)
 	return stale, nil
 }
 
