@@ -58,7 +58,12 @@ func (t *Tier) Arena() []byte {
 // (store.ErrClosed); then nothing is pinned. The pins are opaque: pass
 // them to Changed and Unpin.
 func (t *Tier) Locate(reqs []store.LocateReq, pins []int64) ([]int64, error) {
-	t.life.RLock()
+	// Only Close takes life exclusively, and it waits for the slots
+	// located before to be unpinned: a load that still holds some and
+	// locates more must not queue behind it, but end (ErrClosed).
+	if !t.life.TryRLock() {
+		return pins, errClosed
+	}
 	defer t.life.RUnlock()
 	if t.closed {
 		return pins, errClosed
