@@ -119,6 +119,11 @@ type Metrics struct {
 	// whether that file is registered with the GPUs for it.
 	GPUDirect         uint64
 	GPUHostRegistered bool
+	// GPUTierDirect counts groups loaded into GPU memory straight from
+	// the DRAM tier's memory (hits, with no staging); GPUTierRegistered
+	// reports whether that memory is registered with the GPUs for it.
+	GPUTierDirect     uint64
+	GPUTierRegistered bool
 	// Lookups counts LOOKUP ioctls served, LookedUp their pairs and
 	// LookupHits the pairs answered present.
 	Lookups, LookedUp, LookupHits uint64
@@ -206,8 +211,10 @@ func (s *Server) Sessions() int { return int(s.m.sessions.Load()) }
 func (s *Server) Metrics() Metrics {
 	summed, sumFailed := s.gpus.summed()
 	direct, registered := s.gpus.direct()
+	tierDirect, tierRegistered := s.gpus.cached()
 	return Metrics{
 		GPUSummed: summed, GPUSumFailed: sumFailed, GPUDirect: direct, GPUHostRegistered: registered,
+		GPUTierDirect: tierDirect, GPUTierRegistered: tierRegistered,
 		Sessions: s.m.sessions.Load(), Buffers: s.m.buffers.Load(), RegisteredBytes: s.m.bytes.Load(),
 		PinnedBytes: s.pins.pinned(),
 		Loads:       s.m.loads.Load(), Stores: s.m.stores.Load(),

@@ -267,7 +267,7 @@ func newTierGPU(t *testing.T, slots, tierBlocks, nb int, nhd, refuse bool, sessi
 	f.srv.gpus.devs[0].pipe.LandBatch = 64 * geo.GroupBytes()
 	deadline := time.Now().Add(10 * time.Second)
 	for !refuse {
-		if _, ok := f.srv.gpus.cached(); ok {
+		if f.srv.Metrics().GPUTierRegistered {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -277,7 +277,7 @@ func newTierGPU(t *testing.T, slots, tierBlocks, nb int, nhd, refuse bool, sessi
 	}
 	if refuse {
 		time.Sleep(20 * time.Millisecond) // a registration would be done by now
-		if _, ok := f.srv.gpus.cached(); ok || g.dev.Registered() != 0 {
+		if f.srv.Metrics().GPUTierRegistered || g.dev.Registered() != 0 {
 			t.Fatal("registered although the device refused")
 		}
 	}
@@ -395,7 +395,7 @@ func TestTierGPUDirect(t *testing.T) {
 				f.put(blockKeys(b), 1)
 				version[b] = 1
 			}
-			cached := func() uint64 { n, _ := f.srv.gpus.cached(); return n }
+			cached := func() uint64 { return f.srv.Metrics().GPUTierDirect }
 
 			// Misses: staged, and the tier keeps the blocks.
 			g.check(t, g.load(t, blocks...), blocks, version)
@@ -603,7 +603,7 @@ func TestTierGPUConcurrent(t *testing.T) {
 				t.Fatal(v)
 			}
 			m := tr.Metrics()
-			n, _ := f.srv.gpus.cached()
+			n := f.srv.Metrics().GPUTierDirect
 			// Each group loaded counts once, a hit or a miss, whatever
 			// route it took (a copy found stale is read again, a miss).
 			if m.Hits+m.Misses != loaders*rounds*2*uint64(testGeo.GroupsPerBlock()) {
