@@ -154,24 +154,40 @@ func (p *Pipeline) loadAgain(r Reader, items []Item, idx []int, batchErr error) 
 	if len(idx) == 0 {
 		return nil
 	}
-	sub := make([]Item, len(idx))
 	groups := 0
+	if len(idx) == len(items) {
+		// All of them (a load of blocks the cache lacks): in place.
+		for i := range items {
+			groups += items[i].again()
+		}
+		return p.loadStagedOrLanded(r, items, groups)
+	}
+	sub := make([]Item, len(idx))
 	for k, i := range idx {
 		sub[k] = items[i]
-		sub[k].Err = nil
-		if t := sub[k].Tile; t != nil {
-			t.Failed, t.Bad = 0, 0
-		}
-		groups += sub[k].Groups()
+		groups += sub[k].again()
 	}
-	var err error
-	if p.landsStaged(sub) {
-		err = p.loadLanded(r, sub)
-	} else {
-		err = p.loadStaged(r, sub, groups)
-	}
+	err := p.loadStagedOrLanded(r, sub, groups)
 	for k, i := range idx {
 		items[i] = sub[k]
 	}
 	return err
+}
+
+// loadStagedOrLanded loads items through staging, landing pitched tiles
+// on the device where it can (as Load does past the direct route).
+func (p *Pipeline) loadStagedOrLanded(r Reader, items []Item, groups int) error {
+	if p.landsStaged(items) {
+		return p.loadLanded(r, items)
+	}
+	return p.loadStaged(r, items, groups)
+}
+
+// again clears the item's outcome for another load and returns its groups.
+func (it *Item) again() int {
+	it.Err = nil
+	if t := it.Tile; t != nil {
+		t.Failed, t.Bad = 0, 0
+	}
+	return it.Groups()
 }

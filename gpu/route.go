@@ -55,11 +55,7 @@ func (p *Pipeline) Load(r Reader, items []Item, tiles bool) error {
 		}
 		return err
 	}
-	if p.landsStaged(items) {
-		err = p.loadLanded(r, items)
-	} else {
-		err = p.loadStaged(r, items, groups)
-	}
+	err = p.loadStagedOrLanded(r, items, groups)
 	if c, ok := r.(Cache); ok && err == nil && p.checksOnDevice() {
 		// A cache's copy that failed the device's check is the cache's
 		// fault, not the store's: read once more, from the store.
