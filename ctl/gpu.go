@@ -102,9 +102,9 @@ type GPUOptions struct {
 	TrustHandles bool
 	NewVerifier  func(ordinal int, geo gpu.Geometry) (gpu.Checker, error)
 	// NoDirect keeps loads on the staged path where they could copy
-	// straight from the store's file in memory (with VerifyOnGPU, a
-	// store file in tmpfs or ramfs: see gpus.registerHost): for measuring
-	// the difference.
+	// straight from host memory (with VerifyOnGPU, a store file in tmpfs
+	// or ramfs, or the DRAM tier's memory: see gpus.registerHost): for
+	// measuring the difference.
 	NoDirect bool
 	// DirectWorkers is how many goroutines queue one direct load's copies
 	// (default 4; gpu.Pipeline.DirectWorkers).
@@ -173,58 +173,97 @@ type gpus struct {
 	mu   sync.Mutex
 	devs map[int]*gpuDev
 	// hostView is the store's file in host memory (store.Store.HostView;
-	// nil result: none). host is its registration with the GPUs, made
-	// once, in the background, when the first device that verifies on
-	// the GPU opens; g.mu guards it.
+	// nil result: none). host is its registration with the GPUs.
 	hostView func() []byte
-	host     struct {
-		started, closed bool
-		view            []byte // registered; nil until then
-		unreg           func() error
-		wg              sync.WaitGroup
+	host     hostReg
+	// cache is what GPU loads read from when it is a cache in host memory
+	// (the DRAM tier, gpuSource; nil otherwise), and arena the
+	// registration of its memory with the GPUs.
+	cache gpuCache
+	arena hostReg
+}
+
+// gpuCache is a cache in host memory GPU loads may copy hits straight
+// from (tier.Tier): Arena is its memory.
+type gpuCache interface {
+	gpu.Cache
+	Arena() []byte
+}
+
+// setSource tells the GPUs what their loads read from (Server.gpuSource):
+// a cache in host memory (the DRAM tier) is registered with them like the
+// store's file in memory.
+func (g *gpus) setSource(r gpu.Reader) {
+	g.cache, _ = r.(gpuCache)
+}
+
+// hostReg is a range of host memory registered with the GPUs for direct
+// loads (the store's file in memory, the DRAM tier's memory): made once,
+// in the background, when the first device that verifies on the GPU
+// opens; undone at close. The gpus' mu guards it.
+type hostReg struct {
+	started, closed bool
+	view            []byte // registered; nil until then
+	unreg           func() error
+	wg              sync.WaitGroup
+}
+
+// registerHost starts registering host memory with dev (portably: every
+// device may then DMA from it) for the server's direct loads: the store's
+// file in memory, and the DRAM tier's memory when loads read through it.
+// g.mu is held.
+func (g *gpus) registerHost(dev GPU) {
+	if g.opts.NoDirect {
+		return
+	}
+	if g.hostView != nil {
+		g.register(dev, &g.host, g.hostView, "the store file in memory", (*gpu.Pipeline).SetHost)
+	}
+	if g.cache != nil {
+		g.register(dev, &g.arena, g.cache.Arena, "the DRAM tier", (*gpu.Pipeline).SetCache)
 	}
 }
 
-// registerHost starts registering the store's file in host memory with
-// dev (portably: every device may then DMA from it), once per server, on a
-// goroutine of its own: pinning a file of many gigabytes takes a while
-// (up to about a second for a few GiB), and loads go through staging until it
-// is done. Once registered, the pipelines of every device that verifies on
-// the GPU load straight from it (gpu.Pipeline.SetHost): packed tiles into
-// place, pitched ones through device scratch. g.mu is held.
-func (g *gpus) registerHost(dev GPU) {
+// register registers the memory view returns with dev, once per server,
+// on a goroutine of its own: pinning many gigabytes takes a while (up to
+// about a second for a few GiB), and loads go through staging until it is
+// done. Once registered, the pipelines of every device that verifies on
+// the GPU load straight from it (set: gpu.Pipeline.SetHost or SetCache):
+// packed tiles into place, pitched ones through device scratch. g.mu is
+// held.
+func (g *gpus) register(dev GPU, r *hostReg, view func() []byte, what string, set func(*gpu.Pipeline, []byte)) {
 	hr, ok := dev.(gpu.HostRegistrar)
-	if g.host.started || g.opts.NoDirect || g.hostView == nil || !ok {
+	if r.started || !ok {
 		return
 	}
-	g.host.started = true
-	g.host.wg.Add(1)
+	r.started = true
+	r.wg.Add(1)
 	go func() {
-		defer g.host.wg.Done()
-		view := g.hostView()
-		if view == nil {
+		defer r.wg.Done()
+		v := view()
+		if v == nil {
 			return
 		}
 		t := time.Now()
-		unreg, err := hr.RegisterHost(view)
+		unreg, err := hr.RegisterHost(v)
 		took := time.Since(t)
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		if err != nil {
-			g.log.Warn("ctl: cannot register the store file in memory with the GPU; loads go through staging", zap.Error(err))
+			g.log.Warn("ctl: cannot register "+what+" with the GPU; loads from it go through staging", zap.Error(err))
 			return
 		}
-		if g.host.closed {
+		if r.closed {
 			_ = unreg()
 			return
 		}
-		g.host.view, g.host.unreg = view, unreg
+		r.view, r.unreg = v, unreg
 		for _, d := range g.devs {
 			if d.vclose != nil {
-				d.pipe.SetHost(view)
+				set(d.pipe, v)
 			}
 		}
-		g.log.Info("ctl: GPU loads copy straight from the store file in memory", zap.Int("bytes", len(view)), zap.Duration("registering_took", took))
+		g.log.Info("ctl: GPU loads copy straight from "+what, zap.Int("bytes", len(v)), zap.Duration("registering_took", took))
 	}()
 }
 
@@ -237,6 +276,17 @@ func (g *gpus) direct() (groups uint64, registered bool) {
 		groups += d.pipe.Direct()
 	}
 	return groups, g.host.view != nil
+}
+
+// cached is how many groups loads copied straight from the DRAM tier's
+// memory and served, and whether it is registered.
+func (g *gpus) cached() (groups uint64, registered bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, d := range g.devs {
+		groups += d.pipe.Cached()
+	}
+	return groups, g.arena.view != nil
 }
 
 func (g *gpus) available() bool {
@@ -316,11 +366,9 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 			if l, ok := chk.(gpu.Lander); ok {
 				d.pipe.Land = l.Land
 			}
-			if g.host.view != nil {
-				d.pipe.SetHost(g.host.view)
-			} else {
-				g.registerHost(dev)
-			}
+			d.pipe.SetHost(g.host.view)
+			d.pipe.SetCache(g.arena.view)
+			g.registerHost(dev)
 		}
 	}
 	if g.devs == nil {
@@ -348,19 +396,24 @@ func (g *gpus) summed() (ok, failed uint64) {
 
 func (g *gpus) close() error {
 	g.mu.Lock()
-	g.host.closed = true
+	g.host.closed, g.arena.closed = true, true
 	g.mu.Unlock()
-	g.host.wg.Wait() // a registration under way ends (and undoes itself)
+	// A registration under way ends (and undoes itself).
+	g.host.wg.Wait()
+	g.arena.wg.Wait()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var err error
 	for _, d := range g.devs {
 		d.pipe.SetHost(nil)
+		d.pipe.SetCache(nil)
 	}
-	if g.host.unreg != nil {
-		// Before the devices go: the registration is in a device's context.
-		err = g.host.unreg()
-		g.host.view, g.host.unreg = nil, nil
+	// Before the devices go: the registrations are in a device's context.
+	for _, r := range []*hostReg{&g.host, &g.arena} {
+		if r.unreg != nil {
+			err = errors.Join(err, r.unreg())
+			r.view, r.unreg = nil, nil
+		}
 	}
 	for o, d := range g.devs {
 		d.pipe.Close()

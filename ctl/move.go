@@ -106,7 +106,8 @@ func (ss *Session) writeGroups(reqs []store.WriteReq) error {
 
 // gpuSource is what loads into GPU memory read from: the DRAM tier when
 // there is one and the store's file is not in memory (a store on a disk:
-// hits then reach the device through staging, with no disk read), else
+// hits then reach the device by DMA from the tier's memory where it is
+// registered, gpus.registerHost, else through staging; no disk read), else
 // the store itself, whose file in memory (tmpfs) the GPU loads straight
 // from where it can (gpu.Pipeline.SetHost), which a tier in front of it
 // would only take away. Stores into the store go through the tier

@@ -119,6 +119,11 @@ type Metrics struct {
 	// whether that file is registered with the GPUs for it.
 	GPUDirect         uint64
 	GPUHostRegistered bool
+	// GPUTierDirect counts groups loaded into GPU memory straight from
+	// the DRAM tier's memory (hits, with no staging); GPUTierRegistered
+	// reports whether that memory is registered with the GPUs for it.
+	GPUTierDirect     uint64
+	GPUTierRegistered bool
 	// Lookups counts LOOKUP ioctls served, LookedUp their pairs and
 	// LookupHits the pairs answered present.
 	Lookups, LookedUp, LookupHits uint64
@@ -176,6 +181,7 @@ func NewServer(s *store.Store, o Options) *Server {
 	srv.gpus.opts, srv.gpus.log = o.GPU, o.Logger
 	srv.gpus.geo = gpu.Geometry{GroupBytes: srv.gb, Rows: g.BlockTokens, RowBytes: g.RowBytes()}
 	srv.gpus.hostView = s.HostView
+	srv.gpus.setSource(srv.gpuSource())
 	if srv.reg != nil {
 		srv.gpus.reg = srv.reg
 	}
@@ -205,8 +211,10 @@ func (s *Server) Sessions() int { return int(s.m.sessions.Load()) }
 func (s *Server) Metrics() Metrics {
 	summed, sumFailed := s.gpus.summed()
 	direct, registered := s.gpus.direct()
+	tierDirect, tierRegistered := s.gpus.cached()
 	return Metrics{
 		GPUSummed: summed, GPUSumFailed: sumFailed, GPUDirect: direct, GPUHostRegistered: registered,
+		GPUTierDirect: tierDirect, GPUTierRegistered: tierRegistered,
 		Sessions: s.m.sessions.Load(), Buffers: s.m.buffers.Load(), RegisteredBytes: s.m.bytes.Load(),
 		PinnedBytes: s.pins.pinned(),
 		Loads:       s.m.loads.Load(), Stores: s.m.stores.Load(),

@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvfs/kvfs/internal/par"
 	"github.com/kvfs/kvfs/store"
@@ -75,11 +76,13 @@ type directChunk struct {
 	freeScratch func() error
 	landed      []*Item
 	srcs        []uint64
-	pitched     []bool // per item of the chunk
+	pitched     []bool   // per item of the chunk
+	stale       []uint64 // a load from a Cache: the blocks Changed reported
 }
 
 // directFor returns the host view when items can be loaded directly from
-// r: a Locator, Verify set, a host view, and every tile packed.
+// r: a Locator, Verify set, a host view (a Cache's memory, SetCache, for a
+// Cache), and every tile packed.
 func (p *Pipeline) directFor(r Reader, items []Item) (Locator, []byte) {
 	l, h := p.hostView(r)
 	if l == nil || (p.Land == nil || !p.canAllocDevice()) && p.anyPitched(items) {
@@ -90,10 +93,17 @@ func (p *Pipeline) directFor(r Reader, items []Item) (Locator, []byte) {
 
 // hostView returns r as a Locator and the store's host view when loads
 // from r may go straight from the view (directFor, tiles aside): r a
-// Locator, Verify set and a host view; else nil, nil.
+// Locator, Verify set and a host view; else nil, nil. A Cache's view is
+// its memory (cacheView), never the store's.
 func (p *Pipeline) hostView(r Reader) (Locator, []byte) {
+	if !p.checksOnDevice() {
+		return nil, nil
+	}
+	if _, ok := r.(Cache); ok {
+		return p.cacheView(r)
+	}
 	l, ok := r.(Locator)
-	if !ok || !p.checksOnDevice() {
+	if !ok {
 		return nil, nil
 	}
 	h := p.host.Load()
@@ -163,16 +173,20 @@ func (p *Pipeline) directGroups() int {
 
 // loadDirect is Load from the host view: the chunks of items are split
 // among DirectWorkers goroutines (directRange each), so queueing the
-// copies is not one core's work.
+// copies is not one core's work. From a Cache, the groups the copies did
+// not serve are then loaded through staging (loadAgain).
 func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item) error {
 	// Idle chunks keep their device scratch (32 MiB each by default):
 	// at most 16 of them.
 	p.directOnce.Do(func() { p.idleDirect.Max = 16 })
+	cache, _ := l.(Cache)
 	per := p.directGroups()
 	chunks := (len(items) + per - 1) / per
 	w := min(p.directWorkers(), chunks)
 	if w <= 1 {
-		return p.directRange(l, host, items, p.depth())
+		var retry []int
+		err := p.directRange(l, cache, host, items, 0, p.depth(), &retry)
+		return p.loadAgain(cache, items, retry, err)
 	}
 	// Several submitters: the driver's work per copy bounds what one
 	// goroutine queues to well below what the copy engines move
@@ -181,17 +195,23 @@ func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item) error {
 	share := (chunks + w - 1) / w * per
 	depth := max(2, p.depth()/w)
 	errs := make([]error, w)
+	retries := make([][]int, w)
 	par.Pieces(w, 1, w, func(k, _ int) {
 		if lo, hi := min(k*share, len(items)), min((k+1)*share, len(items)); lo < hi {
-			errs[k] = p.directRange(l, host, items[lo:hi], depth)
+			errs[k] = p.directRange(l, cache, host, items[lo:hi], lo, depth, &retries[k])
 		}
 	})
-	for _, err := range errs {
-		if err != nil {
-			return err
+	var err error
+	for _, e := range errs {
+		if e != nil {
+			err = e
+			break
 		}
 	}
-	return nil
+	if cache == nil {
+		return err
+	}
+	return p.loadAgain(cache, items, slices.Concat(retries...), err)
 }
 
 // directWorkers is how many goroutines queue one direct load's copies
@@ -206,8 +226,11 @@ func (p *Pipeline) directWorkers() int {
 // directRange loads items directly: chunks of items are located, their
 // copies queued and their events recorded, up to depth chunks in flight;
 // the oldest is finished (its event waited for, its groups verified where
-// they landed, its slots unpinned) before another starts.
-func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) error {
+// they landed, its slots unpinned) before another starts. From a cache
+// (l is cache), the items it does not serve are appended to retry as
+// base plus their index in items (settleCached), their outcomes left to
+// the caller's staged load.
+func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item, base, depth int, retry *[]int) error {
 	gb := p.Geo.GroupBytes
 	per := p.directGroups()
 	dev := p.lane()
@@ -248,6 +271,9 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 		clear(ok)
 		clear(landed)
 		c.verified, c.landed, c.srcs = ok[:0], landed[:0], srcs[:0]
+		if cache != nil && err == nil {
+			*retry = p.settleCached(cache, c, items, base, *retry)
+		}
 		// Only now, the copies over, may the slots take other blocks.
 		l.Unpin(c.pins)
 		c.pins = c.pins[:0]
@@ -293,6 +319,11 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 				continue
 			}
 			if q.Err != nil {
+				if cache != nil {
+					// Not in the cache's memory: loaded through staging.
+					it.Err = nil
+					*retry = append(*retry, base+lo+k)
+				}
 				continue
 			}
 			if q.Off < 0 || q.Off > int64(len(host)-gb) {
@@ -321,7 +352,9 @@ func (p *Pipeline) directRange(l Locator, host []byte, items []Item, depth int) 
 			}
 		})
 		p.recordDirect(c)
-		p.direct.Add(uint64(hi - lo))
+		if cache == nil {
+			p.direct.Add(uint64(hi - lo))
+		}
 		flight = append(flight, c)
 		lo = hi
 	}

@@ -126,8 +126,11 @@ type Pipeline struct {
 	idle freelist.List[[3]readGroup]
 	// host is the store's file in host memory, registered with the
 	// device (SetHost); direct counts the groups loaded from it.
-	host       atomic.Pointer[[]byte]
-	direct     atomic.Uint64
+	host   atomic.Pointer[[]byte]
+	direct atomic.Uint64
+	// cache is a cache's memory registered with the device (SetCache)
+	// and the groups loads served from it.
+	cache      cacheState
 	idleDirect freelist.List[directChunk] // Max 16 (directOnce)
 	directOnce sync.Once
 	// scratchBytes is the device scratch the direct chunks hold.

@@ -10,7 +10,10 @@ import "fmt"
 //     registered with the device (SetHost), the reader says where groups
 //     lie (Locator) and the device checks them (Verify; Land for pitched
 //     tiles). The copy engines read the groups straight from the file;
-//     no staging. Tiles never go direct.
+//     no staging. Tiles never go direct. A reader that is a Cache (the
+//     DRAM tier) whose memory is registered (SetCache) takes this route
+//     for its hits, from its memory, and the staged route for the rest
+//     (cache.go).
 //   - landed (landed.go): through staging, with pitched tiles among the
 //     items and a device that lands them (Land): their groups are staged
 //     packed into device scratch, checked and written into their rows by
@@ -20,7 +23,9 @@ import "fmt"
 //     or by the device once copied.
 //
 // Whatever the route, a group is checked before its bytes are used
-// (check.go).
+// (check.go). From a Cache, a group that fails the device's check is
+// loaded once more through staging, the cache having dropped its copy
+// (cache.go).
 
 // Load reads items' groups from r and copies them to the device, by the
 // route the request takes (see Routes). Per-item outcomes are in Item.Err
@@ -50,8 +55,11 @@ func (p *Pipeline) Load(r Reader, items []Item, tiles bool) error {
 		}
 		return err
 	}
-	if p.landsStaged(items) {
-		return p.loadLanded(r, items)
+	err = p.loadStagedOrLanded(r, items, groups)
+	if c, ok := r.(Cache); ok && err == nil && p.checksOnDevice() {
+		// A cache's copy that failed the device's check is the cache's
+		// fault, not the store's: read once more, from the store.
+		err = p.loadAgain(c, items, p.corruptCopies(c, items, nil), nil)
 	}
-	return p.loadStaged(r, items, groups)
+	return err
 }

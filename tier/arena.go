@@ -38,6 +38,10 @@ type arena struct {
 	// thpWhy, when not empty, says why the system's reserved huge pages
 	// were not used (New logs it).
 	thpWhy string
+	// located counts the slots Locate pinned for GPU copies and Unpin has
+	// not released: the device may still be reading them, so free waits
+	// for them before unmapping (see Tier.Locate).
+	located sync.WaitGroup
 }
 
 // meminfo reads one "Key: N kB" field of /proc/meminfo, in bytes (pages
@@ -148,10 +152,14 @@ func populate(b []byte) error {
 	return first
 }
 
+// free unmaps the arena once no GPU copy may still read it (the slots
+// Locate pinned were all unpinned). The tier is closed by then, so no new
+// pin is taken.
 func (a *arena) free() error {
 	if a == nil || a.b == nil {
 		return nil
 	}
+	a.located.Wait()
 	err := unix.Munmap(a.m)
 	a.b, a.m = nil, nil
 	return err

@@ -14,14 +14,16 @@
 // Blocks, Lookup, Info) they still ask the store: the store is the one
 // source of truth and the tier holds nothing the store does not.
 //
-// Loads into GPU memory read through the tier like host loads, by the
-// pipeline's staging (a hit is one CPU copy from the arena into pinned
-// staging, then DMA), except from a store whose file is in memory
-// (tmpfs), which the GPU loads straight from as without a tier. The next
-// step is to register the arena with io_uring as fixed buffers and with
-// CUDA (cuMemHostRegister), so that a hit reaches GPU memory by DMA from
-// the arena with no staging copy; the arena is one mapping so that either
-// is one call.
+// Loads into GPU memory read through the tier too, except from a store
+// whose file is in memory (tmpfs), which the GPU loads straight from as
+// without a tier. Where the GPU checks what it loads (the CRC32C kernel),
+// the arena, one mapping, is registered with CUDA (cuMemHostRegister, one
+// call, in the background) and a hit reaches GPU memory by DMA from its
+// slot with no staging copy (Locate, Changed, Unpin: see gpu.go for how
+// the slot stays pinned and a version the store replaced meanwhile is
+// never served); misses, and loads before the registration or without
+// it, go through the pipeline's staging (a hit is then one CPU copy from
+// the arena into pinned staging).
 //
 // # Memory
 //

@@ -786,6 +786,13 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server, tr *tie
 		}
 		return 0
 	})
+	counter("kvfs_gpu_dram_direct_groups_total", "Groups loaded into GPU memory straight from the DRAM tier's memory (hits), with no staging.", func() uint64 { return cm().GPUTierDirect })
+	gauge("kvfs_gpu_dram_registered", "1 when the DRAM tier's memory is registered with the GPUs for direct loads.", func() float64 {
+		if cm().GPUTierRegistered {
+			return 1
+		}
+		return 0
+	})
 	counter("kvfs_ctl_rejected_total", "Ioctls refused as a whole.", func() uint64 { return cm().Rejected })
 	counter("kvfs_ctl_faults_total", "Faulting accesses to registered memory.", func() uint64 { return cm().Faults })
 	gauge("kvfs_ctl_buffers", "Client buffers registered now.", func() float64 { return float64(cm().Buffers) })
