@@ -194,7 +194,7 @@ func (t *Tier) fill(sc *scratch) error {
 		}
 		b := sc.blocks[j]
 		for idx := range t.groups {
-			sc.fills = append(sc.fills, store.ReadReq{Key: t.geo.KeyAt(b, idx), Buf: t.group(p.slot, idx), Unverified: true})
+			sc.fills = append(sc.fills, store.ReadReq{Key: t.geo.KeyAt(b, idx), Buf: t.fillGroup(p.slot, idx), Unverified: true})
 		}
 	}
 	if len(sc.fills) == first {

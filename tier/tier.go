@@ -28,6 +28,9 @@ type Options struct {
 	// forest the cached blocks' parents form, least recently used first;
 	// index.LRU the least recently used block.
 	Evict index.Policy
+	// NoRegisterMemory leaves the tier's memory unregistered with the
+	// store's engine (see Metrics.Registered).
+	NoRegisterMemory bool
 }
 
 // Metrics is a snapshot of the tier's counters. Hits and Misses count
@@ -39,8 +42,12 @@ type Metrics struct {
 	Slots     int64 // blocks it can hold
 	Blocks    int64 // blocks it holds now
 	HugePages bool  // the memory is reserved huge pages (else base pages, transparent huge pages asked for)
-	Hits      uint64
-	Misses    uint64
+	// Registered: the memory is registered with the store's engine (an
+	// io_uring fixed buffer), so reads from the store into it use
+	// READ_FIXED and the kernel pins no pages per read.
+	Registered bool
+	Hits       uint64
+	Misses     uint64
 	// Evictions counts blocks dropped to make room for another.
 	Evictions uint64
 	// Invalidations counts blocks dropped because the store's version
@@ -78,6 +85,9 @@ type Tier struct {
 	words  int // presence bitmap words per slot
 	ar     *arena
 	log    *zap.Logger
+	// unregister undoes the registration of the arena with the store's
+	// engine; nil when it is not registered.
+	unregister func()
 
 	// present and crc are per slot: which groups the copy holds and the
 	// CRC32C each was verified against. Written by the read that fills
@@ -135,11 +145,21 @@ func New(st *store.Store, o Options) (*Tier, error) {
 		t.mu.free = append(t.mu.free, s)
 	}
 	t.scratch.New = func() any { return new(scratch) }
+	if r, ok := st.Engine().(store.MemoryRegistrar); ok && !o.NoRegisterMemory {
+		// Misses land straight in the arena (whole aligned slots); as a
+		// fixed buffer the kernel does not pin its pages on every read.
+		if un, err := r.RegisterMemory(ar.b); err == nil {
+			t.unregister = un
+		} else {
+			t.log.Info("tier: the DRAM tier's memory is not registered with the store's engine: reads into it use plain buffers", zap.Error(err))
+		}
+	}
 	if ar.thpWhy != "" {
 		t.log.Info("tier: the DRAM tier is on transparent huge pages, not the reserved ones", zap.String("why", ar.thpWhy))
 	}
 	t.log.Info("tier: DRAM tier ready", zap.String("bytes", bytesize.Format(slots*sb)),
-		zap.Int64("blocks", slots), zap.Bool("huge_pages", ar.huge), zap.String("evict", o.Evict.String()))
+		zap.Int64("blocks", slots), zap.Bool("huge_pages", ar.huge), zap.Bool("registered", t.unregister != nil),
+		zap.String("evict", o.Evict.String()))
 	return t, nil
 }
 
@@ -152,6 +172,9 @@ func (t *Tier) Close() error {
 		return nil
 	}
 	t.closed = true
+	if t.unregister != nil {
+		t.unregister()
+	}
 	return t.ar.free()
 }
 
@@ -165,7 +188,7 @@ func (t *Tier) Metrics() Metrics {
 	blocks := int64(t.mu.idx.Len())
 	t.mu.Unlock()
 	return Metrics{
-		Bytes: t.slots * t.sb, Slots: t.slots, Blocks: blocks, HugePages: t.ar.huge,
+		Bytes: t.slots * t.sb, Slots: t.slots, Blocks: blocks, HugePages: t.ar.huge, Registered: t.unregister != nil,
 		Hits: t.m.hits.Load(), Misses: t.m.misses.Load(), Evictions: t.m.evictions.Load(),
 		Invalidations: t.m.invalidations.Load(), PromotedBytes: t.m.promoted.Load(), WrittenBytes: t.m.written.Load(),
 		Corrupt: t.m.corrupt.Load(),
@@ -269,6 +292,16 @@ func (t *Tier) allocLocked() int64 {
 func (t *Tier) group(slot int64, idx int) []byte {
 	off := slot*t.sb + int64(idx)*t.stride
 	return t.ar.b[off : off+int64(t.gb) : off+int64(t.gb)]
+}
+
+// fillGroup is group idx of slot as a read from the store fills it: its
+// capacity runs to the slot's end, which tells the store that a block's
+// groups follow each other in one range, so it reads them straight into
+// the slot (see store's "Where reads land") rather than through a bounce
+// buffer and a copy.
+func (t *Tier) fillGroup(slot int64, idx int) []byte {
+	off := slot*t.sb + int64(idx)*t.stride
+	return t.ar.b[off : off+int64(t.gb) : (slot+1)*t.sb]
 }
 
 func (t *Tier) has(slot int64, idx int) bool {
