@@ -201,6 +201,15 @@ func (f *FS) geometryJSON() []byte {
 	return append(b, '\n')
 }
 
+// b2i is 1 for true, 0 for false: .kvfs/stats holds numbers only, so a
+// reader may decode it into a map of numbers.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // statsJSON renders .kvfs/stats: one JSON object of counters and sizes,
 // keys in a fixed order (the same convention as .kvfs/geometry; the
 // Prometheus text of the same counters is at --metrics-addr's /metrics).
@@ -245,7 +254,9 @@ func (f *FS) statsJSON() []byte {
 	field("store_tag_mismatch", sm.TagMismatch)
 	field("store_io_errors", sm.IOErrors)
 	// The DRAM tier (zeros without one): hits and misses count groups
-	// read, promoted bytes those read from the store into the tier.
+	// read, promoted bytes those read from the store into the tier,
+	// written bytes those of whole blocks written through it that it
+	// kept; huge_pages and registered (1 or 0) say how its memory is held.
 	tm := f.opts.Tier.Metrics()
 	field("dram_bytes", tm.Bytes)
 	field("dram_blocks", tm.Blocks)
@@ -255,6 +266,9 @@ func (f *FS) statsJSON() []byte {
 	field("dram_invalidations", tm.Invalidations)
 	field("dram_promoted_bytes", tm.PromotedBytes)
 	field("dram_corrupt", tm.Corrupt)
+	field("dram_written_bytes", tm.WrittenBytes)
+	field("dram_huge_pages", b2i(tm.HugePages))
+	field("dram_registered", b2i(tm.Registered))
 	field("fs_lookups", fm.Lookups)
 	field("fs_opens", fm.Opens)
 	field("fs_reads", fm.Reads)

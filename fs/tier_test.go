@@ -119,7 +119,7 @@ func TestTierFiles(t *testing.T) {
 	if err := json.Unmarshal(raw, &stats); err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{"dram_bytes", "dram_blocks", "dram_hits", "dram_misses", "dram_evictions", "dram_invalidations", "dram_promoted_bytes", "dram_corrupt"} {
+	for _, key := range []string{"dram_bytes", "dram_blocks", "dram_hits", "dram_misses", "dram_evictions", "dram_invalidations", "dram_promoted_bytes", "dram_corrupt", "dram_written_bytes", "dram_huge_pages", "dram_registered"} {
 		if _, ok := stats[key]; !ok {
 			t.Fatalf(".kvfs/stats lacks %s", key)
 		}

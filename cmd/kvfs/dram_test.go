@@ -54,7 +54,8 @@ func TestDRAMMetrics(t *testing.T) {
 			}
 		}
 		for _, name := range []string{"kvfs_dram_bytes", "kvfs_dram_blocks", "kvfs_dram_hits_total", "kvfs_dram_misses_total",
-			"kvfs_dram_evictions_total", "kvfs_dram_invalidations_total", "kvfs_dram_promoted_bytes_total", "kvfs_dram_corrupt_total"} {
+			"kvfs_dram_evictions_total", "kvfs_dram_invalidations_total", "kvfs_dram_promoted_bytes_total", "kvfs_dram_corrupt_total",
+			"kvfs_dram_written_bytes_total", "kvfs_dram_huge_pages", "kvfs_dram_registered"} {
 			if _, ok := got[name]; !ok {
 				t.Fatalf("tier %v: /metrics lacks %s", withTier != nil, name)
 			}

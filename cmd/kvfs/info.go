@@ -80,6 +80,9 @@ type infoDRAM struct {
 	Misses        uint64 `json:"dram_misses"`
 	Evictions     uint64 `json:"dram_evictions"`
 	PromotedBytes uint64 `json:"dram_promoted_bytes"`
+	WrittenBytes  uint64 `json:"dram_written_bytes"`
+	HugePages     uint64 `json:"dram_huge_pages"` // 1: on reserved huge pages
+	Registered    uint64 `json:"dram_registered"` // 1: registered with the store's io_uring engine
 }
 
 // infoOwner is the ownership lease record as info reports it.
@@ -210,8 +213,9 @@ func (o *infoOptions) run(cmd *cobra.Command, path string) (err error) {
 		if n := d.Hits + d.Misses; n > 0 {
 			ratio = fmt.Sprintf(", hit ratio %.3f", float64(d.Hits)/float64(n))
 		}
-		fmt.Fprintf(tw, "dram tier:\t%s holding %d blocks; %d groups hit, %d missed%s; %d evictions; %s promoted\n",
-			bytesize.Format(int64(d.Bytes)), d.Blocks, d.Hits, d.Misses, ratio, d.Evictions, bytesize.Format(int64(d.PromotedBytes)))
+		fmt.Fprintf(tw, "dram tier:\t%s holding %d blocks; %d groups hit, %d missed%s; %d evictions; %s promoted, %s kept from writes\n",
+			bytesize.Format(int64(d.Bytes)), d.Blocks, d.Hits, d.Misses, ratio, d.Evictions, bytesize.Format(int64(d.PromotedBytes)),
+			bytesize.Format(int64(d.WrittenBytes)))
 	}
 	if wb := r.WrittenBytes; wb != nil {
 		line := fmt.Sprintf("%d (%s)", *wb, bytesize.Format(*wb))

@@ -752,6 +752,9 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server, tr *tie
 	counter("kvfs_dram_evictions_total", "Blocks the DRAM tier dropped to make room.", func() uint64 { return tm().Evictions })
 	counter("kvfs_dram_invalidations_total", "Copies the DRAM tier dropped because the store's version changed.", func() uint64 { return tm().Invalidations })
 	counter("kvfs_dram_promoted_bytes_total", "Bytes read from the store into the DRAM tier.", func() uint64 { return tm().PromotedBytes })
+	counter("kvfs_dram_written_bytes_total", "Bytes of whole blocks written through the DRAM tier that it kept.", func() uint64 { return tm().WrittenBytes })
+	gauge("kvfs_dram_huge_pages", "1 when the DRAM tier's memory is reserved huge pages.", func() float64 { return b2f(tm().HugePages) })
+	gauge("kvfs_dram_registered", "1 when the DRAM tier's memory is registered with the store's io_uring engine.", func() float64 { return b2f(tm().Registered) })
 	counter("kvfs_dram_corrupt_total", "Groups whose copy in the DRAM tier failed its checksum (dropped, read from the store).", func() uint64 { return tm().Corrupt })
 	fm := f.Metrics
 	counter("kvfs_fs_lookups_total", "FUSE lookups.", func() uint64 { return fm().Lookups })
@@ -787,14 +790,17 @@ func (pm *promMetrics) register(s *store.Store, f *fs.FS, c *ctl.Server, tr *tie
 		return 0
 	})
 	counter("kvfs_gpu_dram_direct_groups_total", "Groups loaded into GPU memory straight from the DRAM tier's memory (hits), with no staging.", func() uint64 { return cm().GPUTierDirect })
-	gauge("kvfs_gpu_dram_registered", "1 when the DRAM tier's memory is registered with the GPUs for direct loads.", func() float64 {
-		if cm().GPUTierRegistered {
-			return 1
-		}
-		return 0
-	})
+	gauge("kvfs_gpu_dram_registered", "1 when the DRAM tier's memory is registered with the GPUs for direct loads.", func() float64 { return b2f(cm().GPUTierRegistered) })
 	counter("kvfs_ctl_rejected_total", "Ioctls refused as a whole.", func() uint64 { return cm().Rejected })
 	counter("kvfs_ctl_faults_total", "Faulting accesses to registered memory.", func() uint64 { return cm().Faults })
 	gauge("kvfs_ctl_buffers", "Client buffers registered now.", func() float64 { return float64(cm().Buffers) })
 	gauge("kvfs_ctl_registered_bytes", "Bytes of client memory registered now.", func() float64 { return float64(cm().RegisteredBytes) })
+}
+
+// b2f is 1 for true, 0 for false: a Prometheus gauge of a yes/no state.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
