@@ -209,3 +209,93 @@ func TestTilesHF(t *testing.T) {
 		}
 	}
 }
+
+// llama8B is the store shape of the performance figures (docs/
+// performance.md, "Conventions"): 2 MiB blocks of 512 groups of 4 KiB.
+var llama8B = layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 512}
+
+// TestHFCopies counts the copy calls of a load of whole blocks of the
+// Llama-3-8B shape into a Hugging Face cache (one allocation, every (layer,
+// kind) tensor after the one before, as kvfs.hf allocates it) at
+// consecutive cache blocks, with 2D and batched copies and the default
+// staging (16 buffers of 4 MiB, depth 8): as tiles, one 2D copy per staging
+// buffer of two blocks, fewer than one per block; one group per item
+// through staging or straight from the store's file in memory (direct),
+// for comparison. Every route lands the same bytes.
+func TestHFCopies(t *testing.T) {
+	geo := llama8B
+	nb := 64
+	if testing.Short() {
+		nb = 16
+	}
+	gbytes := geo.GroupBytes()
+	m := storetest.Formatted(t, geo, int64(nb), 512)
+	st := storetest.Open(t, m, store.Options{})
+	pattern := bytes.Repeat([]byte("kvfs hf tiles 8B"), gbytes/16)
+	for b := range uint64(nb) {
+		w := make([]store.WriteReq, geo.GroupsPerBlock())
+		for i := range w {
+			d := append([]byte(nil), pattern...)
+			d[0], d[1], d[2] = byte(b), byte(i), byte(i>>8)
+			w[i] = store.WriteReq{Key: geo.KeyAt(b, i), Data: d}
+		}
+		if err := st.Write(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHFTarget(geo, nb)
+	blocks, cb := make([]uint64, nb), make([]int, nb)
+	for i := range blocks {
+		blocks[i], cb[i] = uint64(i), i
+	}
+	load := func(route string) (int, []byte) {
+		dev := gputest.NewDevice(h.size())
+		defer dev.Close()
+		dev.Enable2D, dev.EnableBatch = true, true
+		pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 16, Size: 4 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: geo.BlockTokens, RowBytes: geo.RowBytes()}, Depth: 8}
+		p.Verify = func(items []*gpu.Item) error {
+			for _, it := range items {
+				for j := range it.Groups() {
+					if dst, crc := it.Group(j); !it.Skip(j) && store.CRC32C(dev.Mem(dst, gbytes)) != crc {
+						it.FailHead(j, store.ErrCorrupt)
+					}
+				}
+			}
+			return nil
+		}
+		if route == "direct" {
+			m.SetHostView(true)
+			defer m.SetHostView(false)
+			p.SetHost(st.HostView())
+		}
+		its := h.items(blocks, cb, route == "tiles")
+		if err := p.Load(st, its, route == "tiles"); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range its {
+			if it.Err != nil {
+				t.Fatalf("%s: %v: %v", route, it.Key, it.Err)
+			}
+		}
+		if route == "direct" && p.Direct() == 0 {
+			t.Fatal("the direct load went through staging")
+		}
+		return dev.Calls(), bytes.Clone(dev.Mem(gputest.Base, h.size()))
+	}
+	tiles, tmem := load("tiles")
+	groups, gmem := load("groups")
+	direct, dmem := load("direct")
+	if !bytes.Equal(tmem, gmem) || !bytes.Equal(tmem, dmem) {
+		t.Fatal("the routes landed different bytes")
+	}
+	t.Logf("%d blocks (%d groups): %d copy calls as tiles, %d one group per item through staging, %d direct",
+		nb, nb*geo.GroupsPerBlock(), tiles, groups, direct)
+	if chunks := nb * int(geo.PayloadBytes()) / (4 << 20); tiles > chunks || tiles > groups {
+		t.Fatalf("%d copy calls as tiles for %d staging buffers of blocks (%d one group per item)", tiles, chunks, groups)
+	}
+}
