@@ -648,7 +648,8 @@ var noTiles = false
 
 // tileHeads reports whether a load into t goes to its device's pipeline as
 // tiles (gpu.Item.Tile): where the pipeline takes them (checked on the
-// GPU, through staging), and each head's group of a (layer, kind) is
+// GPU: through staging, or packed ones direct from the store's file in
+// memory; gpu.Pipeline.TakesTiles), and each head's group of a (layer, kind) is
 // either contiguous (packed: head-major HND, one head after another, or a
 // Hugging Face cache, heads a whole sequence apart) or the heads' rows
 // lie side by side (token-major NHD, HeadStride one row). The pipeline

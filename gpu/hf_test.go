@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/kvfs/kvfs/gpu"
@@ -76,7 +77,7 @@ func groupErrs(its []gpu.Item) []error {
 // hfStore is a store of geo holding blocks 0..nb-1 whole, except block
 // 2 (heads 0 and 1 of each (layer, kind) only) and block 4 (absent), with
 // one head of block 3 corrupt.
-func hfStore(t *testing.T, geo layout.Geometry, nb int) (*store.Store, layout.Key) {
+func hfStore(t *testing.T, geo layout.Geometry, nb int) (*store.Store, *storetest.Mem, layout.Key) {
 	t.Helper()
 	m := storetest.Formatted(t, geo, int64(nb)+2, 512)
 	st := storetest.Open(t, m, store.Options{})
@@ -101,7 +102,7 @@ func hfStore(t *testing.T, geo layout.Geometry, nb int) (*store.Store, layout.Ke
 	sb := st.Superblock()
 	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + geo.Offset(geo.Index(bad))
 	m.Poke(off+9, []byte{m.Image()[off+9] ^ 0x20})
-	return st, bad
+	return st, m, bad
 }
 
 // TestTilesHF: a Hugging Face cache's (layer, kind) loaded as one tile of
@@ -109,12 +110,13 @@ func hfStore(t *testing.T, geo layout.Geometry, nb int) (*store.Store, layout.Ke
 // per item gives (the device's memory, and each group's outcome: a corrupt
 // head zeroed and failed alone, a partial block's missing heads and an
 // absent block's tiles left as they were), whatever the order of the cache
-// blocks, and with consecutive cache blocks staged head by head it moves a
-// chunk with one 2D copy.
+// blocks, through staging and direct from the store's file in memory; and
+// with consecutive cache blocks staged head by head it moves a chunk with
+// one 2D copy.
 func TestTilesHF(t *testing.T) {
 	H, L := tileGeo.KVHeads, tileGeo.Layers
 	const nb = 8
-	st, bad := hfStore(t, tileGeo, nb)
+	st, m, bad := hfStore(t, tileGeo, nb)
 	all := []uint64{0, 1, 2, 3, 4, 5, 6, 7}
 	cases := []struct {
 		name   string
@@ -131,7 +133,7 @@ func TestTilesHF(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/per=%d", tc.name, per), func(t *testing.T) {
 				h := newHFTarget(tileGeo, nb)
 				old := bytes.Repeat([]byte{0x5A}, h.size())
-				load := func(tiles bool) ([]gpu.Item, []byte, int, int) {
+				load := func(tiles, direct bool) ([]gpu.Item, []byte, int, int) {
 					// Whole blocks in whole buffers where the case counts
 					// copies (a load smaller than its depth of buffers
 					// spreads over them, cutting blocks).
@@ -144,20 +146,34 @@ func TestTilesHF(t *testing.T) {
 					n := 0
 					r.p.Verify = tileVerify(r, &n)
 					r.dev.Fill(gputest.Base, old)
+					if direct {
+						m.SetHostView(true)
+						defer m.SetHostView(false)
+						r.p.SetHost(st.HostView())
+					}
 					its := h.items(tc.blocks, tc.cb, tiles)
 					if err := r.p.Load(st, its, tiles); err != nil {
 						t.Fatal(err)
 					}
+					if direct != (r.p.Direct() > 0) {
+						t.Fatalf("direct %v: %d groups loaded direct", direct, r.p.Direct())
+					}
 					r.checkClean(t)
 					return its, r.dev.Mem(gputest.Base, h.size()), r.dev.Calls(), n
 				}
-				want, wmem, wcalls, _ := load(false)
-				got, gmem, gcalls, tiles := load(true)
-				if tiles == 0 {
+				want, wmem, wcalls, _ := load(false, false)
+				got, gmem, gcalls, tiles := load(true, false)
+				dgot, dmem, _, dtiles := load(true, true)
+				if tiles == 0 || dtiles == 0 {
 					t.Fatal("Verify saw no tiles")
 				}
-				if !bytes.Equal(gmem, wmem) {
-					t.Fatal("device memory differs between tiles and a group per item")
+				if !bytes.Equal(gmem, wmem) || !bytes.Equal(dmem, wmem) {
+					t.Fatal("device memory differs between tiles (staged or direct) and a group per item")
+				}
+				for i := range got {
+					if got[i].Tile.Bad != dgot[i].Tile.Bad || got[i].Tile.Failed != dgot[i].Tile.Failed || (got[i].Err == nil) != (dgot[i].Err == nil) {
+						t.Fatalf("%v: %b, %v staged, %b, %v direct", got[i].Key, got[i].Tile.Bad, got[i].Err, dgot[i].Tile.Bad, dgot[i].Err)
+					}
 				}
 				we, ge := groupErrs(want), groupErrs(got)
 				if len(we) != len(ge) {
@@ -220,8 +236,9 @@ var llama8B = layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens:
 // consecutive cache blocks, with 2D and batched copies and the default
 // staging (16 buffers of 4 MiB, depth 8): as tiles, one 2D copy per staging
 // buffer of two blocks, fewer than one per block; one group per item
-// through staging or straight from the store's file in memory (direct),
-// for comparison. Every route lands the same bytes.
+// through staging, for comparison. Straight from the store's file in
+// memory (direct), where a head's blocks lie in different slots, one 2D
+// copy per block, as tiles or not. Every route lands the same bytes.
 func TestHFCopies(t *testing.T) {
 	geo := llama8B
 	nb := 64
@@ -268,13 +285,15 @@ func TestHFCopies(t *testing.T) {
 			}
 			return nil
 		}
-		if route == "direct" {
+		direct := strings.HasPrefix(route, "direct")
+		tiled := strings.HasSuffix(route, "tiles")
+		if direct {
 			m.SetHostView(true)
 			defer m.SetHostView(false)
 			p.SetHost(st.HostView())
 		}
-		its := h.items(blocks, cb, route == "tiles")
-		if err := p.Load(st, its, route == "tiles"); err != nil {
+		its := h.items(blocks, cb, tiled)
+		if err := p.Load(st, its, tiled); err != nil {
 			t.Fatal(err)
 		}
 		for _, it := range its {
@@ -282,19 +301,24 @@ func TestHFCopies(t *testing.T) {
 				t.Fatalf("%s: %v: %v", route, it.Key, it.Err)
 			}
 		}
-		if route == "direct" && p.Direct() == 0 {
-			t.Fatal("the direct load went through staging")
+		if direct != (p.Direct() > 0) {
+			t.Fatalf("%s: %d groups loaded direct", route, p.Direct())
 		}
 		return dev.Calls(), bytes.Clone(dev.Mem(gputest.Base, h.size()))
 	}
 	tiles, tmem := load("tiles")
 	groups, gmem := load("groups")
 	direct, dmem := load("direct")
-	if !bytes.Equal(tmem, gmem) || !bytes.Equal(tmem, dmem) {
+	dtiles, dtmem := load("direct-tiles")
+	if !bytes.Equal(tmem, gmem) || !bytes.Equal(tmem, dmem) || !bytes.Equal(tmem, dtmem) {
 		t.Fatal("the routes landed different bytes")
 	}
-	t.Logf("%d blocks (%d groups): %d copy calls as tiles, %d one group per item through staging, %d direct",
-		nb, nb*geo.GroupsPerBlock(), tiles, groups, direct)
+	t.Logf("%d blocks (%d groups): %d copy calls as tiles, %d one group per item through staging; direct %d as tiles, %d one group per item",
+		nb, nb*geo.GroupsPerBlock(), tiles, groups, dtiles, direct)
+	if dtiles > nb {
+		// The store's blocks lie apart in its file: one 2D copy per block.
+		t.Fatalf("%d copy calls as tiles direct for %d blocks", dtiles, nb)
+	}
 	if chunks := nb * int(geo.PayloadBytes()) / (4 << 20); tiles > chunks || tiles > groups {
 		t.Fatalf("%d copy calls as tiles for %d staging buffers of blocks (%d one group per item)", tiles, chunks, groups)
 	}
