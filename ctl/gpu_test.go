@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -1267,6 +1268,9 @@ func layoutTarget(id uint32, nb int, lay string) *abi.Target {
 // the device memory and how many tiles the checker was given.
 func tileLoad(t *testing.T, nb int, lay string, tiles bool, put func(f *fixture), es []abi.BlockEntry) ([]abi.BlockEntry, []byte, int) {
 	t.Helper()
+	// lay "-direct": the store's file in memory, registered with the
+	// device, so loads copy straight from it.
+	lay, direct := strings.CutSuffix(lay, "-direct")
 	defer func(v bool) { noTiles = v }(noTiles)
 	noTiles = !tiles
 	geo := testGeo
@@ -1288,8 +1292,15 @@ func tileLoad(t *testing.T, nb int, lay string, tiles bool, put func(f *fixture)
 		}
 	})
 	dev := fakes[0]
+	f.mem.SetHostView(direct)
 	ss := f.open(0, 0)
 	id := mustRegisterCUDA(t, ss, 0, gputest.Base, size, 0, size)
+	for deadline := time.Now().Add(10 * time.Second); direct && !f.srv.Metrics().GPUHostRegistered; {
+		if time.Now().After(deadline) {
+			t.Fatal("the store file was never registered with the device")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	dev.Fill(gputest.Base, bytes.Repeat([]byte{0x5A}, int(size)))
 	put(f)
 	tid, errno := registerTarget(ss, layoutTarget(id, nb, lay))
@@ -1299,6 +1310,9 @@ func tileLoad(t *testing.T, nb int, lay string, tiles bool, put func(f *fixture)
 	got := blocksInline(t, ss, tid, abi.CmdLoadBlocksInline, es)
 	if v := dev.Violations(); len(v) != 0 {
 		t.Fatal(v)
+	}
+	if d := f.srv.Metrics().GPUDirect; direct != (d > 0) {
+		t.Fatalf("%s, direct %v: %d groups loaded direct", lay, direct, d)
 	}
 	return got, dev.Mem(gputest.Base, int(size)), chk.tiles
 }
@@ -1327,7 +1341,8 @@ func sameAsGroups(t *testing.T, nb int, lay string, put func(f *fixture), es []a
 // TestGPUBlocksTiles: a GPU load checked on the GPU through staging moves
 // each (layer, kind) of an entry as one tile of its heads, into
 // head-major (HND), token-major (NHD, landed from device scratch) and
-// Hugging Face targets (heads a sequence apart), and gives exactly what it gives one group per item: the same
+// Hugging Face targets (heads a sequence apart), through staging and, the
+// packed ones, straight from the store's file in memory, and gives exactly what it gives one group per item: the same
 // GPU memory (a corrupt group zeroed, missing heads' tiles left alone, the
 // heads outside a shard untouched) and the same statuses and group counts,
 // for whole blocks, partial blocks, absent blocks, head ranges and single
@@ -1356,7 +1371,7 @@ func TestGPUBlocksTiles(t *testing.T) {
 		{Block: 5, CacheBlock: 5, LayerFirst: 1, LayerCount: 1, HeadFirst: 3, HeadCount: 1, Kinds: abi.KindsV},
 		{Block: 3, CacheBlock: 6, LayerCount: uint16(L), HeadFirst: 2, HeadCount: 2, Kinds: abi.KindsK},
 	}
-	for _, lay := range []string{"hnd", "nhd", "hf"} {
+	for _, lay := range []string{"hnd", "nhd", "hf", "hnd-direct", "hf-direct"} {
 		want, tiles := sameAsGroups(t, 8, lay, put, es)
 		if tiles == 0 {
 			t.Fatalf("%s: the checker was given no tiles", lay)
@@ -1376,7 +1391,8 @@ func TestGPUBlocksTiles(t *testing.T) {
 // TestGPUBlocksTilesRandom: tiles give what a group per item gives for
 // random stores (each group of 8 blocks stored or not, some corrupt) and
 // random entries (layer, head and kind ranges of those blocks and absent
-// ones), into HND, NHD and Hugging Face targets.
+// ones), into HND, NHD and Hugging Face targets, and into Hugging Face
+// ones straight from the store's file in memory.
 func TestGPUBlocksTilesRandom(t *testing.T) {
 	geo := testGeo
 	H, L := geo.KVHeads, geo.Layers
@@ -1411,7 +1427,7 @@ func TestGPUBlocksTilesRandom(t *testing.T) {
 				es[i].Kinds = 1 << k
 			}
 		}
-		for _, lay := range []string{"hnd", "nhd", "hf"} {
+		for _, lay := range []string{"hnd", "nhd", "hf", "hf-direct"} {
 			t.Run(fmt.Sprintf("seed=%d/%s", seed, lay), func(t *testing.T) {
 				_, n := sameAsGroups(t, nb, lay, put, es)
 				tiles += n
