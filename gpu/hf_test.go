@@ -323,3 +323,61 @@ func TestHFCopies(t *testing.T) {
 		t.Fatalf("%d copy calls as tiles for %d staging buffers of blocks (%d one group per item)", tiles, chunks, groups)
 	}
 }
+
+// TestHFStoreCopies: storing whole blocks of a Hugging Face cache (one
+// group per item, heads a sequence apart on the device) copies each
+// block's groups to staging with one 2D copy where the cache's tensors are
+// evenly spaced, and one per (layer, kind) where they are not (each
+// tensor's heads a constant stride apart), instead of one copy per group;
+// every group is stored as it lies on the device.
+func TestHFStoreCopies(t *testing.T) {
+	geo := tileGeo
+	H, L := geo.KVHeads, geo.Layers
+	const nb = 6
+	for _, even := range []bool{true, false} {
+		t.Run(fmt.Sprintf("even=%v", even), func(t *testing.T) {
+			h := newHFTarget(geo, nb)
+			r := newRig(t, 4, 2*geo.GroupsPerBlock(), 2)
+			r.dev.Enable2D = true
+			dst := h.dst
+			if !even {
+				// Each tensor a group further than the one before.
+				dst = func(lk, head, cb int) uint64 { return h.dst(lk, head, cb) + uint64(lk*h.gb) }
+			}
+			var its []gpu.Item
+			blocks := []uint64{10, 11, 12, 13, 14, 15}
+			for i, b := range blocks {
+				for lk := range 2 * L {
+					for hd := range H {
+						k := layout.Key{Block: b, Layer: lk / 2, Kind: layout.Kind(lk % 2), Head: hd}
+						its = append(its, gpu.Item{Key: k, Dst: dst(lk, hd, i)})
+						r.dev.Fill(dst(lk, hd, i), tileData(k))
+					}
+				}
+			}
+			st := storetest.Open(t, storetest.Formatted(t, geo, 16, 512), store.Options{})
+			c0 := r.dev.Calls()
+			if err := r.p.Store(st, its); err != nil {
+				t.Fatal(err)
+			}
+			calls := r.dev.Calls() - c0
+			for _, it := range its {
+				if it.Err != nil {
+					t.Fatalf("%v: %v", it.Key, it.Err)
+				}
+				q := []store.ReadReq{{Key: it.Key, Buf: make([]byte, gb)}}
+				if err := st.Read(q); err != nil || q[0].Err != nil || !bytes.Equal(q[0].Buf, tileData(it.Key)) {
+					t.Fatalf("%v: stored %v, %v", it.Key, err, q[0].Err)
+				}
+			}
+			want := nb
+			if !even {
+				want = nb * 2 * L
+			}
+			if calls != want {
+				t.Fatalf("%d copy calls storing %d blocks (%d groups), want %d", calls, nb, len(its), want)
+			}
+			r.checkClean(t)
+		})
+	}
+}
