@@ -241,6 +241,7 @@ var llama8B = layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens:
 // through staging, for comparison. Straight from the store's file in
 // memory (direct), where a head's blocks lie in different slots, one 2D
 // copy per block, as tiles or not. Every route lands the same bytes.
+// Storing the blocks back copies each to staging with one 2D copy.
 func TestHFCopies(t *testing.T) {
 	geo := llama8B
 	nb := 64
@@ -332,6 +333,44 @@ func TestHFCopies(t *testing.T) {
 	}
 	if chunks := nb * int(geo.PayloadBytes()) / (4 << 20); tiles > chunks || tiles > groups {
 		t.Fatalf("%d copy calls as tiles for %d staging buffers of blocks (%d one group per item)", tiles, chunks, groups)
+	}
+
+	// The way back: the cache's blocks stored (one group per item) copy
+	// to staging with one 2D copy per block.
+	dev := gputest.NewDevice(h.size())
+	defer dev.Close()
+	dev.Enable2D = true
+	pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 16, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: geo.BlockTokens, RowBytes: geo.RowBytes()}, Depth: 8}
+	its := h.items(blocks, cb, false)
+	marked := func(i int) bool { return i%geo.GroupsPerBlock() == 0 || i == len(its)-1 }
+	for i := range its {
+		if marked(i) {
+			dev.Fill(its[i].Dst, bytes.Repeat([]byte{byte(i / geo.GroupsPerBlock())}, gbytes))
+		}
+	}
+	out := storetest.Open(t, storetest.Formatted(t, geo, int64(nb), 512), store.Options{})
+	if err := p.Store(out, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		if it.Err != nil {
+			t.Fatalf("store: %v: %v", it.Key, it.Err)
+		}
+		if marked(i) {
+			q := []store.ReadReq{{Key: it.Key, Buf: make([]byte, gbytes)}}
+			if err := out.Read(q); err != nil || q[0].Err != nil || !bytes.Equal(q[0].Buf, bytes.Repeat([]byte{byte(i / geo.GroupsPerBlock())}, gbytes)) {
+				t.Fatalf("store: %v: %v, %v", it.Key, err, q[0].Err)
+			}
+		}
+	}
+	t.Logf("stored %d blocks, one group per item: %d copy calls", nb, dev.Calls())
+	if dev.Calls() > nb {
+		t.Fatalf("%d copy calls storing %d blocks", dev.Calls(), nb)
 	}
 }
 
