@@ -314,6 +314,39 @@ class SharedMountTest(_Base):
         finally:
             torch_on_cpu.leave(kt, torch, saved)
 
+    def test_gpu_path_batch_on_cpu_tensors(self):
+        """The GPU path for a batch of two: each sequence stored from its
+        batch row, both loaded into one cache of batch 2 (one load per row),
+        the prefix they share (3 blocks of the second sequence under a wrong
+        tag: the first 3 blocks of both)."""
+        import kvfs.torch as kt
+        import torch_on_cpu
+        from transformers import DynamicCache
+        batch = torch.cat([self.prompt(92), self.prompt(93)])
+        n = BLOCKS * self.bt
+        cache = DynamicCache()
+        with torch.no_grad():
+            self.model(input_ids=batch[:, :n], use_cache=True, **{hf_model.cache_kw(self.model): cache})
+        layers = kt._hf_layers(cache)
+        saved = torch_on_cpu.enter(kt, torch)
+        try:
+            with self.cache(pin=True) as pc:
+                keys = pc.keys(batch)
+                self.assertEqual(len(keys), 2)
+                for b in range(2):
+                    self.assertEqual(pc._store_torch(keys[b], list(range(BLOCKS)), layers, b), BLOCKS)
+                got, m = pc._load_torch(keys, torch.device("cpu"))
+                self.assertEqual(m, BLOCKS)
+                for (k, v), (wk, wv) in zip(got, layers):
+                    self.assertTrue(torch.equal(k, wk) and torch.equal(v, wv))
+                wrong = [keys[0], list(keys[1])]
+                wrong[1][3] = khf.BlockKey(keys[1][3].block, b"w" * 16, keys[1][3].parent)
+                got, m = pc._load_torch(wrong, torch.device("cpu"))
+                self.assertEqual(m, 3)
+                self.assertTrue(torch.equal(got[0][1], layers[0][1][:, :, :3 * self.bt]))
+        finally:
+            torch_on_cpu.leave(kt, torch, saved)
+
 
 class _Daemon:
     """A kvfs daemon of its own: a store file in a temporary directory, mounted by KVFS_BIN."""
