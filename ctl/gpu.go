@@ -701,11 +701,14 @@ var noTiles = false
 
 // tileHeads reports whether a load into t goes to its device's pipeline as
 // tiles (gpu.Item.Tile): where the pipeline takes them (checked on the
-// GPU, through staging), and the heads of a (layer, kind) lie next to each
-// other in the target: one after another (head-major, HND) or row by row
-// (token-major, NHD). Other layouts (a Hugging Face cache's heads a whole
-// sequence apart) move a group per item, which the staging orders by
-// destination.
+// GPU: through staging, or packed ones direct from the store's file in
+// memory; gpu.Pipeline.TakesTiles), and each head's group of a (layer, kind) is
+// either contiguous (packed: head-major HND, one head after another, or a
+// Hugging Face cache, heads a whole sequence apart) or the heads' rows
+// lie side by side (token-major NHD, HeadStride one row). The pipeline
+// stages a Hugging Face cache's tiles so that one head's consecutive cache
+// blocks move with one copy (gpu.Pipeline.Load). Other pitched layouts
+// move a group per item.
 func (ss *Session) tileHeads(t *target) bool {
 	s := ss.srv
 	if t.dev == nil || int(s.tile.Rows)*int(s.tile.RowBytes) != s.gb {
@@ -713,7 +716,7 @@ func (ss *Session) tileHeads(t *target) bool {
 	}
 	hs := int(t.lay.HeadStride)
 	switch {
-	case t.lay.Packed && hs == s.gb, !t.lay.Packed && hs == int(s.tile.RowBytes):
+	case t.lay.Packed && hs >= s.gb, !t.lay.Packed && hs == int(s.tile.RowBytes):
 	default:
 		return false
 	}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -1248,13 +1249,28 @@ func (c *fakeLander) Land(items []*gpu.Item, srcs []uint64) error {
 	return nil
 }
 
-// tileLoad runs one LOAD_BLOCKS of es into an HND or NHD target of nb
+// layoutTarget is testTarget for layout lay: "hnd", "nhd", or "hf" (a
+// Hugging Face sequence per (layer, kind), [heads, nb*block_tokens,
+// head_dim]: cache block c's group of head h at h*seq + c*group bytes).
+func layoutTarget(id uint32, nb int, lay string) *abi.Target {
+	tg := testTarget(id, nb, lay == "nhd")
+	if lay == "hf" {
+		gb := uint64(testGeo.BlockTokens * testGeo.RowBytes())
+		tg.BlockStride, tg.HeadStride = gb, uint64(nb)*gb
+	}
+	return tg
+}
+
+// tileLoad runs one LOAD_BLOCKS of es into an HND, NHD or HF target of nb
 // cache blocks on a fake device whose memory starts as 0x5A, checked on
 // the "GPU" (fakeLander) through staging, after put stored the blocks;
 // with tiles off, one group per item. It returns the answered entries,
 // the device memory and how many tiles the checker was given.
-func tileLoad(t *testing.T, nb int, nhd, tiles bool, put func(f *fixture), es []abi.BlockEntry) ([]abi.BlockEntry, []byte, int) {
+func tileLoad(t *testing.T, nb int, lay string, tiles bool, put func(f *fixture), es []abi.BlockEntry) ([]abi.BlockEntry, []byte, int) {
 	t.Helper()
+	// lay "-direct": the store's file in memory, registered with the
+	// device, so loads copy straight from it.
+	lay, direct := strings.CutSuffix(lay, "-direct")
 	defer func(v bool) { noTiles = v }(noTiles)
 	noTiles = !tiles
 	geo := testGeo
@@ -1265,17 +1281,29 @@ func tileLoad(t *testing.T, nb int, nhd, tiles bool, put func(f *fixture), es []
 	// target.
 	f, fakes := gpuFixtureSized(t, 1, 16, int(size)+129<<20, func(o *GPUOptions, fakes []*fakeGPU) {
 		o.VerifyOnGPU = true
+		if lay == "hf" {
+			// Room for several blocks per staging buffer: the tiles of
+			// consecutive cache blocks are staged head by head.
+			o.StagingSize = 2 * geo.GroupsPerBlock() * geo.GroupBytes()
+		}
 		o.NewVerifier = func(ordinal int, geo gpu.Geometry) (gpu.Checker, error) {
 			chk = &fakeLander{fakeChecker: fakeChecker{dev: fakes[ordinal], geo: geo, verified: &verified}}
 			return chk, nil
 		}
 	})
 	dev := fakes[0]
+	f.mem.SetHostView(direct)
 	ss := f.open(0, 0)
 	id := mustRegisterCUDA(t, ss, 0, gputest.Base, size, 0, size)
+	for deadline := time.Now().Add(10 * time.Second); direct && !f.srv.Metrics().GPUHostRegistered; {
+		if time.Now().After(deadline) {
+			t.Fatal("the store file was never registered with the device")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	dev.Fill(gputest.Base, bytes.Repeat([]byte{0x5A}, int(size)))
 	put(f)
-	tid, errno := registerTarget(ss, testTarget(id, nb, nhd))
+	tid, errno := registerTarget(ss, layoutTarget(id, nb, lay))
 	if errno != 0 {
 		t.Fatalf("register target: %v", errno)
 	}
@@ -1283,34 +1311,38 @@ func tileLoad(t *testing.T, nb int, nhd, tiles bool, put func(f *fixture), es []
 	if v := dev.Violations(); len(v) != 0 {
 		t.Fatal(v)
 	}
+	if d := f.srv.Metrics().GPUDirect; direct != (d > 0) {
+		t.Fatalf("%s, direct %v: %d groups loaded direct", lay, direct, d)
+	}
 	return got, dev.Mem(gputest.Base, int(size)), chk.tiles
 }
 
 // sameAsGroups fails t unless a load as tiles gave exactly what the same
 // load a group per item gave: statuses, group counts and GPU memory. It
 // returns the entries and how many tiles the checker was given.
-func sameAsGroups(t *testing.T, nb int, nhd bool, put func(f *fixture), es []abi.BlockEntry) ([]abi.BlockEntry, int) {
+func sameAsGroups(t *testing.T, nb int, lay string, put func(f *fixture), es []abi.BlockEntry) ([]abi.BlockEntry, int) {
 	t.Helper()
-	want, wmem, wt := tileLoad(t, nb, nhd, false, put, es)
-	got, gmem, gt := tileLoad(t, nb, nhd, true, put, es)
+	want, wmem, wt := tileLoad(t, nb, lay, false, put, es)
+	got, gmem, gt := tileLoad(t, nb, lay, true, put, es)
 	if wt != 0 {
-		t.Fatalf("nhd %v: %d tiles checked with tiles off", nhd, wt)
+		t.Fatalf("%s: %d tiles checked with tiles off", lay, wt)
 	}
 	for i := range want {
 		if got[i] != want[i] {
-			t.Fatalf("nhd %v: entry %d: %+v as tiles, %+v a group per item", nhd, i, got[i], want[i])
+			t.Fatalf("%s: entry %d: %+v as tiles, %+v a group per item", lay, i, got[i], want[i])
 		}
 	}
 	if !bytes.Equal(gmem, wmem) {
-		t.Fatalf("nhd %v: GPU memory differs between tiles and a group per item", nhd)
+		t.Fatalf("%s: GPU memory differs between tiles and a group per item", lay)
 	}
 	return want, gt
 }
 
 // TestGPUBlocksTiles: a GPU load checked on the GPU through staging moves
 // each (layer, kind) of an entry as one tile of its heads, into
-// head-major (HND) and token-major (NHD, landed from device scratch)
-// targets, and gives exactly what it gives one group per item: the same
+// head-major (HND), token-major (NHD, landed from device scratch) and
+// Hugging Face targets (heads a sequence apart), through staging and, the
+// packed ones, straight from the store's file in memory, and gives exactly what it gives one group per item: the same
 // GPU memory (a corrupt group zeroed, missing heads' tiles left alone, the
 // heads outside a shard untouched) and the same statuses and group counts,
 // for whole blocks, partial blocks, absent blocks, head ranges and single
@@ -1339,10 +1371,10 @@ func TestGPUBlocksTiles(t *testing.T) {
 		{Block: 5, CacheBlock: 5, LayerFirst: 1, LayerCount: 1, HeadFirst: 3, HeadCount: 1, Kinds: abi.KindsV},
 		{Block: 3, CacheBlock: 6, LayerCount: uint16(L), HeadFirst: 2, HeadCount: 2, Kinds: abi.KindsK},
 	}
-	for _, nhd := range []bool{false, true} {
-		want, tiles := sameAsGroups(t, 8, nhd, put, es)
+	for _, lay := range []string{"hnd", "nhd", "hf", "hnd-direct", "hf-direct"} {
+		want, tiles := sameAsGroups(t, 8, lay, put, es)
 		if tiles == 0 {
-			t.Fatalf("nhd %v: the checker was given no tiles", nhd)
+			t.Fatalf("%s: the checker was given no tiles", lay)
 		}
 		// What a group per item gives is right.
 		gpb := uint32(geo.GroupsPerBlock())
@@ -1350,7 +1382,7 @@ func TestGPUBlocksTiles(t *testing.T) {
 		ok := []uint32{gpb, gpb - 1, gpb/2 - uint32(H)/2, 0, gpb / 2, 1, uint32(L)}
 		for i := range want {
 			if want[i].Status != st[i] || want[i].GroupsOK != ok[i] {
-				t.Fatalf("nhd %v: entry %d: %v, %d groups, want %v, %d", nhd, i, want[i].Status, want[i].GroupsOK, st[i], ok[i])
+				t.Fatalf("%s: entry %d: %v, %d groups, want %v, %d", lay, i, want[i].Status, want[i].GroupsOK, st[i], ok[i])
 			}
 		}
 	}
@@ -1359,7 +1391,8 @@ func TestGPUBlocksTiles(t *testing.T) {
 // TestGPUBlocksTilesRandom: tiles give what a group per item gives for
 // random stores (each group of 8 blocks stored or not, some corrupt) and
 // random entries (layer, head and kind ranges of those blocks and absent
-// ones), into HND and NHD targets.
+// ones), into HND, NHD and Hugging Face targets, and into Hugging Face
+// ones straight from the store's file in memory.
 func TestGPUBlocksTilesRandom(t *testing.T) {
 	geo := testGeo
 	H, L := geo.KVHeads, geo.Layers
@@ -1394,9 +1427,9 @@ func TestGPUBlocksTilesRandom(t *testing.T) {
 				es[i].Kinds = 1 << k
 			}
 		}
-		for _, nhd := range []bool{false, true} {
-			t.Run(fmt.Sprintf("seed=%d/nhd=%v", seed, nhd), func(t *testing.T) {
-				_, n := sameAsGroups(t, nb, nhd, put, es)
+		for _, lay := range []string{"hnd", "nhd", "hf", "hf-direct"} {
+			t.Run(fmt.Sprintf("seed=%d/%s", seed, lay), func(t *testing.T) {
+				_, n := sameAsGroups(t, nb, lay, put, es)
 				tiles += n
 			})
 		}

@@ -3,6 +3,7 @@ package ctl
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -245,8 +246,14 @@ func TestGPUTaggedBlocks(t *testing.T) {
 	const nb = 4
 	bs := geo.BlockTokens * geo.KVHeads * geo.RowBytes()
 	size := 2 * geo.Layers * nb * bs
-	for _, mode := range []string{"staged", "direct", "tiles"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, name := range []string{"staged", "direct", "tiles", "direct/hf", "tiles/hf"} {
+		t.Run(name, func(t *testing.T) {
+			// "/hf": into a Hugging Face target, heads a sequence apart.
+			mode, hf := strings.CutSuffix(name, "/hf")
+			lay := "hnd"
+			if hf {
+				lay = "hf"
+			}
 			var f *fixture
 			var fakes []*fakeGPU
 			switch mode {
@@ -290,7 +297,7 @@ func TestGPUTaggedBlocks(t *testing.T) {
 			if err := f.st.Write(reqs); err != nil {
 				t.Fatal(err)
 			}
-			tid, errno := registerTarget(ss, testTarget(id, nb, false))
+			tid, errno := registerTarget(ss, layoutTarget(id, nb, lay))
 			if errno != 0 {
 				t.Fatalf("register target: %v", errno)
 			}
@@ -303,13 +310,20 @@ func TestGPUTaggedBlocks(t *testing.T) {
 				t.Fatalf("load with another tag: %+v", got[1].BlockEntry)
 			}
 			after := dev.Mem(gputest.Base, size)
+			gb := f.gb
+			// at is where head h of cache block c of region r lies.
+			at := func(r, h, c int) int { return r*nb*bs + c*bs + h*gb }
+			if hf {
+				at = func(r, h, c int) int { return r*nb*bs + h*nb*gb + c*gb }
+			}
 			for r := range 2 * geo.Layers {
-				cb1 := r*nb*bs + bs
-				if !bytes.Equal(after[cb1:cb1+bs], before[cb1:cb1+bs]) {
-					t.Fatalf("region %d: the mismatched entry's tiles were written", r)
-				}
-				if cb0 := r * nb * bs; bytes.Equal(after[cb0:cb0+bs], before[cb0:cb0+bs]) {
-					t.Fatalf("region %d: the matching entry's tiles were not written", r)
+				for h := range geo.KVHeads {
+					if o := at(r, h, 1); !bytes.Equal(after[o:o+gb], before[o:o+gb]) {
+						t.Fatalf("region %d head %d: the mismatched entry's tile was written", r, h)
+					}
+					if o := at(r, h, 0); bytes.Equal(after[o:o+gb], before[o:o+gb]) {
+						t.Fatalf("region %d head %d: the matching entry's tile was not written", r, h)
+					}
 				}
 			}
 			if mode == "direct" && f.srv.Metrics().GPUDirect == 0 {

@@ -121,6 +121,39 @@ func (p *Pipeline) copyRuns(q Device, mem []byte, bt *copyBatch, runs []run, c2 
 	return p.flushBatch(q, b, bt)
 }
 
+// copyRunsD2H queues a store chunk's device-to-host runs, in the order
+// given (the chunk's items', so their sources in staging ascend): each as
+// one copy, or with a Copier2D, runs of equal length whose device sources
+// advance by a constant stride (at least their length: a valid pitch) and
+// whose staging places follow one another as one 2D copy: a Hugging Face
+// cache's heads of one (layer, kind), a sequence apart on the device,
+// move with one copy per tensor, or per block where the tensors are
+// evenly spaced, instead of one per group.
+func copyRunsD2H(q Device, mem []byte, runs []run, c2 Copier2D) error {
+	for lo := 0; lo < len(runs); {
+		r0 := runs[lo]
+		hi := lo + 1
+		if c2 != nil && hi < len(runs) && runs[hi].m == r0.m && runs[hi].n == r0.n && runs[hi].src == r0.src+r0.n &&
+			runs[hi].dst > r0.dst && runs[hi].dst-r0.dst >= uint64(r0.n) && runs[hi].dst-r0.dst <= maxPitch {
+			ds := runs[hi].dst - r0.dst
+			for hi < len(runs) && runs[hi].m == r0.m && runs[hi].n == r0.n && runs[hi].src == r0.src+(hi-lo)*r0.n && runs[hi].dst == r0.dst+uint64(hi-lo)*ds {
+				hi++
+			}
+		}
+		var err error
+		if h := hi - lo; h == 1 {
+			err = q.CopyD2H(mem[r0.src:r0.src+r0.n], r0.dst)
+		} else {
+			err = c2.CopyD2H2D(mem[r0.src:r0.src+h*r0.n], r0.n, r0.dst, int(runs[lo+1].dst-r0.dst), r0.n, h)
+		}
+		if err != nil {
+			return err
+		}
+		lo = hi
+	}
+	return nil
+}
+
 // minBatch is the fewest copies queued as a batch (fewer go one by one).
 const minBatch = 4
 

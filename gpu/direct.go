@@ -171,34 +171,40 @@ func (p *Pipeline) directGroups() int {
 	return max(1, 2*p.Pool.BufferSize()/p.Geo.GroupBytes)
 }
 
-// loadDirect is Load from the host view: the chunks of items are split
-// among DirectWorkers goroutines (directRange each), so queueing the
-// copies is not one core's work. From a Cache, the groups the copies did
-// not serve are then loaded through staging (loadAgain).
-func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item) error {
+// loadDirect is Load from the host view of items that move groups
+// groups: the chunks of items are split among DirectWorkers goroutines
+// (directRange each), so queueing the copies is not one core's work.
+// tiles: items may hold packed tiles (Load checked them), each of whose
+// heads is located and copied as a group of its own. From a Cache (never
+// with tiles: see TakesTiles), the groups the copies did not serve are
+// then loaded through staging (loadAgain).
+func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item, groups int, tiles bool) error {
 	// Idle chunks keep their device scratch (32 MiB each by default):
 	// at most 16 of them.
 	p.directOnce.Do(func() { p.idleDirect.Max = 16 })
 	cache, _ := l.(Cache)
 	per := p.directGroups()
-	chunks := (len(items) + per - 1) / per
+	chunks := (groups + per - 1) / per
 	w := min(p.directWorkers(), chunks)
 	if w <= 1 {
 		var retry []int
-		err := p.directRange(l, cache, host, items, 0, p.depth(), &retry)
+		err := p.directRange(l, cache, host, items, 0, p.depth(), &retry, tiles)
+		if cache == nil {
+			return err
+		}
 		return p.loadAgain(cache, items, retry, err)
 	}
 	// Several submitters: the driver's work per copy bounds what one
 	// goroutine queues to well below what the copy engines move
 	// (docs/performance.md, "LOAD_BLOCKS into GPU memory"). Each takes an
 	// equal share of the chunks, in order, with its share of the depth.
-	share := (chunks + w - 1) / w * per
+	share := max(1, (chunks+w-1)/w*per*len(items)/groups) // items, of about equal groups
 	depth := max(2, p.depth()/w)
 	errs := make([]error, w)
 	retries := make([][]int, w)
 	par.Pieces(w, 1, w, func(k, _ int) {
 		if lo, hi := min(k*share, len(items)), min((k+1)*share, len(items)); lo < hi {
-			errs[k] = p.directRange(l, cache, host, items[lo:hi], lo, depth, &retries[k])
+			errs[k] = p.directRange(l, cache, host, items[lo:hi], lo, depth, &retries[k], tiles)
 		}
 	})
 	var err error
@@ -229,8 +235,8 @@ func (p *Pipeline) directWorkers() int {
 // they landed, its slots unpinned) before another starts. From a cache
 // (l is cache), the items it does not serve are appended to retry as
 // base plus their index in items (settleCached), their outcomes left to
-// the caller's staged load.
-func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item, base, depth int, retry *[]int) error {
+// the caller's staged load. tiles: as loadDirect's.
+func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item, base, depth int, retry *[]int, tiles bool) error {
 	gb := p.Geo.GroupBytes
 	per := p.directGroups()
 	dev := p.lane()
@@ -257,7 +263,7 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 				continue
 			}
 			if err != nil {
-				items[i].Err = copyErr(err)
+				items[i].failAll(copyErr(err))
 				continue
 			}
 			if c.pitched[k] {
@@ -296,12 +302,8 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 			batchErr = err
 			break
 		}
-		hi := min(lo+per, len(items))
-		c.lo, c.hi, c.dev, c.failed = lo, hi, dev, nil
-		c.reqs = c.reqs[:0]
-		for i := lo; i < hi; i++ {
-			c.reqs = append(c.reqs, store.LocateReq{Key: items[i].Key, Tag: items[i].tag()})
-		}
+		hi := c.take(items, lo, per, tiles)
+		c.dev, c.failed = dev, nil
 		if c.pins, err = l.Locate(c.reqs, c.pins[:0]); err != nil {
 			p.putDirectChunk(c)
 			batchErr = err
@@ -311,13 +313,22 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 		clear(c.copied)
 		clear(c.pitched)
 		runs := c.runs[:0]
-		for k := range c.reqs {
-			it, q := &items[lo+k], &c.reqs[k]
-			it.Err = q.Err
+		rq := c.reqs
+		for k := range hi - lo {
+			it, q, g := &items[lo+k], &rq[0], items[lo+k].Groups()
+			heads := rq[:g]
+			rq = rq[g:]
 			if it.Tile != nil {
-				it.failAll(fmt.Errorf("%w: a tile in a load not declared to hold tiles", ErrConfig))
+				if !tiles || p.pitched(it) {
+					it.failAll(fmt.Errorf("%w: a tile in a load not declared to hold tiles, or pitched", ErrConfig))
+					continue
+				}
+				var ok bool
+				runs, ok = p.locatedTile(it, heads, host, runs)
+				c.copied[k] = ok
 				continue
 			}
+			it.Err = q.Err
 			if q.Err != nil {
 				if cache != nil {
 					// Not in the cache's memory: loaded through staging.
@@ -353,7 +364,7 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 		})
 		p.recordDirect(c)
 		if cache == nil {
-			p.direct.Add(uint64(hi - lo))
+			p.direct.Add(uint64(len(c.reqs)))
 		}
 		flight = append(flight, c)
 		lo = hi
@@ -369,6 +380,54 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 		}
 	}
 	return batchErr
+}
+
+// take makes the chunk items [lo, hi) and their located requests, a
+// tile's heads one each: per items, or with tiles up to per groups (at
+// least one item). It returns hi.
+func (c *directChunk) take(items []Item, lo, per int, tiles bool) int {
+	hi := min(lo+per, len(items))
+	if tiles {
+		n := items[lo].Groups()
+		for hi = lo + 1; hi < len(items) && n+items[hi].Groups() <= per; hi++ {
+			n += items[hi].Groups()
+		}
+	}
+	c.lo, c.hi = lo, hi
+	c.reqs = c.reqs[:0]
+	for i := lo; i < hi; i++ {
+		k := items[i].Key
+		for range items[i].Groups() {
+			c.reqs = append(c.reqs, store.LocateReq{Key: k, Tag: items[i].tag()})
+			k.Head++
+		}
+	}
+	return hi
+}
+
+// locatedTile sets the outcome of tile item it from its heads' located
+// requests and adds the copies of the heads found to runs: head j from
+// its place in the host view to it.Group(j), its recorded checksum into
+// the tile's. A head that is missing, under another tag or outside the
+// view fails alone (Tile.Bad), its destination left as it was. ok: a head
+// was copied (the tile is checked once the copies completed).
+func (p *Pipeline) locatedTile(it *Item, heads []store.LocateReq, host []byte, runs []run) (_ []run, ok bool) {
+	gb := p.Geo.GroupBytes
+	for j := range heads {
+		q := &heads[j]
+		switch {
+		case q.Err != nil:
+			it.FailHead(j, q.Err)
+		case q.Off < 0 || q.Off > int64(len(host)-gb):
+			it.FailHead(j, fmt.Errorf("%w: %v head %d at %d, outside the store's host view of %d bytes", ErrCopy, it.Key, it.Key.Head+j, q.Off, len(host)))
+		default:
+			it.Tile.CRCs[j] = q.CRC
+			dst, _ := it.Group(j)
+			runs = addRun(runs, run{src: int(q.Off), dst: dst, n: gb, m: it.Mapping})
+			ok = true
+		}
+	}
+	return runs, ok
 }
 
 // recordDirect records the chunk's event after its copies; when it cannot

@@ -11,8 +11,8 @@
 // runs at constant strides with one 2D copy, and the rest of a chunk's
 // copies with one batch call (Batcher: cuMemcpyBatchAsync). A store runs
 // the other way: device-to-host copies into staging (adjacent tiles with
-// one copy), wait for that buffer's event, then the store's batched
-// durable write from it.
+// one copy, tiles at a constant stride with one 2D copy), wait for that
+// buffer's event, then the store's batched durable write from it.
 //
 // A store file in memory (tmpfs) needs no staging: registered with the
 // GPU (SetHost), it is read by the copy engines straight into the tiles,
@@ -20,10 +20,13 @@
 // (token-major) tiles, read packed, go through device scratch, and one
 // kernel pass checks each group and writes its rows (Land; landed.go).
 //
-// A load checked on the GPU through staging may take tiles instead of
-// groups (Item.Tile; tile.go): a block's (layer, kind) heads as one item,
-// one store request and one run of staging, so a load of whole blocks
-// pays per tile, not per group; the checker expands a tile into its heads.
+// A load checked on the GPU may take tiles instead of groups (Item.Tile;
+// tile.go): a block's (layer, kind) heads as one item, so a load of whole
+// blocks pays per tile, not per group; the checker expands a tile into its
+// heads. Through staging a tile is one store request; a Hugging Face
+// cache's tiles (heads a sequence apart) are staged head by head across
+// consecutive cache blocks, so each head's run of blocks is one copy
+// (spanTiles). Direct, packed tiles are located head by head.
 //
 // Pipeline.Load is the one entry point of a load and chooses its route
 // from the request alone (route.go): direct from the store's host view,

@@ -10,10 +10,11 @@ import "fmt"
 //     registered with the device (SetHost), the reader says where groups
 //     lie (Locator) and the device checks them (Verify; Land for pitched
 //     tiles). The copy engines read the groups straight from the file;
-//     no staging. Tiles never go direct. A reader that is a Cache (the
-//     DRAM tier) whose memory is registered (SetCache) takes this route
-//     for its hits, from its memory, and the staged route for the rest
-//     (cache.go).
+//     no staging. Packed tiles go direct too (each head located and
+//     copied as a group); pitched tiles never do. A reader that is a
+//     Cache (the DRAM tier) whose memory is registered (SetCache) takes
+//     this route for its hits, from its memory, one group per item, and
+//     the staged route for the rest (cache.go).
 //   - landed (landed.go): through staging, with pitched tiles among the
 //     items and a device that lands them (Land): their groups are staged
 //     packed into device scratch, checked and written into their rows by
@@ -34,18 +35,23 @@ import "fmt"
 // destinations.
 //
 // tiles reports that items may hold tiles (Item.Tile): the caller built
-// them because TakesTiles said the pipeline takes them, and they go
-// through staging even where a host view was registered since (SetHost
-// runs in the background). Without it Load does not look for tiles before
-// a direct load (a pass over half a million items of a 1 GB call), and
-// fails any it meets there.
+// them because TakesTiles said the pipeline takes them. Packed ones go
+// direct where the host view is registered now, else through staging
+// (SetHost runs in the background: it may come or go between TakesTiles
+// and Load); pitched ones always through staging. Without it Load does
+// not look for tiles before a direct load (a pass over half a million
+// items of a 1 GB call), and fails any it meets there.
 func (p *Pipeline) Load(r Reader, items []Item, tiles bool) error {
 	if !tiles {
 		if l, host := p.directFor(r, items); l != nil {
-			return p.loadDirect(l, host, items)
+			return p.loadDirect(l, host, items, len(items), false)
 		}
 	}
 	hasTiles, groups, err := p.checkTiles(items)
+	_, cached := r.(Cache)
+	if l, host := p.hostView(r); err == nil && tiles && l != nil && !cached && !p.anyPitched(items) {
+		return p.loadDirect(l, host, items, groups, true)
+	}
 	if err == nil && hasTiles && !p.tilesStaged(p.anyPitched(items)) {
 		err = fmt.Errorf("%w: tiles for a load that takes one group per item", ErrConfig)
 	}

@@ -171,8 +171,10 @@ func (l *stagedLoad) prepare(g *readGroup, mayWait bool) {
 		c := st.chunk(l.dev, hi-lo)
 		g.bounds = append(g.bounds, len(g.reqs))
 		g.reqs = l.fill(c, g.reqs, lo, hi)
-		if !l.tiled {
-			p.sortStaging(c, g.reqs[g.bounds[len(g.bounds)-1]:], st)
+		if rq := g.reqs[g.bounds[len(g.bounds)-1]:]; l.tiled {
+			p.spanTiles(c, rq, st)
+		} else {
+			p.sortStaging(c, rq, st)
 		}
 		g.chunks = append(g.chunks, c)
 		l.lo = hi
@@ -411,8 +413,9 @@ func (p *Pipeline) queueH2D(q Device, c *chunk, reqs []store.ReadReq) {
 		// block's (layer, kind) tiles one after another in staging, and
 		// as far apart on the device as the target's tensors are, so in
 		// that order they become one 2D copy per block (sorted by
-		// destination, one per tensor and block).
-		if err := p.copyRuns(q, c.st.Mem, &c.batch, runs, c2, c.tiled); err != nil {
+		// destination, one per tensor and block). A chunk staged in spans
+		// (spanTiles) is sorted: its heads' runs join across blocks.
+		if err := p.copyRuns(q, c.st.Mem, &c.batch, runs, c2, c.tiled && !c.spanned); err != nil {
 			fail(err)
 		}
 	}
@@ -437,16 +440,102 @@ func (p *Pipeline) queueTile(c *chunk, i int, q *store.ReadReq, runs []run) []ru
 		return runs
 	}
 	c.copied[i] = true
-	src := c.at(i, gb)
-	if t.Bad == 0 && t.HeadStride == gb {
+	// Its heads lie q.HeadStride apart in staging: side by side, or a
+	// span's width apart (spanTiles).
+	src, shs := c.at(i, gb), q.HeadStride
+	if t.Bad == 0 && t.HeadStride == gb && shs == gb {
 		return addRun(runs, run{src: src, dst: it.Dst, n: t.Heads * gb, m: it.Mapping})
 	}
 	for h := range t.Heads {
 		if t.Bad&(1<<h) == 0 {
-			runs = addRun(runs, run{src: src + h*gb, dst: it.Dst + uint64(h*t.HeadStride), n: gb, m: it.Mapping})
+			runs = addRun(runs, run{src: src + h*shs, dst: it.Dst + uint64(h*t.HeadStride), n: gb, m: it.Mapping})
 		}
 	}
 	return runs
+}
+
+// spanTiles stages a chunk's tiles whose heads lie apart on the device (a
+// Hugging Face cache, [heads, seq, head_dim] per (layer, kind): head j a
+// whole sequence after head j-1) so that each head's consecutive cache
+// blocks move with one copy. Tiles of one (layer, kind) of consecutive
+// cache blocks, in destination order, form a span of m tiles whose head
+// j's groups lie side by side on the device; the span is staged head by
+// head, tile i's head j at (j*m + i) groups from the span's start, and the
+// store lands each tile's heads m groups apart (ReadReq.HeadStride). Head
+// j of a span is then one run of m groups, and a chunk's spans, one
+// (layer, kind) after another, become one 2D copy where the target's
+// tensors are evenly spaced (copyRuns, in destination order): one copy
+// per chunk instead of one 2D copy of single groups per block. Chunks with
+// no span of two tiles or more (head-major tiles, whose heads are side by
+// side already; blocks scattered over the cache) and chunks with pitched
+// tiles keep item order.
+func (p *Pipeline) spanTiles(c *chunk, reqs []store.ReadReq, st *Staging) {
+	n := len(c.items)
+	if n < 2 || len(c.pos) != n {
+		return
+	}
+	gb := p.Geo.GroupBytes
+	strided := false
+	for _, it := range c.items {
+		if p.pitched(it) {
+			return
+		}
+		strided = strided || it.Tile != nil && it.Tile.HeadStride > gb
+	}
+	if !strided {
+		return
+	}
+	// (destination, item) pairs in destination order; addresses of
+	// different mappings never coincide, and a span stays in one.
+	ents := grow(c.sortBuf, n)
+	c.sortBuf = ents
+	for i, it := range c.items {
+		ents[i] = stagedAt{it.Dst, int32(i)}
+	}
+	slices.SortFunc(ents, func(a, b stagedAt) int { return cmp.Compare(a.dst, b.dst) })
+	// span is the length of the span starting at ents[k].
+	span := func(k int) int {
+		it := c.items[ents[k].i]
+		t := it.Tile
+		if t == nil || t.HeadStride <= gb {
+			return 1
+		}
+		m := 1
+		for k+m < n && (m+1)*gb <= t.HeadStride {
+			nx := c.items[ents[k+m].i]
+			if nx.Tile == nil || nx.Tile.Heads != t.Heads || nx.Tile.HeadStride != t.HeadStride || nx.Mapping != it.Mapping || nx.Dst != it.Dst+uint64(m*gb) {
+				break
+			}
+			m++
+		}
+		return m
+	}
+	spans := false
+	for k := 0; k < n && !spans; k += span(k) {
+		spans = span(k) > 1
+	}
+	if !spans {
+		return
+	}
+	c.spanned = true
+	at := 0 // in groups
+	for k := 0; k < n; {
+		m := span(k)
+		for j := range m {
+			i := ents[k+j].i
+			it, q := c.items[i], &reqs[i]
+			c.pos[i] = int32(at + j)
+			o, h := (at+j)*gb, it.Groups()
+			if it.Tile == nil {
+				q.Buf = st.Mem[o : o+gb : len(st.Mem)]
+				continue
+			}
+			q.HeadStride = m * gb
+			q.Buf = st.Mem[o : o+(h-1)*m*gb+gb : len(st.Mem)]
+		}
+		at += m * c.items[ents[k].i].Groups()
+		k += m
+	}
 }
 
 // sortStaging places a chunk's packed tiles in its staging buffer in the

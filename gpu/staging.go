@@ -23,6 +23,9 @@ type chunk struct {
 	failed error // queueing failed; items not yet final fail with it
 	runs   []run
 	tiled  bool // its items include tiles (Item.Tile), staged in item order
+	// spanned: its tiles are staged in spans (spanTiles), in destination
+	// order; their copies are sorted by destination.
+	spanned bool
 	// pos is, per item, its group's place in the staging buffer (in
 	// GroupBytes), and order the item at each place; both nil when that is
 	// the item's own index: packed tiles may be staged in the order of

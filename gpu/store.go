@@ -113,16 +113,10 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 			// Packed tiles adjacent on the device (and so in staging,
 			// which takes them in item order) move with one copy: the
 			// heads of one (layer, kind) of an HND block, a Hugging Face
-			// cache's consecutive positions.
-			var pend run
-			flush := func() {
-				if pend.n > 0 && c.failed == nil {
-					if err := q.CopyD2H(st.Mem[pend.src:pend.src+pend.n], pend.dst); err != nil {
-						c.failed = copyErr(err)
-					}
-				}
-				pend.n = 0
-			}
+			// cache's consecutive positions. Their runs are queued once
+			// the chunk's items are walked (copyRunsD2H: a constant
+			// stride apart on the device, one 2D copy).
+			runs := c.runs[:0]
 			for i := lo; i < hi; i++ {
 				it := &items[i]
 				c.items = append(c.items, it)
@@ -132,22 +126,11 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 					continue
 				}
 				c.copied[k] = true
-				var err error
 				if !p.pitched(it) {
-					if pend.n > 0 && pend.m == it.Mapping && pend.src+pend.n == k*gb && pend.dst+uint64(pend.n) == it.Dst {
-						pend.n += gb
-						continue
-					}
-					flush()
-					pend = run{src: k * gb, dst: it.Dst, n: gb, m: it.Mapping}
+					runs = addRun(runs, run{src: k * gb, dst: it.Dst, n: gb, m: it.Mapping})
 					continue
 				}
-				flush()
-				if c.failed != nil {
-					it.Err = c.failed
-					c.copied[k] = false
-					continue
-				}
+				var err error
 				if c2 != nil {
 					err = c2.CopyD2H2D(st.Mem[k*gb:(k+1)*gb], rb, it.Dst, it.Pitch, rb, rows)
 				} else {
@@ -159,7 +142,12 @@ func (p *Pipeline) Store(w Writer, items []Item) error {
 					c.failed = copyErr(err)
 				}
 			}
-			flush()
+			if c.failed == nil {
+				if err := copyRunsD2H(q, st.Mem, runs, c2); err != nil {
+					c.failed = copyErr(err)
+				}
+			}
+			c.runs = runs[:0]
 		})
 		p.record(c)
 		h.chunks = append(h.chunks, c)

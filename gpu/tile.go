@@ -98,13 +98,20 @@ func (it *Item) done() bool {
 }
 
 // TakesTiles reports whether a load from r may be given tiles (Item.Tile;
-// Load with tiles set): loads checked on the device (Verify) that go
-// through staging, the pitched ones (pitched) landed by Land. Loads that
-// would go direct, from the store's host view (SetHost), and loads checked
-// on the CPU take one group per item.
+// Load with tiles set): loads checked on the device (Verify), through
+// staging (the pitched ones (pitched) landed by Land) or, packed ones,
+// direct from the store's host view (SetHost). Pitched loads that would
+// go direct and loads checked on the CPU take one group per item, and so
+// do loads from a Cache whose memory is registered: its direct route
+// hands the groups it does not hold to staging item by item.
 func (p *Pipeline) TakesTiles(r Reader, pitched bool) bool {
-	l, _ := p.hostView(r)
-	return p.tilesStaged(pitched) && l == nil
+	if l, _ := p.hostView(r); l != nil {
+		if _, cached := r.(Cache); cached {
+			return false
+		}
+		return !pitched
+	}
+	return p.tilesStaged(pitched)
 }
 
 // tilesStaged reports whether a staged load can take tiles: checked on the

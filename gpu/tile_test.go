@@ -177,24 +177,51 @@ func TestTilesLoad(t *testing.T) {
 			}
 			if mode == "ok" {
 				// A host view registered after the caller chose tiles (it
-				// is registered in the background): loads with a host
-				// view take no tiles, but tiles already built still load,
-				// through staging.
-				r.p.SetHost(make([]byte, 1<<20))
-				if r.p.TakesTiles(st, false) {
-					t.Fatal("a load with a host view takes tiles")
+				// is registered in the background): packed tiles then go
+				// direct, each head located and copied from the view,
+				// pitched ones are refused.
+				m.SetHostView(true)
+				r.p.SetHost(st.HostView())
+				if !r.p.TakesTiles(st, false) || r.p.TakesTiles(st, true) {
+					t.Fatalf("with a host view: packed tiles taken %v (want true), pitched %v (want false)", r.p.TakesTiles(st, false), r.p.TakesTiles(st, true))
 				}
-				for i := range its {
-					its[i].Err = nil
+				r.dev.Fill(gputest.Base, old)
+				direct := r.p.Direct()
+				if err := r.p.Load(st, its, true); err != nil {
+					t.Fatal(err)
 				}
-				if err := r.p.Load(st, its[:2*L], true); err != nil || its[0].Err != nil || its[0].Tile.Failed != 0 {
-					t.Fatalf("tiles after SetHost: %v, %v, %d failed", err, its[0].Err, its[0].Tile.Failed)
+				if r.p.Direct() == direct {
+					t.Fatal("tiles with a host view went through staging")
+				}
+				for _, it := range its {
+					lk := 2*it.Key.Layer + int(it.Key.Kind)
+					var wantBad uint64
+					for h := range H {
+						k := it.Key
+						k.Head = h
+						dst := gputest.Base + uint64(lk*tensor+(nb-1-int(k.Block))*H*gb+h*gb)
+						want := tileData(k)
+						switch {
+						case k.Block == 4 || k.Block == 2 && h >= 2:
+							want, wantBad = old[:gb], wantBad|1<<h
+						case k == bad:
+							want, wantBad = make([]byte, gb), wantBad|1<<h
+						}
+						if got := r.dev.Mem(dst, gb); !bytes.Equal(got, want) {
+							t.Fatalf("direct: %v: wrong bytes on the device", k)
+						}
+					}
+					if it.Tile.Bad != wantBad || it.Tile.Failed != bits.OnesCount64(wantBad) {
+						t.Fatalf("direct: %v: %d failed (%b), want %b: %v", it.Key, it.Tile.Failed, it.Tile.Bad, wantBad, it.Err)
+					}
 				}
 				// Load, which goes direct there, fails tiles rather than
 				// moving one group of each.
 				if err := r.p.Load(st, its[:2*L], false); err != nil || !errors.Is(its[0].Err, gpu.ErrConfig) || its[0].Tile.Failed != H {
 					t.Fatalf("tiles in a direct Load: %v, %v, %d failed", err, its[0].Err, its[0].Tile.Failed)
 				}
+				m.SetHostView(false)
+				r.p.SetHost(nil)
 			}
 			r.checkClean(t)
 		})

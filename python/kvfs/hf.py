@@ -54,8 +54,16 @@ the model runs; a pre-forward hook on decoder layer i waits only for layer
 i's data. A layer that loads fewer blocks than layer 0 stops the forward,
 and generation starts again from the blocks every layer holds.
 
-Limits: one sequence (batch 1); decoder-only models whose every layer is a
-full-attention DynamicLayer (no sliding window, no linear attention).
+Batches. input_ids of a batch of B equal-length sequences (a [B, n] tensor,
+or B lists of n ids; no padding) is B prompts, each named by its own
+blocks: load() gives a DynamicCache of batch B holding the blocks every
+sequence has stored (the shortest of their stored prefixes), store() stores
+each sequence's new blocks, generate() does both around model.generate.
+Layer-by-layer loading is for one sequence (a batch loads all layers at
+once).
+
+Limits: decoder-only models whose every layer is a full-attention
+DynamicLayer (no sliding window, no linear attention).
 """
 
 import errno
@@ -156,20 +164,28 @@ def model_salt(model, info=None, head_first=0, head_count=None, layer_first=0, i
     return h.digest()
 
 
+def _token_rows(input_ids):
+    """The sequences of input_ids as lists of ints: a [B, n] or [n] tensor,
+    B lists of ids, or one list. The sequences of a batch must be of one
+    length (kvfs.hf takes no padding)."""
+    if hasattr(input_ids, "dim"):
+        rows = input_ids.tolist() if input_ids.dim() == 2 else [input_ids.tolist()]
+    else:
+        ids = list(input_ids)
+        rows = [list(r) for r in ids] if ids and isinstance(ids[0], (list, tuple)) else [ids]
+    rows = [[int(x) for x in r] for r in rows]
+    if len({len(r) for r in rows}) > 1:
+        raise ValueError("kvfs.hf takes sequences of one length (no padding); these are %s tokens long"
+                         % sorted({len(r) for r in rows}))
+    return rows
+
+
 def _token_list(input_ids):
     """One sequence's token ids as a list of ints (a [1, n] or [n] tensor, or a list)."""
-    if hasattr(input_ids, "dim"):
-        if input_ids.dim() == 2:
-            if input_ids.shape[0] != 1:
-                raise ValueError("kvfs.hf caches one sequence; input_ids has a batch of %d" % input_ids.shape[0])
-            input_ids = input_ids[0]
-        return [int(x) for x in input_ids.tolist()]
-    ids = list(input_ids)
-    if ids and isinstance(ids[0], (list, tuple)):
-        if len(ids) != 1:
-            raise ValueError("kvfs.hf caches one sequence; input_ids has a batch of %d" % len(ids))
-        ids = list(ids[0])
-    return [int(x) for x in ids]
+    rows = _token_rows(input_ids)
+    if len(rows) != 1:
+        raise ValueError("one sequence wanted; input_ids has a batch of %d" % len(rows))
+    return rows[0]
 
 
 def cache_kwarg(model):
@@ -195,7 +211,9 @@ class PrefixCache:
     .stats counts what happened: lookups, hit_blocks (the leading run
     LOOKUP reported), loaded_blocks (usable after the load), stored_blocks,
     failed_blocks (not OK in a load: evicted, corrupt, another tag) and
-    fallbacks (calls that recomputed because the daemon was down)."""
+    fallbacks (calls that recomputed because the daemon was down). For a
+    batch the blocks count once per sequence (hit_blocks: the run all its
+    sequences have, times their number)."""
 
     def __init__(self, client, model, tp_rank=0, tp_size=1, layer_first=0, identity=None, pin=False,
                  prefill_blocks=None, weights_salt=True, layerwise=False):
@@ -292,9 +310,12 @@ class PrefixCache:
         return self._salt
 
     def keys(self, input_ids, n_blocks=None):
-        """The BlockKeys of input_ids' whole blocks (connects first if needed)."""
+        """The BlockKeys of input_ids' whole blocks (connects first if needed):
+        of its one sequence, or for a batch a list of each sequence's."""
         self._connect()
-        return block_keys(self._salt, _token_list(input_ids), self.block_tokens, n_blocks)
+        rows = _token_rows(input_ids)
+        keys = [block_keys(self._salt, r, self.block_tokens, n_blocks) for r in rows]
+        return keys[0] if len(rows) == 1 and not _batched(input_ids) else keys
 
     # -- host memory --------------------------------------------------------
 
@@ -345,28 +366,32 @@ class PrefixCache:
     def load(self, input_ids, device=None):
         """A DynamicCache holding the stored leading blocks of input_ids, and
         how many tokens it holds (a multiple of block_tokens, at most
-        len(input_ids) - 1). Nothing stored, or the daemon down: an empty
-        DynamicCache and 0. device: of the cache (default: the model's)."""
+        len(input_ids) - 1). For a batch, the blocks every sequence has
+        (each its own), a cache of the batch's size. Nothing stored, or the
+        daemon down: an empty DynamicCache and 0. device: of the cache
+        (default: the model's)."""
         from transformers import DynamicCache
-        ids = _token_list(input_ids)
+        rows = _token_rows(input_ids)
         device = device or self._model_device()
         try:
             c = self._connect()
             bt = self.block_tokens
-            keys = block_keys(self._salt, ids, bt, max(0, (len(ids) - 1) // bt))
-            if not keys:
+            keys = [block_keys(self._salt, r, bt, max(0, (len(r) - 1) // bt)) for r in rows]
+            if not keys[0]:
                 self._down = False
                 return DynamicCache(), 0
             self.stats["lookups"] += 1
-            run = c.lookup([(k.block, k.tag) for k in keys]).run
-            self.stats["hit_blocks"] += run
-            layers, n = self._load_blocks(keys[:run], device) if run else (None, 0)
+            st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
+            per = len(keys[0])
+            run = min(_leading(st[b * per:(b + 1) * per], LOOKUP_PRESENT) for b in range(len(rows)))
+            self.stats["hit_blocks"] += run * len(rows)
+            layers, n = self._load_blocks([ks[:run] for ks in keys], device) if run else (None, 0)
         except OSError as e:
             self._failed("load", e)
             return DynamicCache(), 0
         self._down = False
-        self.stats["loaded_blocks"] += n
-        self.stats["failed_blocks"] += run - n
+        self.stats["loaded_blocks"] += n * len(rows)
+        self.stats["failed_blocks"] += (run - n) * len(rows)
         cache = DynamicCache()
         if n:
             for l, (k, v) in enumerate(layers):
@@ -374,40 +399,53 @@ class PrefixCache:
         return cache, n * self.block_tokens
 
     def _load_blocks(self, keys, device):
-        """Per layer (K, V) [1, heads, n·block_tokens, head_dim] of the
-        leading keys that load OK, and n."""
+        """Per layer (K, V) [B, heads, n·block_tokens, head_dim] of the
+        leading blocks that load OK in every sequence's keys (keys: B lists
+        of one length, or one sequence's), and n. On the CPU sequence b's
+        block j goes to cache block b·run + j of the host buffer."""
         bt = self.block_tokens
+        keys = _per_sequence(keys)
         if device.type == "cuda":
             return self._load_torch(keys, device)
-        buf, tid, _, view = self._host_view(len(keys))
-        st = self._client.load_blocks(tid, [BlockEntry(k.block, j, self.layer_first, self.layers, self.head_first,
-                                                       self.head_count, abi.KINDS_BOTH, k.tag)
-                                            for j, k in enumerate(keys)])
-        n = _leading_ok(st)
+        B, run = len(keys), len(keys[0])
+        buf, tid, _, view = self._host_view(B * run)
+        st = self._client.load_blocks(tid, [BlockEntry(k.block, b * run + j, self.layer_first, self.layers,
+                                                       self.head_first, self.head_count, abi.KINDS_BOTH, k.tag)
+                                            for b, ks in enumerate(keys) for j, k in enumerate(ks)])
+        n = min(_leading_ok(st[b * run:(b + 1) * run]) for b in range(B))
         if n == 0:
             return None, 0
         t = n * bt
-        layers = [(view[l, 0, :, :t].unsqueeze(0).to(device, copy=True),
-                   view[l, 1, :, :t].unsqueeze(0).to(device, copy=True)) for l in range(self.layers)]
+
+        def rows(l, kind):
+            # [heads, B·run·bt, dim] -> [B, heads, t, dim]
+            v = view[l, kind, :, :B * run * bt].unflatten(1, (B, run * bt))[:, :, :t]
+            return v.transpose(0, 1).to(device, copy=True)
+        layers = [(rows(l, 0), rows(l, 1)) for l in range(self.layers)]
         if device.type == "cpu":
             layers = [(k.contiguous(), v.contiguous()) for k, v in layers]
         return layers, n
 
     def _load_torch(self, keys, device):
-        """Load keys into GPU tensors through kvfs.torch (REGISTER_CUDA, or
-        pin=True); as _load_blocks."""
+        """Load keys (B lists of one length) into GPU tensors through
+        kvfs.torch (REGISTER_CUDA, or pin=True), one call per sequence; as
+        _load_blocks."""
         import torch
         from . import torch as kt
-        t = len(keys) * self.block_tokens
+        keys = _per_sequence(keys)
+        B, run = len(keys), len(keys[0])
+        t = run * self.block_tokens
         # one allocation, one REGISTER_CUDA (the daemon takes a few dozen buffers per open file)
-        whole = torch.empty((self.layers, 2, 1, self.head_count, t, self.head_dim), dtype=self.dtype, device=device)
+        whole = torch.empty((self.layers, 2, B, self.head_count, t, self.head_dim), dtype=self.dtype, device=device)
         layers = [(whole[l, 0], whole[l, 1]) for l in range(self.layers)]
-        with kt.KVCache.hf(self._client, layers, layer_first=self.layer_first, tp_rank=self.tp_rank,
-                           tp_size=self.tp_size, pin=self.pin) as kc:
-            st = kc.load([k.block for k in keys], range(len(keys)), tags=[k.tag for k in keys])
-        n = _leading_ok(st)
-        if n == 0:
-            return None, 0
+        n = run
+        for b, ks in enumerate(keys):
+            with kt.KVCache.hf(self._client, layers, batch_row=b, layer_first=self.layer_first, tp_rank=self.tp_rank,
+                               tp_size=self.tp_size, pin=self.pin) as kc:
+                st = kc.load([k.block for k in ks[:n]], range(n), tags=[k.tag for k in ks[:n]])
+            n = min(n, _leading_ok(st))
+            if n == 0:
+                return None, 0
         t = n * self.block_tokens
         return [(k[:, :, :t], v[:, :, :t]) for k, v in layers], n
 
@@ -417,30 +455,30 @@ class PrefixCache:
         its tag and parent, durably. Returns how many blocks were stored (0
         with the daemon down)."""
         from .torch import _hf_layers
-        ids = _token_list(input_ids)
+        rows = _token_rows(input_ids)
         layers = _hf_layers(cache)
         if not layers or layers[0][0] is None or layers[0][0].numel() == 0:
             return 0  # nothing computed yet
         if len(layers) != self.layers:
             raise ValueError("the cache has %d layers, the model %d" % (len(layers), self.layers))
         k0 = layers[0][0]
-        if k0.dim() != 4 or k0.shape[0] != 1:
-            raise ValueError("kvfs.hf stores one sequence: cache tensors [1, heads, seq, head_dim], got %s"
-                             % (tuple(k0.shape),))
+        if k0.dim() != 4 or k0.shape[0] != len(rows):
+            raise ValueError("kvfs.hf stores a cache of the prompt's %d sequences: tensors [%d, heads, seq, "
+                             "head_dim], got %s" % (len(rows), len(rows), tuple(k0.shape)))
         try:
             c = self._connect()
             bt = self.block_tokens
-            keys = block_keys(self._salt, ids, bt, min(k0.shape[2], len(ids)) // bt)
-            if not keys:
+            keys = [block_keys(self._salt, r, bt, min(k0.shape[2], len(r)) // bt) for r in rows]
+            if not keys[0]:
                 return 0
             if k0.shape[1] != self.head_count:
                 raise ValueError("the cache holds %d kv-heads, this shard %d" % (k0.shape[1], self.head_count))
-            st = c.lookup([(k.block, k.tag) for k in keys]).statuses
-            todo = [j for j, s in enumerate(st) if s != LOOKUP_PRESENT]
-            if not todo:
-                self._down = False
-                return 0
-            n = self._store_blocks(keys, todo, layers)
+            st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
+            per, n = len(keys[0]), 0
+            for b, ks in enumerate(keys):
+                todo = [j for j, s in enumerate(st[b * per:(b + 1) * per]) if s != LOOKUP_PRESENT]
+                if todo:
+                    n += self._store_blocks(ks, todo, layers, b)
         except OSError as e:
             self._failed("store", e)
             return 0
@@ -448,26 +486,27 @@ class PrefixCache:
         self.stats["stored_blocks"] += n
         return n
 
-    def _store_blocks(self, keys, todo, layers):
+    def _store_blocks(self, keys, todo, layers, row=0):
+        """Store blocks todo of sequence row of the cache (keys: its)."""
         bt = self.block_tokens
         lo, hi = todo[0], todo[-1] + 1
         if layers[0][0].device.type == "cuda":
-            return self._store_torch(keys, todo, layers)
+            return self._store_torch(keys, todo, layers, row)
         buf, tid, _, view = self._host_view(hi - lo)
         for l, (k, v) in enumerate(layers):
-            view[l, 0, :, :(hi - lo) * bt].copy_(k[0, :, lo * bt:hi * bt])
-            view[l, 1, :, :(hi - lo) * bt].copy_(v[0, :, lo * bt:hi * bt])
+            view[l, 0, :, :(hi - lo) * bt].copy_(k[row, :, lo * bt:hi * bt])
+            view[l, 1, :, :(hi - lo) * bt].copy_(v[row, :, lo * bt:hi * bt])
         es = [BlockEntry(keys[j].block, j - lo, self.layer_first, self.layers, self.head_first, self.head_count,
                          abi.KINDS_BOTH, keys[j].tag, keys[j].parent) for j in todo]
         return self._client.store_blocks(tid, es).count(OK)
 
-    def _store_torch(self, keys, todo, layers):
-        """Store blocks todo of GPU cache tensors through kvfs.torch's pinned
-        staging buffer (the cache's tensors are many allocations; staging
-        needs no REGISTER_CUDA of them)."""
+    def _store_torch(self, keys, todo, layers, row=0):
+        """Store blocks todo of sequence row of GPU cache tensors through
+        kvfs.torch's pinned staging buffer (the cache's tensors are many
+        allocations; staging needs no REGISTER_CUDA of them)."""
         from . import torch as kt
         t = (todo[-1] + 1) * self.block_tokens
-        with kt.KVCache.hf(self._client, [(k[:, :, :t], v[:, :, :t]) for k, v in layers],
+        with kt.KVCache.hf(self._client, [(k[:, :, :t], v[:, :, :t]) for k, v in layers], batch_row=row,
                            layer_first=self.layer_first, tp_rank=self.tp_rank, tp_size=self.tp_size,
                            pin=True) as kc:
             st = kc.store([keys[j].block for j in todo], todo, tags=[keys[j].tag for j in todo],
@@ -481,7 +520,7 @@ class PrefixCache:
         Returns the number of tokens the cache now holds."""
         import torch
         chunk_blocks = chunk_blocks or self.prefill_blocks
-        ids = input_ids if hasattr(input_ids, "dim") else torch.tensor([_token_list(input_ids)])
+        ids = input_ids if hasattr(input_ids, "dim") else torch.tensor(_token_rows(input_ids))
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
         bt = self._block_tokens_or_none()
@@ -510,12 +549,14 @@ class PrefixCache:
 
     def generate(self, input_ids, **kwargs):
         """model.generate(input_ids, **kwargs) from the stored prefix of
-        input_ids (one sequence); the prompt's new whole blocks are stored
+        input_ids (one sequence, or a batch of equal-length ones: the prefix
+        they all have stored); the prompt's new whole blocks are stored
         afterwards. Returns what model.generate returns. Every token of
         input_ids is attended (attention_mask defaults to ones); with a mask
         that hides tokens (padding) kvfs is not used. With layerwise=True
-        (and a hit) layer 0 is loaded first and the others on a thread while
-        the model runs, layer i waiting only for layer i's data."""
+        (and a hit, one sequence) layer 0 is loaded first and the others on
+        a thread while the model runs, layer i waiting only for layer i's
+        data."""
         import torch
         mask = kwargs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
@@ -527,7 +568,7 @@ class PrefixCache:
             # tokens in the prompt for padding, which the stored blocks were not
             kwargs["attention_mask"] = torch.ones_like(input_ids)
         loader, cache, n = None, None, 0
-        if self.layerwise:
+        if self.layerwise and len(_token_rows(input_ids)) == 1:
             loader, cache, n = self._begin_layerwise(input_ids)
         if cache is None:
             cache, n = self.load(input_ids)
@@ -711,8 +752,25 @@ class _LayerLoader:
         self._view = self._buf = None
 
 
-def _leading_ok(statuses):
+def _leading(statuses, want):
     n = 0
-    while n < len(statuses) and statuses[n] == OK:
+    while n < len(statuses) and statuses[n] == want:
         n += 1
     return n
+
+
+def _leading_ok(statuses):
+    return _leading(statuses, OK)
+
+
+def _per_sequence(keys):
+    """keys as a list of each sequence's BlockKeys (one sequence's given flat)."""
+    return [keys] if keys and isinstance(keys[0], BlockKey) else keys
+
+
+def _batched(input_ids):
+    """Whether input_ids is given as a batch ([B, n] tensor, or lists of ids)."""
+    if hasattr(input_ids, "dim"):
+        return input_ids.dim() == 2 and input_ids.shape[0] != 1
+    ids = list(input_ids)
+    return bool(ids) and isinstance(ids[0], (list, tuple)) and len(ids) != 1

@@ -115,6 +115,39 @@ class SharedMountTest(_Base):
         # the daemon read them from the store
         self.assertGreater(stats(self.mnt)["store_hits"], before["store_hits"])
 
+    def test_batch(self):
+        """A batch of two prompts, each named by its own blocks: cold, every
+        block of both is stored; warm, both load; with one sequence sharing
+        only 3 blocks of what is stored, the cache holds the 3 blocks both
+        have (batch 2) and the rest is recomputed. Each time the tokens and
+        logits are the batch's own without kvfs."""
+        import kvfs.torch as kt
+        p1, p2 = self.prompt(21), self.prompt(22)
+        batch = torch.cat([p1, p2])
+
+        def same(got, want, what):
+            self.assertEqual(got.sequences.tolist(), want.sequences.tolist(), what)
+            for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+                self.assertTrue(torch.equal(a, b), "%s step %d: logits differ" % (what, step))
+        want = hf_model.reference(self.model, batch, self.bt)
+        with self.cache() as pc:
+            same(pc.generate(batch, **hf_model.GEN), want, "cold")
+            self.assertEqual((pc.stats["hit_blocks"], pc.stats["stored_blocks"]), (0, 2 * BLOCKS))
+            self.assertEqual([self.lookup_run(pc, p) for p in (p1, p2)], [BLOCKS, BLOCKS])
+        with self.cache() as pc:
+            cache, n = pc.load(batch)
+            self.assertEqual((n, tuple(kt._hf_layers(cache)[0][0].shape[:3])),
+                             (BLOCKS * self.bt, (2, self.info.kv_heads, BLOCKS * self.bt)))
+            same(pc.generate(batch, **hf_model.GEN), want, "warm")
+            self.assertEqual((pc.stats["loaded_blocks"], pc.stats["stored_blocks"]), (4 * BLOCKS, 0))
+            p3 = torch.cat([p2[:, :3 * self.bt], self.prompt(23, 2, TAIL)], dim=1)
+            part = torch.cat([p1, p3])
+            self.assertEqual(pc.load(part)[1], 3 * self.bt)
+            loaded = pc.stats["loaded_blocks"]
+            same(pc.generate(part, **hf_model.GEN), hf_model.reference(self.model, part, self.bt), "partial")
+            self.assertEqual((pc.stats["loaded_blocks"] - loaded, pc.stats["stored_blocks"]), (2 * 3, 2))
+            self.assertEqual(self.lookup_run(pc, p3), BLOCKS)
+
     def test_padding_mask_bypasses_kvfs(self):
         """A mask that hides prompt tokens (padding) makes KV the stored blocks
         do not hold: generate() is model.generate's own, kvfs untouched."""
@@ -278,6 +311,39 @@ class SharedMountTest(_Base):
                 got, m = pc._load_torch(wrong, torch.device("cpu"))
                 self.assertEqual(m, 2)
                 self.assertTrue(torch.equal(got[1][0], layers[1][0][:, :, :2 * self.bt]))
+        finally:
+            torch_on_cpu.leave(kt, torch, saved)
+
+    def test_gpu_path_batch_on_cpu_tensors(self):
+        """The GPU path for a batch of two: each sequence stored from its
+        batch row, both loaded into one cache of batch 2 (one load per row),
+        the prefix they share (3 blocks of the second sequence under a wrong
+        tag: the first 3 blocks of both)."""
+        import kvfs.torch as kt
+        import torch_on_cpu
+        from transformers import DynamicCache
+        batch = torch.cat([self.prompt(92), self.prompt(93)])
+        n = BLOCKS * self.bt
+        cache = DynamicCache()
+        with torch.no_grad():
+            self.model(input_ids=batch[:, :n], use_cache=True, **{hf_model.cache_kw(self.model): cache})
+        layers = kt._hf_layers(cache)
+        saved = torch_on_cpu.enter(kt, torch)
+        try:
+            with self.cache(pin=True) as pc:
+                keys = pc.keys(batch)
+                self.assertEqual(len(keys), 2)
+                for b in range(2):
+                    self.assertEqual(pc._store_torch(keys[b], list(range(BLOCKS)), layers, b), BLOCKS)
+                got, m = pc._load_torch(keys, torch.device("cpu"))
+                self.assertEqual(m, BLOCKS)
+                for (k, v), (wk, wv) in zip(got, layers):
+                    self.assertTrue(torch.equal(k, wk) and torch.equal(v, wv))
+                wrong = [keys[0], list(keys[1])]
+                wrong[1][3] = khf.BlockKey(keys[1][3].block, b"w" * 16, keys[1][3].parent)
+                got, m = pc._load_torch(wrong, torch.device("cpu"))
+                self.assertEqual(m, 3)
+                self.assertTrue(torch.equal(got[0][1], layers[0][1][:, :, :3 * self.bt]))
         finally:
             torch_on_cpu.leave(kt, torch, saved)
 

@@ -118,11 +118,24 @@ class NoDaemonTest(unittest.TestCase):
             self.assertGreaterEqual(pc.stats["fallbacks"], 3)
             self.assertEqual(pc.stats["loaded_blocks"], 0)
 
-    def test_batch_refused(self):
+    def test_batch(self):
+        """A batch of sequences of one length is B prompts (with the daemon
+        down, an empty cache: recomputed); sequences of other lengths are
+        refused (kvfs.hf takes no padding)."""
         m = hf_model.tiny_llama(2, 2, 32, torch.float32)
         pc = khf.PrefixCache("/nonexistent", m)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            cache, n = pc.load(torch.zeros((2, 20), dtype=torch.long))
+        self.assertEqual((n, cache.get_seq_length()), (0, 0))
+        self.assertEqual(khf._token_rows(torch.arange(6).view(2, 3)), [[0, 1, 2], [3, 4, 5]])
+        self.assertEqual(khf._token_rows([[1, 2], [3, 4]]), [[1, 2], [3, 4]])
+        self.assertEqual(khf._token_rows(torch.tensor([[7, 8]])), [[7, 8]])
+        self.assertEqual(khf._token_rows([7, 8]), [[7, 8]])
         with self.assertRaises(ValueError):
-            pc.load(torch.zeros((2, 20), dtype=torch.long))
+            pc.load([[1, 2, 3], [1, 2]])
+        with self.assertRaises(ValueError):
+            khf._token_list(torch.zeros((2, 4), dtype=torch.long))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,433 @@
+package gpu_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvfs/kvfs/gpu"
+	"github.com/kvfs/kvfs/gpu/gputest"
+	"github.com/kvfs/kvfs/layout"
+	"github.com/kvfs/kvfs/store"
+	"github.com/kvfs/kvfs/store/storetest"
+)
+
+// hfTarget is a Hugging Face cache on the fake device: per (layer, kind)
+// a tensor [heads, seq, ...] of nb cache blocks, tensor lk at Base +
+// lk*heads*seq, head h of cache block c at its tensor + h*seq + c*gb.
+type hfTarget struct {
+	geo     layout.Geometry
+	gb, seq int // group bytes, the sequence stride (head stride)
+}
+
+func newHFTarget(geo layout.Geometry, nb int) hfTarget {
+	return hfTarget{geo: geo, gb: geo.GroupBytes(), seq: nb * geo.GroupBytes()}
+}
+
+func (h hfTarget) size() int { return 2 * h.geo.Layers * h.geo.KVHeads * h.seq }
+
+func (h hfTarget) dst(lk, head, cb int) uint64 {
+	return gputest.Base + uint64((lk*h.geo.KVHeads+head)*h.seq+cb*h.gb)
+}
+
+// items are the pipeline items of loading block b into cache block cb[b]
+// for each b of blocks: as tiles (a (layer, kind) of all heads one item,
+// HeadStride the sequence stride) or one group per item.
+func (h hfTarget) items(blocks []uint64, cb []int, tiles bool) []gpu.Item {
+	H, L := h.geo.KVHeads, h.geo.Layers
+	var its []gpu.Item
+	crcs := make([]uint32, len(blocks)*2*L*H)
+	ts := make([]gpu.Tile, len(blocks)*2*L)
+	for i, b := range blocks {
+		for lk := range 2 * L {
+			k := layout.Key{Block: b, Layer: lk / 2, Kind: layout.Kind(lk % 2)}
+			if tiles {
+				n := len(its)
+				ts[n] = gpu.Tile{Heads: H, HeadStride: h.seq, CRCs: crcs[n*H : (n+1)*H]}
+				its = append(its, gpu.Item{Key: k, Dst: h.dst(lk, 0, cb[i]), Tile: &ts[n]})
+				continue
+			}
+			for hd := range H {
+				k.Head = hd
+				its = append(its, gpu.Item{Key: k, Dst: h.dst(lk, hd, cb[i])})
+			}
+		}
+	}
+	return its
+}
+
+// groupErrs is each group's outcome of items (a tile's heads one by one:
+// nil, or the tile's error for a head in Bad).
+func groupErrs(its []gpu.Item) []error {
+	var out []error
+	for _, it := range its {
+		for j := range it.Groups() {
+			var err error
+			if it.Skip(j) {
+				err = it.Err
+			}
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// hfStore is a store of geo holding blocks 0..nb-1 whole, except block
+// 2 (heads 0 and 1 of each (layer, kind) only) and block 4 (absent), with
+// one head of block 3 corrupt.
+func hfStore(t *testing.T, geo layout.Geometry, nb int) (*store.Store, *storetest.Mem, layout.Key) {
+	t.Helper()
+	m := storetest.Formatted(t, geo, int64(nb)+2, 512)
+	st := storetest.Open(t, m, store.Options{})
+	var w []store.WriteReq
+	for b := range uint64(nb) {
+		for i := range geo.GroupsPerBlock() {
+			k := geo.KeyAt(b, i)
+			if b == 2 && k.Head >= 2 || b == 4 {
+				continue
+			}
+			w = append(w, store.WriteReq{Key: k, Data: tileData(k)})
+		}
+	}
+	if err := st.Write(w); err != nil {
+		t.Fatal(err)
+	}
+	bad := layout.Key{Block: 3, Layer: 1, Head: 2, Kind: layout.V}
+	gi, err := st.Stat(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := st.Superblock()
+	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + geo.Offset(geo.Index(bad))
+	m.Poke(off+9, []byte{m.Image()[off+9] ^ 0x20})
+	return st, m, bad
+}
+
+// TestTilesHF: a Hugging Face cache's (layer, kind) loaded as one tile of
+// its heads (a sequence apart on the device) gives exactly what one group
+// per item gives (the device's memory, and each group's outcome: a corrupt
+// head zeroed and failed alone, a partial block's missing heads and an
+// absent block's tiles left as they were), whatever the order of the cache
+// blocks, through staging and direct from the store's file in memory; and
+// with consecutive cache blocks staged head by head it moves a chunk with
+// one 2D copy.
+func TestTilesHF(t *testing.T) {
+	H, L := tileGeo.KVHeads, tileGeo.Layers
+	const nb = 8
+	st, m, bad := hfStore(t, tileGeo, nb)
+	all := []uint64{0, 1, 2, 3, 4, 5, 6, 7}
+	cases := []struct {
+		name   string
+		blocks []uint64
+		cb     []int
+	}{
+		{"consecutive", all, []int{0, 1, 2, 3, 4, 5, 6, 7}},
+		{"runs", all, []int{3, 4, 5, 0, 1, 7, 6, 2}},
+		{"scattered", []uint64{5, 0, 3, 1}, []int{6, 0, 3, 4}},
+		{"whole", []uint64{0, 1, 5, 6, 7}, []int{0, 1, 2, 3, 4}},
+	}
+	for _, per := range []int{2 * tileGeo.GroupsPerBlock(), 3*H + 1} {
+		for _, tc := range cases {
+			t.Run(fmt.Sprintf("%s/per=%d", tc.name, per), func(t *testing.T) {
+				h := newHFTarget(tileGeo, nb)
+				old := bytes.Repeat([]byte{0x5A}, h.size())
+				load := func(tiles, direct bool) ([]gpu.Item, []byte, int, int) {
+					// Whole blocks in whole buffers where the case counts
+					// copies (a load smaller than its depth of buffers
+					// spreads over them, cutting blocks).
+					depth := 4
+					if tc.name == "whole" {
+						depth = 1
+					}
+					r := newRig(t, 4, per, depth)
+					r.dev.Enable2D = true
+					n := 0
+					r.p.Verify = tileVerify(r, &n)
+					r.dev.Fill(gputest.Base, old)
+					if direct {
+						m.SetHostView(true)
+						defer m.SetHostView(false)
+						r.p.SetHost(st.HostView())
+					}
+					its := h.items(tc.blocks, tc.cb, tiles)
+					if err := r.p.Load(st, its, tiles); err != nil {
+						t.Fatal(err)
+					}
+					if direct != (r.p.Direct() > 0) {
+						t.Fatalf("direct %v: %d groups loaded direct", direct, r.p.Direct())
+					}
+					r.checkClean(t)
+					return its, r.dev.Mem(gputest.Base, h.size()), r.dev.Calls(), n
+				}
+				want, wmem, wcalls, _ := load(false, false)
+				got, gmem, gcalls, tiles := load(true, false)
+				dgot, dmem, _, dtiles := load(true, true)
+				if tiles == 0 || dtiles == 0 {
+					t.Fatal("Verify saw no tiles")
+				}
+				if !bytes.Equal(gmem, wmem) || !bytes.Equal(dmem, wmem) {
+					t.Fatal("device memory differs between tiles (staged or direct) and a group per item")
+				}
+				for i := range got {
+					if got[i].Tile.Bad != dgot[i].Tile.Bad || got[i].Tile.Failed != dgot[i].Tile.Failed || (got[i].Err == nil) != (dgot[i].Err == nil) {
+						t.Fatalf("%v: %b, %v staged, %b, %v direct", got[i].Key, got[i].Tile.Bad, got[i].Err, dgot[i].Tile.Bad, dgot[i].Err)
+					}
+				}
+				we, ge := groupErrs(want), groupErrs(got)
+				if len(we) != len(ge) {
+					t.Fatalf("%d groups as tiles, %d one per item", len(ge), len(we))
+				}
+				for i := range we {
+					if (we[i] == nil) != (ge[i] == nil) || we[i] != nil && !errors.Is(ge[i], store.ErrNotFound) && !errors.Is(ge[i], store.ErrCorrupt) {
+						t.Fatalf("group %d: %v as a tile, %v one per item", i, ge[i], we[i])
+					}
+				}
+				// The expected bytes and outcomes themselves.
+				for i, b := range tc.blocks {
+					for lk := range 2 * L {
+						it := &got[i*2*L+lk]
+						for hd := range H {
+							k := layout.Key{Block: b, Layer: lk / 2, Kind: layout.Kind(lk % 2), Head: hd}
+							dst := h.dst(lk, hd, tc.cb[i])
+							w, failed := tileData(k), false
+							switch {
+							case b == 4 || b == 2 && hd >= 2:
+								w, failed = old[:h.gb], true
+							case k == bad:
+								w, failed = make([]byte, h.gb), true
+							}
+							if !bytes.Equal(gmem[dst-gputest.Base:dst-gputest.Base+uint64(h.gb)], w) {
+								t.Fatalf("%v: wrong bytes on the device", k)
+							}
+							if it.Skip(hd) != failed {
+								t.Fatalf("%v: failed %v, want %v (%v)", k, it.Skip(hd), failed, it.Err)
+							}
+						}
+						if k := it.Key; k.Block == bad.Block && k.Layer == bad.Layer && k.Kind == bad.Kind && !errors.Is(it.Err, store.ErrCorrupt) {
+							t.Fatalf("%v: %v, want corrupt", k, it.Err)
+						}
+					}
+				}
+				if gcalls > wcalls {
+					t.Fatalf("%d copy calls as tiles, %d one group per item", gcalls, wcalls)
+				}
+				if tc.name == "whole" && per > tileGeo.GroupsPerBlock() {
+					// Whole blocks at consecutive cache blocks, two per
+					// chunk: one 2D copy per chunk.
+					if chunks := (len(tc.blocks) + 1) / 2; gcalls != chunks {
+						t.Fatalf("%d copy calls for %d chunks of consecutive whole blocks", gcalls, chunks)
+					}
+				}
+				t.Logf("%d copy calls as tiles, %d one group per item", gcalls, wcalls)
+			})
+		}
+	}
+}
+
+// llama8B is the store shape of the performance figures (docs/
+// performance.md, "Conventions"): 2 MiB blocks of 512 groups of 4 KiB.
+var llama8B = layout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, BlockTokens: 16, DType: layout.BF16, Align: 512}
+
+// TestHFCopies counts the copy calls of a load of whole blocks of the
+// Llama-3-8B shape into a Hugging Face cache (one allocation, every (layer,
+// kind) tensor after the one before, as kvfs.hf allocates it) at
+// consecutive cache blocks, with 2D and batched copies and the default
+// staging (16 buffers of 4 MiB, depth 8): as tiles, one 2D copy per staging
+// buffer of two blocks, fewer than one per block; one group per item
+// through staging, for comparison. Straight from the store's file in
+// memory (direct), where a head's blocks lie in different slots, one 2D
+// copy per block, as tiles or not. Every route lands the same bytes.
+// Storing the blocks back copies each to staging with one 2D copy.
+func TestHFCopies(t *testing.T) {
+	geo := llama8B
+	nb := 64
+	if testing.Short() {
+		nb = 16
+	}
+	if v := os.Getenv("KVFS_TEST_HF_BLOCKS"); v != "" {
+		// A larger load, for counting its copies (2,048 blocks need
+		// about 9 GiB of memory).
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 2 {
+			t.Fatalf("KVFS_TEST_HF_BLOCKS=%q: want a count of blocks of 2 or more", v)
+		}
+		nb = n
+	}
+	gbytes := geo.GroupBytes()
+	m := storetest.Formatted(t, geo, int64(nb), 512)
+	st := storetest.Open(t, m, store.Options{})
+	pattern := bytes.Repeat([]byte("kvfs hf tiles 8B"), gbytes/16)
+	for b := range uint64(nb) {
+		w := make([]store.WriteReq, geo.GroupsPerBlock())
+		for i := range w {
+			d := append([]byte(nil), pattern...)
+			d[0], d[1], d[2] = byte(b), byte(i), byte(i>>8)
+			w[i] = store.WriteReq{Key: geo.KeyAt(b, i), Data: d}
+		}
+		if err := st.Write(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHFTarget(geo, nb)
+	blocks, cb := make([]uint64, nb), make([]int, nb)
+	for i := range blocks {
+		blocks[i], cb[i] = uint64(i), i
+	}
+	load := func(route string) (int, uint32) {
+		dev := gputest.NewDevice(h.size())
+		defer dev.Close()
+		dev.Enable2D, dev.EnableBatch = true, true
+		pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 16, Size: 4 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: geo.BlockTokens, RowBytes: geo.RowBytes()}, Depth: 8}
+		p.Verify = func(items []*gpu.Item) error {
+			for _, it := range items {
+				for j := range it.Groups() {
+					if dst, crc := it.Group(j); !it.Skip(j) && store.CRC32C(dev.Mem(dst, gbytes)) != crc {
+						it.FailHead(j, store.ErrCorrupt)
+					}
+				}
+			}
+			return nil
+		}
+		direct := strings.HasPrefix(route, "direct")
+		tiled := strings.HasSuffix(route, "tiles")
+		if direct {
+			m.SetHostView(true)
+			defer m.SetHostView(false)
+			p.SetHost(st.HostView())
+		}
+		its := h.items(blocks, cb, tiled)
+		if err := p.Load(st, its, tiled); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range its {
+			if it.Err != nil {
+				t.Fatalf("%s: %v: %v", route, it.Key, it.Err)
+			}
+		}
+		if direct != (p.Direct() > 0) {
+			t.Fatalf("%s: %d groups loaded direct", route, p.Direct())
+		}
+		return dev.Calls(), store.CRC32C(dev.Mem(gputest.Base, h.size()))
+	}
+	tiles, tmem := load("tiles")
+	groups, gmem := load("groups")
+	direct, dmem := load("direct")
+	dtiles, dtmem := load("direct-tiles")
+	if tmem != gmem || tmem != dmem || tmem != dtmem {
+		t.Fatal("the routes landed different bytes")
+	}
+	t.Logf("%d blocks, %d items as tiles, %d one group per item: staged %d copy calls as tiles, %d one group per item; direct %d as tiles, %d one group per item",
+		nb, nb*2*geo.Layers, nb*geo.GroupsPerBlock(), tiles, groups, dtiles, direct)
+	if dtiles > nb {
+		// The store's blocks lie apart in its file: one 2D copy per block.
+		t.Fatalf("%d copy calls as tiles direct for %d blocks", dtiles, nb)
+	}
+	if chunks := nb * int(geo.PayloadBytes()) / (4 << 20); tiles > chunks || tiles > groups {
+		t.Fatalf("%d copy calls as tiles for %d staging buffers of blocks (%d one group per item)", tiles, chunks, groups)
+	}
+
+	// The way back: the cache's blocks stored (one group per item) copy
+	// to staging with one 2D copy per block.
+	dev := gputest.NewDevice(h.size())
+	defer dev.Close()
+	dev.Enable2D = true
+	pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 16, Size: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: geo.BlockTokens, RowBytes: geo.RowBytes()}, Depth: 8}
+	its := h.items(blocks, cb, false)
+	marked := func(i int) bool { return i%geo.GroupsPerBlock() == 0 || i == len(its)-1 }
+	for i := range its {
+		if marked(i) {
+			dev.Fill(its[i].Dst, bytes.Repeat([]byte{byte(i / geo.GroupsPerBlock())}, gbytes))
+		}
+	}
+	out := storetest.Open(t, storetest.Formatted(t, geo, int64(nb), 512), store.Options{})
+	if err := p.Store(out, its); err != nil {
+		t.Fatal(err)
+	}
+	for i, it := range its {
+		if it.Err != nil {
+			t.Fatalf("store: %v: %v", it.Key, it.Err)
+		}
+		if marked(i) {
+			q := []store.ReadReq{{Key: it.Key, Buf: make([]byte, gbytes)}}
+			if err := out.Read(q); err != nil || q[0].Err != nil || !bytes.Equal(q[0].Buf, bytes.Repeat([]byte{byte(i / geo.GroupsPerBlock())}, gbytes)) {
+				t.Fatalf("store: %v: %v, %v", it.Key, err, q[0].Err)
+			}
+		}
+	}
+	t.Logf("stored %d blocks, one group per item: %d copy calls", nb, dev.Calls())
+	if dev.Calls() > nb {
+		t.Fatalf("%d copy calls storing %d blocks", dev.Calls(), nb)
+	}
+}
+
+// TestHFStoreCopies: storing whole blocks of a Hugging Face cache (one
+// group per item, heads a sequence apart on the device) copies each
+// block's groups to staging with one 2D copy where the cache's tensors are
+// evenly spaced, and one per (layer, kind) where they are not (each
+// tensor's heads a constant stride apart), instead of one copy per group;
+// every group is stored as it lies on the device.
+func TestHFStoreCopies(t *testing.T) {
+	geo := tileGeo
+	H, L := geo.KVHeads, geo.Layers
+	const nb = 6
+	for _, even := range []bool{true, false} {
+		t.Run(fmt.Sprintf("even=%v", even), func(t *testing.T) {
+			h := newHFTarget(geo, nb)
+			r := newRig(t, 4, 2*geo.GroupsPerBlock(), 2)
+			r.dev.Enable2D = true
+			dst := h.dst
+			if !even {
+				// Each tensor a group further than the one before.
+				dst = func(lk, head, cb int) uint64 { return h.dst(lk, head, cb) + uint64(lk*h.gb) }
+			}
+			var its []gpu.Item
+			blocks := []uint64{10, 11, 12, 13, 14, 15}
+			for i, b := range blocks {
+				for lk := range 2 * L {
+					for hd := range H {
+						k := layout.Key{Block: b, Layer: lk / 2, Kind: layout.Kind(lk % 2), Head: hd}
+						its = append(its, gpu.Item{Key: k, Dst: dst(lk, hd, i)})
+						r.dev.Fill(dst(lk, hd, i), tileData(k))
+					}
+				}
+			}
+			st := storetest.Open(t, storetest.Formatted(t, geo, 16, 512), store.Options{})
+			c0 := r.dev.Calls()
+			if err := r.p.Store(st, its); err != nil {
+				t.Fatal(err)
+			}
+			calls := r.dev.Calls() - c0
+			for _, it := range its {
+				if it.Err != nil {
+					t.Fatalf("%v: %v", it.Key, it.Err)
+				}
+				q := []store.ReadReq{{Key: it.Key, Buf: make([]byte, gb)}}
+				if err := st.Read(q); err != nil || q[0].Err != nil || !bytes.Equal(q[0].Buf, tileData(it.Key)) {
+					t.Fatalf("%v: stored %v, %v", it.Key, err, q[0].Err)
+				}
+			}
+			want := nb
+			if !even {
+				want = nb * 2 * L
+			}
+			if calls != want {
+				t.Fatalf("%d copy calls storing %d blocks (%d groups), want %d", calls, nb, len(its), want)
+			}
+			r.checkClean(t)
+		})
+	}
+}
