@@ -233,6 +233,7 @@ class PrefixCache:
         self._info = None
         self._salt = None
         self._host = None      # (HostBuffer, target id, capacity in blocks, torch view)
+        self._area = None      # _Area: where GPU loads land (_load_area)
         self._down = False
         if self._client is not None:
             self._bind(self._client)
@@ -428,26 +429,57 @@ class PrefixCache:
 
     def _load_torch(self, keys, device):
         """Load keys (B lists of one length) into GPU tensors through
-        kvfs.torch (REGISTER_CUDA, or pin=True), one call per sequence; as
-        _load_blocks."""
-        import torch
-        from . import torch as kt
+        kvfs.torch (REGISTER_CUDA, or pin=True), one call per sequence, into
+        the load area (_load_area), then copied out on the GPU so the cache
+        owns its tensors; as _load_blocks."""
         keys = _per_sequence(keys)
         B, run = len(keys), len(keys[0])
-        t = run * self.block_tokens
-        # one allocation, one REGISTER_CUDA (the daemon takes a few dozen buffers per open file)
-        whole = torch.empty((self.layers, 2, B, self.head_count, t, self.head_dim), dtype=self.dtype, device=device)
-        layers = [(whole[l, 0], whole[l, 1]) for l in range(self.layers)]
+        area = self._load_area(B, run * self.block_tokens, device)
         n = run
         for b, ks in enumerate(keys):
-            with kt.KVCache.hf(self._client, layers, batch_row=b, layer_first=self.layer_first, tp_rank=self.tp_rank,
-                               tp_size=self.tp_size, pin=self.pin) as kc:
-                st = kc.load([k.block for k in ks[:n]], range(n), tags=[k.tag for k in ks[:n]])
+            st = area.kcs[b].load([k.block for k in ks[:n]], range(n), tags=[k.tag for k in ks[:n]])
             n = min(n, _leading_ok(st))
             if n == 0:
                 return None, 0
         t = n * self.block_tokens
-        return [(k[:, :, :t], v[:, :, :t]) for k, v in layers], n
+        return [(k[:, :, :t].contiguous(), v[:, :, :t].contiguous()) for k, v in area.layers], n
+
+    def _load_area(self, B, tokens, device):
+        """The load area for a batch of B sequences of up to tokens tokens on
+        device: one GPU allocation [layers, 2, B, heads, capacity, head_dim]
+        with its kvfs.torch caches (one REGISTER_CUDA, or pin=True's pinned
+        staging, and a target per sequence), kept from load to load and
+        grown by powers of two. Registering a fresh allocation with the
+        daemon (which maps it with cuIpcOpenMemHandle) costs more than a
+        32K-token prefix takes to load; a copy out on the GPU costs a few
+        milliseconds (docs/performance.md, "TTFT with a real model")."""
+        import torch
+        from . import torch as kt
+        a = self._area
+        if a is not None and a.B == B and a.tokens >= tokens and a.device == device and a.client is self._client:
+            return a
+        self._drop_area()
+        cap = max(self.block_tokens, 1 << (max(1, tokens) - 1).bit_length())
+        cap = -(-cap // self.block_tokens) * self.block_tokens
+        whole = torch.empty((self.layers, 2, B, self.head_count, cap, self.head_dim), dtype=self.dtype, device=device)
+        layers = [(whole[l, 0], whole[l, 1]) for l in range(self.layers)]
+        kcs = []
+        try:
+            for b in range(B):
+                kcs.append(kt.KVCache.hf(self._client, layers, batch_row=b, layer_first=self.layer_first,
+                                         tp_rank=self.tp_rank, tp_size=self.tp_size, pin=self.pin))
+        except BaseException:
+            for kc in kcs:
+                kc.close()
+            raise
+        self._area = _Area(B, cap, device, self._client, whole, layers, kcs)
+        return self._area
+
+    def _drop_area(self):
+        a, self._area = self._area, None
+        if a is not None:
+            for kc in a.kcs:
+                kc.close()
 
     def store(self, input_ids, cache):
         """Store the whole blocks of input_ids that cache holds (cache covers
@@ -631,8 +663,10 @@ class PrefixCache:
         return d if isinstance(d, torch.device) else torch.device("cpu")
 
     def close(self):
-        """Drop the host buffer and, when opened from a mountpoint, the control file."""
+        """Drop the host buffer, the GPU load area and, when opened from a
+        mountpoint, the control file."""
         self._drop_host()
+        self._drop_area()
         if self._own_client and self._client is not None:
             try:
                 self._client.close()
@@ -645,6 +679,14 @@ class PrefixCache:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Area:
+    """PrefixCache's GPU load area (_load_area)."""
+
+    def __init__(self, B, tokens, device, client, whole, layers, kcs):
+        self.B, self.tokens, self.device, self.client = B, tokens, device, client
+        self.whole, self.layers, self.kcs = whole, layers, kcs
 
 
 class _Shrunk(Exception):
