@@ -459,12 +459,14 @@ func nextWindow(ents []blockEnt, lo int, stagePer int, budget int) (hi, groups, 
 // A tile's heads of one (layer, kind) are one store request (a range,
 // store.ReadReq.Heads): the control path writes and reads one request per
 // (layer, kind) of an entry, not one per group. The requests of one store
-// call (up to maxGroupsPerCall groups, ~100 bytes per request) outgrow the
+// call (up to maxGroupsPerCall groups, 160 bytes per request) outgrow the
 // core's cache, and the store's own traffic evicts them:
 // each pass over them is a pass over memory. So a request's outcome is
 // read back into its entry just before the next window's request takes its
 // place (the line is fetched once for both), and the last window's as the
-// requests are cleared at the end of the call.
+// requests are cleared at the end of the call; a read that faulted in
+// client memory is found there too (outcomes.fault), and fails the call
+// before the next window's read.
 func (ss *Session) loadBlocks(t *target, ents []blockEnt, metas entMetas, sc *blockScratch) error {
 	s := ss.srv
 	gb := s.gb
@@ -510,7 +512,10 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, metas entMetas, sc *bl
 			}
 		}
 		out.read(reqs[:used], used)
-		err := ss.guard(t.owns, func() error { return ss.readGroups(reqs[:n]) })
+		if out.fault != nil {
+			return ss.readFault(out.fault)
+		}
+		err := ss.guard(t.owns, func() error { return ss.readStore(reqs[:n]) })
 		if err != nil {
 			return err
 		}
@@ -524,6 +529,9 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, metas entMetas, sc *bl
 		clear(reqs[k:min(k+1024, used)])
 	}
 	used = 0
+	if out.fault != nil {
+		return ss.readFault(out.fault)
+	}
 	return nil
 }
 
@@ -536,6 +544,10 @@ type outcomes struct {
 	left int // its requests not yet read
 	at   int // next request to read
 	n    int // requests of the call
+	// fault is the error of the first request read whose read(2) into
+	// client memory faulted (isFault): the call fails with it (readFault)
+	// before its next store read, as readGroups would have failed it.
+	fault error
 }
 
 // next starts on the n requests of a store call for the entries from lo.
@@ -556,12 +568,15 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 		g := reqs[o.at : o.at+min(o.left, k-o.at)]
 		o.at += len(g)
 		o.left -= len(g)
-		// By pointer (a ReadReq is ~100 bytes), reading only the outcome.
+		// By pointer (a ReadReq is 160 bytes), reading only the outcome.
 		for j := range g {
 			q := &g[j]
 			e.ok += uint32(q.Heads - q.Failed)
 			if q.Err == nil {
 				continue
+			}
+			if o.fault == nil && isFault(q.Err) {
+				o.fault = q.Err
 			}
 			e.tally(o.ss.loadOutcome(q.Err, nil))
 		}
