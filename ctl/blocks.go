@@ -21,15 +21,12 @@ import (
 // store's per-call working memory stays bounded.
 const maxGroupsPerCall = 16384
 
-// blockEnt is one decoded block entry and its outcome.
+// blockEnt is one decoded block entry and its outcome. A tagged entry's
+// tag and parent are not here but in the call's table of metas (see
+// blockScratch.metas): the entries of every call, tagged or not, are
+// passed over several times, and 48 bytes each keep those passes short.
 type blockEnt struct {
-	e abi.BlockEntry
-	// meta is a tagged entry's tag and parent (ABI minor 3): a STORE
-	// records them (WriteReq.Meta), a LOAD expects the tag (ReadReq.Tag).
-	// Zero for a 32-byte entry, whose STORE keeps the stored block's and
-	// whose LOAD checks none.
-	meta   store.BlockMeta
-	tagged bool // the call's entries are the 64-byte form
+	e      abi.BlockEntry
 	valid  bool
 	groups int32 // groups the entry moves
 	ok     uint32
@@ -60,7 +57,13 @@ func (e *blockEnt) items(tiled bool) int {
 // allocates nothing proportional to its entries or groups once one as
 // large has run.
 type blockScratch struct {
-	ents  []blockEnt
+	ents []blockEnt
+	// metas is, for a call of tagged entries (ABI minor 3), entry i's tag
+	// and parent at i: a STORE records them (WriteReq.Meta points here), a
+	// LOAD expects the tag (ReadReq.Tag points here, nil for a zero tag).
+	// A call of 32-byte entries uses none: its STORE keeps the stored
+	// blocks' and its LOAD checks none.
+	metas entMetas
 	rreqs []store.ReadReq
 	wreqs []store.WriteReq
 	srcs  [][]byte // per write request: the client tile it copies
@@ -98,13 +101,27 @@ func putBlockScratch(sc *blockScratch) {
 	blockScratches.Put(sc)
 }
 
-// metaOf is the store meta of a tagged entry to store: nil for a 32-byte
-// entry (the stored block keeps its tag and parent).
-func (e *blockEnt) metaOf() *store.BlockMeta {
-	if !e.tagged {
+// entMetas is a call's table of its entries' tags and parents, entry i's
+// at i; nil for a call of 32-byte entries.
+type entMetas []store.BlockMeta
+
+// meta is the store meta of entry i to store: nil for a call of 32-byte
+// entries (the stored block keeps its tag and parent).
+func (m entMetas) meta(i int) *store.BlockMeta {
+	if m == nil {
 		return nil
 	}
-	return &e.meta
+	return &m[i]
+}
+
+// tag is the tag entry i expects of its block: nil where it checks none
+// (a 32-byte entry, or a zero tag), so a store request of an unchecked
+// entry carries no tag to compare.
+func (m entMetas) tag(i int) *store.Tag {
+	if m == nil || m[i].Tag.IsZero() {
+		return nil
+	}
+	return &m[i].Tag
 }
 
 // blocks serves LOAD_BLOCKS and STORE_BLOCKS (and their inline forms):
@@ -164,13 +181,20 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 		sc.ents = make([]blockEnt, n)
 	}
 	ents := sc.ents[:n]
+	var metas entMetas
+	if tagged {
+		if cap(sc.metas) < n {
+			sc.metas = make(entMetas, n)
+		}
+		metas = sc.metas[:n]
+	}
 	src := req.Blocks.Entries
 	if arr != nil {
 		src = arr
 	}
 	if err := ss.guard(t.ownsOr(eb), func() error {
 		if tagged {
-			decodeTagged(ents, src)
+			decodeTagged(ents, metas, src)
 			return nil
 		}
 		for i := range ents {
@@ -199,16 +223,16 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	if load {
 		bad += markBlockOverlaps(ents, &t.lay, sc)
 	} else if tagged {
-		bad += markMetaConflicts(ents)
+		bad += markMetaConflicts(ents, metas)
 	}
 
 	switch {
 	case t.dev != nil:
-		err = ss.gpuBlocks(t, ents, load, sc)
+		err = ss.gpuBlocks(t, ents, metas, load, sc)
 	case load:
-		err = ss.loadBlocks(t, ents, sc)
+		err = ss.loadBlocks(t, ents, metas, sc)
 	default:
-		err = ss.storeBlocks(t, ents, sc)
+		err = ss.storeBlocks(t, ents, metas, sc)
 	}
 	if err != nil {
 		return 0, err
@@ -246,17 +270,17 @@ func (ss *Session) blocks(req *abi.Request, in, out []byte) (int32, error) {
 	return int32(min(nok, 1<<31-1)), nil
 }
 
-// decodeTagged decodes 64-byte entries from src into ents, refusing
-// (BadRequest with its detail) each whose tag-and-parent fields are not
-// valid (abi.BlockEntryTagged.CheckMeta). A LOAD entry's parent is checked
-// alike but not used.
-func decodeTagged(ents []blockEnt, src []byte) {
+// decodeTagged decodes 64-byte entries from src into ents and their tags
+// and parents into metas, refusing (BadRequest with its detail) each whose
+// tag-and-parent fields are not valid (abi.BlockEntryTagged.CheckMeta). A
+// LOAD entry's parent is checked alike but not used.
+func decodeTagged(ents []blockEnt, metas entMetas, src []byte) {
 	var te abi.BlockEntryTagged
 	for i := range ents {
 		e := &ents[i]
 		te.Unmarshal(src[i*abi.BlockEntryTaggedSize:])
-		*e = blockEnt{e: te.BlockEntry, tagged: true}
-		e.meta = store.BlockMeta{Tag: te.Tag, Parent: te.Parent, HasParent: te.HasParent()}
+		*e = blockEnt{e: te.BlockEntry}
+		metas[i] = store.BlockMeta{Tag: te.Tag, Parent: te.Parent, HasParent: te.HasParent()}
 		if err := te.CheckMeta(); err != nil {
 			e.st, e.det = abi.BadRequest, abi.DetailOf(err)
 		}
@@ -267,7 +291,7 @@ func decodeTagged(ents []blockEnt, src []byte) {
 // tagged STORE_BLOCKS whose block another valid entry of the call names
 // with another tag or parent: which of the two the block is would depend
 // on the order the store saw them. It returns how many it refused.
-func markMetaConflicts(ents []blockEnt) int {
+func markMetaConflicts(ents []blockEnt, metas entMetas) int {
 	first := make(map[uint64]int32, len(ents))
 	conflict := map[uint64]bool{}
 	for i := range ents {
@@ -277,7 +301,7 @@ func markMetaConflicts(ents []blockEnt) int {
 		}
 		if j, ok := first[e.e.Block]; !ok {
 			first[e.e.Block] = int32(i)
-		} else if ents[j].meta != e.meta {
+		} else if metas[j] != metas[i] {
 			conflict[e.e.Block] = true
 		}
 	}
@@ -435,13 +459,15 @@ func nextWindow(ents []blockEnt, lo int, stagePer int, budget int) (hi, groups, 
 // A tile's heads of one (layer, kind) are one store request (a range,
 // store.ReadReq.Heads): the control path writes and reads one request per
 // (layer, kind) of an entry, not one per group. The requests of one store
-// call (up to maxGroupsPerCall groups, ~100 bytes per request) outgrow the
+// call (up to maxGroupsPerCall groups, 160 bytes per request) outgrow the
 // core's cache, and the store's own traffic evicts them:
 // each pass over them is a pass over memory. So a request's outcome is
 // read back into its entry just before the next window's request takes its
 // place (the line is fetched once for both), and the last window's as the
-// requests are cleared at the end of the call.
-func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) error {
+// requests are cleared at the end of the call; a read that faulted in
+// client memory is found there too (outcomes.fault), and fails the call
+// before the next window's read.
+func (ss *Session) loadBlocks(t *target, ents []blockEnt, metas entMetas, sc *blockScratch) error {
 	s := ss.srv
 	gb := s.gb
 	rows, rowBytes, pitch := int(s.tile.Rows), int(s.tile.RowBytes), int(t.lay.RowPitch)
@@ -482,11 +508,14 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 		for i := lo; i < hi; i++ {
 			if e := &ents[i]; e.valid {
 				out.read(reqs[:used], k+e.reqs())
-				k = t.fillReads(reqs[:n], k, e, span, reqPitch, reqRowBytes)
+				k = t.fillReads(reqs[:n], k, e, metas.tag(i), span, reqPitch, reqRowBytes)
 			}
 		}
 		out.read(reqs[:used], used)
-		err := ss.guard(t.owns, func() error { return ss.readGroups(reqs[:n]) })
+		if out.fault != nil {
+			return ss.readFault(out.fault)
+		}
+		err := ss.guard(t.owns, func() error { return ss.readStore(reqs[:n]) })
 		if err != nil {
 			return err
 		}
@@ -500,6 +529,9 @@ func (ss *Session) loadBlocks(t *target, ents []blockEnt, sc *blockScratch) erro
 		clear(reqs[k:min(k+1024, used)])
 	}
 	used = 0
+	if out.fault != nil {
+		return ss.readFault(out.fault)
+	}
 	return nil
 }
 
@@ -512,6 +544,10 @@ type outcomes struct {
 	left int // its requests not yet read
 	at   int // next request to read
 	n    int // requests of the call
+	// fault is the error of the first request read whose read(2) into
+	// client memory faulted (isFault): the call fails with it (readFault)
+	// before its next store read, as readGroups would have failed it.
+	fault error
 }
 
 // next starts on the n requests of a store call for the entries from lo.
@@ -532,12 +568,15 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 		g := reqs[o.at : o.at+min(o.left, k-o.at)]
 		o.at += len(g)
 		o.left -= len(g)
-		// By pointer (a ReadReq is ~100 bytes), reading only the outcome.
+		// By pointer (a ReadReq is 160 bytes), reading only the outcome.
 		for j := range g {
 			q := &g[j]
 			e.ok += uint32(q.Heads - q.Failed)
 			if q.Err == nil {
 				continue
+			}
+			if o.fault == nil && isFault(q.Err) {
+				o.fault = q.Err
 			}
 			e.tally(o.ss.loadOutcome(q.Err, nil))
 		}
@@ -549,7 +588,8 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 // and returns the index past them. Every field the store reads is written
 // except Err and Failed, which the store sets itself; Unverified and CRC
 // stay zero (host loads are verified by the store; clear leaves them so).
-// Each request expects the entry's tag (zero for an untagged entry: any).
+// Each request expects tag, the entry's (entMetas.tag: nil for any),
+// which the store checks against the header of the slot it reads.
 // A request's destination starts at its first head's tile in its region's
 // buffer and spans its heads (span bytes each, headStride apart), its
 // capacity reaching to the end of the mapping (packed tiles adjacent in
@@ -558,8 +598,8 @@ func (o *outcomes) read(reqs []store.ReadReq, k int) {
 // groupsOf does, but as a plain loop: a callback per (layer, kind) is a
 // measurable share of the control path's cost per block
 // (docs/performance.md, "Control-path cost").
-func (t *target) fillReads(reqs []store.ReadReq, k int, be *blockEnt, span uint64, pitch, rowBytes int) int {
-	e, tag := &be.e, be.meta.Tag
+func (t *target) fillReads(reqs []store.ReadReq, k int, be *blockEnt, tag *store.Tag, span uint64, pitch, rowBytes int) int {
+	e := &be.e
 	block, hs := e.Block, t.lay.HeadStride
 	h0, hn := int(e.HeadFirst), int(e.HeadCount)
 	tileOff := t.lay.TileOffset(e.CacheBlock, uint32(e.HeadFirst))
@@ -591,7 +631,7 @@ const storeSumWindow = 4 << 20
 // storeBlocks copies the tiles of the valid entries out of the client's
 // memory into staging (so the checksum the store computes is of the bytes
 // it writes), then writes them, durable on return.
-func (ss *Session) storeBlocks(t *target, ents []blockEnt, sc *blockScratch) error {
+func (ss *Session) storeBlocks(t *target, ents []blockEnt, metas entMetas, sc *blockScratch) error {
 	s := ss.srv
 	gb := s.gb
 	for lo := 0; lo < len(ents); {
@@ -615,7 +655,7 @@ func (ss *Session) storeBlocks(t *target, ents []blockEnt, sc *blockScratch) err
 			if !e.valid {
 				continue
 			}
-			meta := e.metaOf()
+			meta := metas.meta(i)
 			groupsOf(t, &e.e, func(k layout.Key, r *region, off uint64) {
 				// Capacity to the staging buffer's end: the store writes
 				// the groups of a slot that follow each other here with

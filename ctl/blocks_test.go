@@ -290,6 +290,67 @@ func TestBlocksInProcess(t *testing.T) {
 	}
 }
 
+// faultingIO is the store as ctl reads it, with the engine's read(2) of
+// one request (the at-th over the store reads of a call) failing with
+// EFAULT, as a read into client memory that faults does.
+type faultingIO struct {
+	groupIO
+	at, seen, reads int
+}
+
+func (f *faultingIO) Read(reqs []store.ReadReq) error {
+	f.reads++
+	err := f.groupIO.Read(reqs)
+	if i := f.at - f.seen; i >= 0 && i < len(reqs) {
+		reqs[i].Err = &os.SyscallError{Syscall: "pread", Err: syscall.EFAULT}
+	}
+	f.seen += len(reqs)
+	return err
+}
+
+// TestLoadBlocksReadFault: a LOAD_BLOCKS whose store read faults in
+// client memory (the engine's read(2) answers EFAULT for one request)
+// fails with EFAULT, counted, and issues no store read after the one that
+// faulted, whichever of the call's store reads it is; without a fault the
+// same call loads every block.
+func TestLoadBlocksReadFault(t *testing.T) {
+	geo := blocksGeo
+	geo.HeadDim = 8
+	// 320 blocks of 64 groups: two store reads (maxGroupsPerCall groups,
+	// then the rest), of 4,096 and 1,024 requests (one per layer and kind).
+	const nb, stored = 320, 4
+	perRead := maxGroupsPerCall / geo.GroupsPerBlock() * 2 * geo.Layers
+	ids := make([]uint64, nb)
+	for i := range ids {
+		ids[i] = uint64(i % stored)
+	}
+	for _, c := range []struct {
+		at, reads int
+		fault     bool
+	}{{-1, 2, false}, {5, 1, true}, {perRead - 1, 1, true}, {perRead + 3, 2, true}} {
+		f := newBlocksFixture(t, geo, stored, nb, false)
+		fio := &faultingIO{groupIO: f.srv.io, at: c.at}
+		f.srv.io = fio
+		for i, b := range ids {
+			(&abi.BlockEntry{Block: b, CacheBlock: uint32(i), LayerCount: uint16(geo.Layers), HeadCount: uint16(geo.KVHeads),
+				Kinds: abi.KindsBoth}).Marshal(f.arr[i*abi.BlockEntrySize:])
+		}
+		var in, out [abi.BlocksSize]byte
+		(&abi.Blocks{ABI: abi.Version, Target: f.target, Count: nb, Buffer: f.arrID}).Marshal(in[:])
+		n, errno := f.ss.Ioctl(abi.CmdLoadBlocks, in[:], out[:])
+		switch {
+		case c.fault && errno != syscall.EFAULT:
+			t.Fatalf("fault at request %d: %d ok, errno %v, want EFAULT", c.at, n, errno)
+		case !c.fault && (errno != 0 || n != nb):
+			t.Fatalf("no fault: %d ok, errno %v", n, errno)
+		case fio.reads != c.reads:
+			t.Fatalf("fault at request %d: %d store reads, want %d", c.at, fio.reads, c.reads)
+		case c.fault != (f.srv.Metrics().Faults == 1):
+			t.Fatalf("fault at request %d: %d faults counted", c.at, f.srv.Metrics().Faults)
+		}
+	}
+}
+
 // TestStoreBlocksWriteStraight: STORE_BLOCKS of whole blocks, head-major
 // and token-major, writes every group to the device straight from the
 // staging it was copied into (no bounce copy in the store), and the blocks

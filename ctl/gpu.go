@@ -572,7 +572,7 @@ func (ss *Session) gpuBatch(ents []ent, load bool) error {
 // item of all its heads. The target's device pipeline moves them in one
 // call, and each entry then reports its groups' outcomes as on the host
 // path.
-func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScratch) error {
+func (ss *Session) gpuBlocks(t *target, ents []blockEnt, metas entMetas, load bool, sc *blockScratch) error {
 	s := ss.srv
 	n, groups := 0, 0
 	tiled := load && !noTiles && ss.tileHeads(t)
@@ -635,7 +635,7 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, load bool, sc *blockScr
 			if !e.valid {
 				continue
 			}
-			meta := e.metaOf()
+			meta := metas.meta(i)
 			if e.tiles(tiled) {
 				// A tile's checksums: its heads' share of crcs.
 				h := int(e.e.HeadCount)

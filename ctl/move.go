@@ -76,19 +76,37 @@ func (ss *Session) guard(mine func(addr uintptr) bool, f func() error) error {
 // that memory gets EFAULT instead, and fails the call the same way
 // (ErrFault), not its groups as I/O errors of the device.
 func (ss *Session) readGroups(reqs []store.ReadReq) error {
-	t0 := time.Now()
-	err := ss.srv.io.Read(reqs)
-	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
-	if err != nil {
+	if err := ss.readStore(reqs); err != nil {
 		return err
 	}
 	for i := range reqs {
-		if e := reqs[i].Err; e != nil && errors.Is(e, syscall.EFAULT) {
-			ss.srv.m.faults.Add(1)
-			return fmt.Errorf("%w: %v", ErrFault, e)
+		if e := reqs[i].Err; e != nil && isFault(e) {
+			return ss.readFault(e)
 		}
 	}
 	return nil
+}
+
+// readStore is readGroups without its pass over the outcomes, for a caller
+// that reads each request's outcome anyway: it looks for EFAULT (isFault)
+// as it does, and fails the call with readFault before its next read. A
+// pass of its own over a large call's requests is a pass over memory.
+func (ss *Session) readStore(reqs []store.ReadReq) error {
+	t0 := time.Now()
+	err := ss.srv.io.Read(reqs)
+	ss.srv.m.storeNs.Add(uint64(time.Since(t0)))
+	return err
+}
+
+// isFault reports whether a request's error is the engine's read(2) into
+// client memory that faulted.
+func isFault(err error) bool { return errors.Is(err, syscall.EFAULT) }
+
+// readFault is the call's error for a request whose read faulted (e, its
+// error), counted as the daemon's own faults are.
+func (ss *Session) readFault(e error) error {
+	ss.srv.m.faults.Add(1)
+	return fmt.Errorf("%w: %v", ErrFault, e)
 }
 
 // writeGroups writes reqs durably. The error is the store call's as a

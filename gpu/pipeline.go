@@ -233,10 +233,12 @@ func copyErr(err error) error {
 	return fmt.Errorf("%w: %w", ErrCopy, err)
 }
 
-// tag is the tag a load of the item expects (zero: any).
-func (it *Item) tag() store.Tag {
+// tag is the tag a load of the item expects (nil or zero: any), for
+// store.ReadReq.Tag and store.LocateReq.Tag: it points into the entry's
+// Meta, which the items of a block share.
+func (it *Item) tag() *store.Tag {
 	if it.Meta == nil {
-		return store.Tag{}
+		return nil
 	}
-	return it.Meta.Tag
+	return &it.Meta.Tag
 }

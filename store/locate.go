@@ -33,9 +33,10 @@ type LocateReq struct {
 	// caller verifies the bytes it moved against it, and must not use
 	// bytes that differ (Locate reads no payload).
 	CRC uint32
-	// Tag, when not zero, is the tag the block must be stored under, as
-	// for ReadReq.Tag: another tag fails the request with ErrTagMismatch.
-	Tag Tag
+	// Tag, when set and not zero, is the tag the block must be stored
+	// under, as for ReadReq.Tag: another tag fails the request with
+	// ErrTagMismatch. Nil checks none.
+	Tag *Tag
 	// Err is nil, ErrNotFound or ErrTagMismatch (sentinels, no
 	// allocation) or ErrInvalid.
 	Err error
@@ -67,7 +68,11 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 		switch {
 		case bp.hdr == nil:
 			r.Err = ErrNotFound
-		case !r.Tag.IsZero() && r.Tag != bp.hdr.Meta.Tag:
+		case r.Tag != nil && *r.Tag != bp.hdr.Meta.Tag && !r.Tag.IsZero():
+			// Checked against the header of the slot pinned here, under
+			// the same hold of s.mu: the slot is not reused until Unpin,
+			// so the bytes at Off stay those of the block whose tag
+			// matched (see Read).
 			r.Err = ErrTagMismatch
 			mismatches++
 		case !bp.hdr.Has(idx):

@@ -43,7 +43,7 @@ func writeMeta(s *store.Store, block uint64, m *store.BlockMeta, v int, idxs ...
 // getTag reads group k expecting tag; the destination starts filled with
 // 0xEE so that a test sees whether anything landed.
 func getTag(s *store.Store, k layout.Key, tag store.Tag) ([]byte, error) {
-	r := []store.ReadReq{{Key: k, Buf: bytes.Repeat([]byte{0xEE}, s.Geometry().GroupBytes()), Tag: tag}}
+	r := []store.ReadReq{{Key: k, Buf: bytes.Repeat([]byte{0xEE}, s.Geometry().GroupBytes()), Tag: &tag}}
 	if err := s.Read(r); err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ func TestTagCollision(t *testing.T) {
 
 	// Locate (the GPU path's lookup) checks the tag too, and pins nothing
 	// for a mismatch's sake beyond the block it names.
-	lr := []store.LocateReq{{Key: k0, Tag: tagB}, {Key: k0, Tag: tagA}}
+	lr := []store.LocateReq{{Key: k0, Tag: &tagB}, {Key: k0, Tag: &tagA}}
 	pins, err := s.Locate(lr, nil)
 	if err != nil {
 		t.Fatal(err)

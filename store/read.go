@@ -43,11 +43,16 @@ type ReadReq struct {
 	// head's recorded CRC32C: CRCs[j] for head Key.Head+j. Its length
 	// must be Heads.
 	CRCs []uint32
-	// Tag, when not zero, is the tag the block must be stored under: a
-	// block stored under another tag fails the request with
+	// Tag, when set and not zero, is the tag the block must be stored
+	// under: a block stored under another tag fails the request with
 	// ErrTagMismatch (its destination is not written, as for a miss),
-	// counted in Metrics.TagMismatch. Zero reads whatever is stored.
-	Tag Tag
+	// counted in Metrics.TagMismatch. Nil (or the zero tag) reads
+	// whatever is stored. A pointer, not the 16 bytes: the requests of a
+	// call are written and read back per (layer, kind) of every block, and
+	// a larger request is a measurable share of the control path's cost
+	// per block (docs/performance.md, "Control-path cost"); callers point
+	// every request of a block at one tag.
+	Tag *Tag
 	// Heads, above 1, makes the request a range: the groups of heads
 	// Key.Head to Key.Head+Heads-1 of one (block, layer, kind), head j's
 	// landing at Buf[j*HeadStride:] with the shape above (contiguous, or
@@ -158,10 +163,8 @@ func (s *Store) Read(reqs []ReadReq) error {
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 	wants := sc.wants[:0]
-	tagged := false // some request expects a tag
 	for i := range reqs {
 		r := &reqs[i]
-		tagged = tagged || !r.Tag.IsZero()
 		rows, err := s.checkRead(r)
 		r.Err, r.Failed, r.Bad = err, 0, 0
 		if err != nil {
@@ -195,12 +198,18 @@ func (s *Store) Read(reqs []ReadReq) error {
 		pins = s.pinBlockLocked(&bp, w.r.Key.Block, pins)
 		// The tag is checked only where a request expects one, before the
 		// group (a block of another prefix is a mismatch whatever groups
-		// it has); a range's heads are one request, counted once.
+		// it has); a range's heads are one request, counted once. It is
+		// checked against the header of the slot pinned here, under the
+		// same hold of s.mu: a pinned slot is not reused (no write or
+		// eviction replaces its header or payload) until the read's
+		// unpin, so the bytes read are those of the block whose tag
+		// matched, even when the block is replaced or evicted meanwhile
+		// (the replacement lands in another slot).
 		var miss error
 		switch hdr := bp.hdr; {
 		case hdr == nil:
 			miss = ErrNotFound
-		case tagged && !w.r.Tag.IsZero() && w.r.Tag != hdr.Meta.Tag:
+		case w.r.Tag != nil && *w.r.Tag != hdr.Meta.Tag && !w.r.Tag.IsZero():
 			miss = ErrTagMismatch
 		case !hdr.Has(w.idx):
 			miss = ErrNotFound

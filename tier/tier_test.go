@@ -232,7 +232,7 @@ func TestTags(t *testing.T) {
 	}{{a, nil}, {b, store.ErrTagMismatch}, {store.Tag{}, nil}} {
 		reqs := blockReqs(5)
 		for i := range reqs {
-			reqs[i].Tag = c.tag
+			reqs[i].Tag = &c.tag
 		}
 		hits := tr.Metrics().Hits
 		if err := tr.Read(reqs); err != nil {
@@ -255,7 +255,7 @@ func TestTags(t *testing.T) {
 	writeBlock(t, st, 5, 51, &store.BlockMeta{Tag: b})
 	reqs := blockReqs(5)
 	for i := range reqs {
-		reqs[i].Tag = a
+		reqs[i].Tag = &a
 	}
 	if err := tr.Read(reqs); err != nil {
 		t.Fatal(err)
