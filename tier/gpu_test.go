@@ -14,7 +14,7 @@ import (
 func locateBlock(b uint64, tag store.Tag) []store.LocateReq {
 	reqs := make([]store.LocateReq, testGeo.GroupsPerBlock())
 	for idx := range reqs {
-		reqs[idx] = store.LocateReq{Key: testGeo.KeyAt(b, idx), Tag: tag}
+		reqs[idx] = store.LocateReq{Key: testGeo.KeyAt(b, idx), Tag: &tag}
 	}
 	return reqs
 }
@@ -47,7 +47,7 @@ func TestLocate(t *testing.T) {
 	}
 	read(t, tr, 1)
 	reqs := append(locateBlock(1, tag), locateBlock(2, store.Tag{})...)
-	reqs = append(reqs, store.LocateReq{Key: testGeo.KeyAt(1, 0), Tag: store.Tag{9}}, store.LocateReq{Key: testGeo.KeyAt(1, 0)})
+	reqs = append(reqs, store.LocateReq{Key: testGeo.KeyAt(1, 0), Tag: &store.Tag{9}}, store.LocateReq{Key: testGeo.KeyAt(1, 0)})
 	reqs[len(reqs)-1].Key.Layer = testGeo.Layers // invalid
 	pins, err := tr.Locate(reqs, nil)
 	if err != nil {
