@@ -31,6 +31,11 @@
 #                of the same blocks; into host memory and, with a GPU, into
 #                GPU memory (REGISTER_CUDA) against the pinned H2D rate of
 #                the same run
+#   dram-zipf    LOAD_BLOCKS as dram, each call's blocks drawn with Zipf(1.0)
+#                popularity from DRAM_ZIPF_WS stored blocks (4 × the tier),
+#                from the store on DISK without and with the tier (kvfs
+#                bench-load --zipf 1.0 --working-set N), after as many
+#                calls unmeasured with another seed
 #   ttft         time to first token with a Llama-3-8B-shaped model,
 #                integration/gpu/run_torch.sh (needs a GPU, torch, transformers)
 #   ttft-cpu     integration/gpu/ttft.py on the CPU with a tiny random Llama
@@ -62,7 +67,7 @@
 #   SHM [/dev/shm]  DISK [/var/tmp]  directories of the tmpfs and disk stores
 #   SIZE [6GiB]  FILL blocks stored [2048]  BPC [128]  CALLS per caller [20]
 #   JOBS for load-v1 ["1 8"]  DISK_BPC [1000]  GPU_BPC [1024]
-#   DRAM_SIZE [768MiB]  DRAM_WS [192]  DRAM_BPC [16]
+#   DRAM_SIZE [768MiB]  DRAM_WS [192]  DRAM_BPC [16]  DRAM_ZIPF_WS [1536]
 #   MOUNT_FLAGS    extra flags of every kvfs mount (e.g. --cpuprofile F)
 #   TOKENS         ttft's token counts [4096,16384,32768; ttft-cpu: 256,1024]
 #   PY             the python of ttft-cpu [python3]
@@ -103,6 +108,7 @@ GPU_BPC=${GPU_BPC:-1024}
 DRAM_SIZE=${DRAM_SIZE:-768MiB}
 DRAM_WS=${DRAM_WS:-192}
 DRAM_BPC=${DRAM_BPC:-16}
+DRAM_ZIPF_WS=${DRAM_ZIPF_WS:-1536}
 FIO=${FIO:-fio}
 FIO_SECONDS=${FIO_SECONDS:-3}
 FIO_WARMUP=${FIO_WARMUP:-2}
@@ -492,6 +498,32 @@ s_dram() {
 	done
 }
 
+s_dram_zipf() {
+	local fill=$FILL ws=$DRAM_ZIPF_WS
+	FILL=$ws
+	fresh dram-zipf "$DISK"
+	FILL=$fill
+	header "DRAM tier, Zipf(1.0): LOAD_BLOCKS of $DRAM_BPC blocks per call drawn from $ws stored blocks, HND, 8 callers, tier $DRAM_SIZE" round build store "GB/s (core-s/GB)" "tier hit ratio"
+	local z=(--blocks-per-call "$DRAM_BPC" --layout hnd --jobs 8 --zipf 1.0 --working-set "$ws")
+	for r in $(seq "$ROUNDS"); do
+		for b in $BUILDS; do
+			for cfg in disk dram; do
+				if [ $cfg = dram ]; then
+					mnt "$D/$b" --dram "$DRAM_SIZE" || return 1
+				else
+					mnt "$D/$b" || return 1
+				fi
+				"$MOUNTED" bench-load "$M" "${z[@]}" --calls 16 --warmup 0 --seed 2 >/dev/null 2>&1
+				bl "${z[@]}" --calls 16 --warmup 2
+				local hit="-"
+				[ $cfg = dram ] && hit=$(fmt "$(echo "$BL_JSON" | num dram_hit_ratio)")
+				row "$r" "$b" "$cfg" "$(fmt "$GBPS") ($(fmt3 "$CPU"))" "$hit"
+				umnt
+			done
+		done
+	done
+}
+
 s_ttft() {
 	needs_gpu ttft || return 0
 	python3 -c 'import torch, transformers' 2>/dev/null || {
@@ -568,11 +600,12 @@ run() {
 	disk) s_disk ;;
 	load-gpu) s_load_gpu ;;
 	dram) s_dram ;;
+	dram-zipf) s_dram_zipf ;;
 	ttft) s_ttft ;;
 	ttft-cpu) s_ttft_cpu ;;
 	peers) s_peers ;;
 	control) s_control ;;
-	all) for s in engine store load-v1 load-blocks sweep cold disk load-gpu dram control ttft ttft-cpu peers; do run $s; done ;;
+	all) for s in engine store load-v1 load-blocks sweep cold disk load-gpu dram dram-zipf control ttft ttft-cpu peers; do run $s; done ;;
 	*)
 		echo "measure.sh: unknown scenario $1" >&2
 		usage

@@ -134,3 +134,39 @@ func (s *Store) crcLand4(ws []want, b *[4][]byte, got *[4]uint32) bool {
 // store's group size and the machine allow it); where it does, a
 // chunk read from the host view is not touched first (readInlineRun).
 func (s *Store) onePass() bool { return s.shift4 != nil }
+
+// CopyGroup copies one group's bytes src (contiguous, as stored) to dst,
+// contiguous (rows 0) or rows of rowBytes bytes pitch apart, and returns
+// their CRC32C. Where this store's group size and the machine allow it, it
+// reads src once, checksumming in four chains and landing with
+// non-temporal stores (as reads from a store file in memory land, see
+// crcLand); otherwise it copies, then checksums what it copied. For a
+// cache of whole groups in memory (the DRAM tier), whose hits are such
+// copies.
+func (s *Store) CopyGroup(dst, src []byte, rows, rowBytes, pitch int) uint32 {
+	n := len(src)
+	if s.onePass() && n == s.geo.GroupBytes() {
+		seg := n / 4
+		r, rb, p := rows, rowBytes, pitch
+		if r == 0 {
+			r, rb, p = 4, seg, seg
+		}
+		if r%4 == 0 && rb*r == n && p >= rb && ntFits(dst, r, rb, p) {
+			c := [4]uint32{0xFFFFFFFF}
+			crcCopyNT4(unsafe.Pointer(unsafe.SliceData(dst)), unsafe.Pointer(unsafe.SliceData(src)),
+				seg, r/4*p, r/4, rb, p-rb, int(s.geo.GroupStride()), &c)
+			return s.shift4.combine4(&c)
+		}
+	}
+	if rows == 0 {
+		copy(dst[:n], src)
+		return CRC32C(dst[:n])
+	}
+	var c uint32
+	for i := range rows {
+		d := dst[i*pitch : i*pitch+rowBytes]
+		copy(d, src[i*rowBytes:(i+1)*rowBytes])
+		c = crc32.Update(c, castagnoli, d)
+	}
+	return c
+}

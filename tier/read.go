@@ -288,7 +288,14 @@ func (t *Tier) land(r *store.ReadReq, slot int64) bool {
 			continue
 		}
 		dst := r.Buf[j*r.HeadStride : j*r.HeadStride+span]
-		sum := t.copyGroup(dst, t.group(slot, idx), rows, r.RowBytes, r.Pitch, !r.Unverified)
+		var sum uint32
+		if r.Unverified {
+			t.copyGroup(dst, t.group(slot, idx), rows, r.RowBytes, r.Pitch, false)
+		} else {
+			// One pass where the machine allows: the copy's read of the
+			// arena also checksums it (store.CopyGroup).
+			sum = t.st.CopyGroup(dst, t.group(slot, idx), rows, r.RowBytes, r.Pitch)
+		}
 		want := t.crc[int(slot)*t.groups+idx]
 		switch {
 		case r.Unverified && r.Heads <= 1:
