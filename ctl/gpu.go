@@ -112,9 +112,6 @@ type GPUOptions struct {
 	// ScratchBudget bounds each device's scratch for direct loads of
 	// pitched tiles (default 512 MiB; gpu.Pipeline.ScratchBudget).
 	ScratchBudget int
-	// LandPacked lands the packed groups of direct loads through device
-	// scratch (gpu.Pipeline.LandPacked).
-	LandPacked bool
 }
 
 // OpenCUDA opens a CUDA device for the server.
@@ -346,7 +343,7 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 	}
 	d := &gpuDev{ordinal: ordinal, g: dev, pool: pool,
 		pipe: &gpu.Pipeline{Dev: dev, Pool: pool, Geo: g.geo, Depth: g.opts.Depth, ReadAhead: g.opts.ReadAhead, NoBatch: g.opts.NoBatch, DirectWorkers: g.opts.DirectWorkers,
-			ScratchBudget: g.opts.ScratchBudget, LandPacked: g.opts.LandPacked}}
+			ScratchBudget: g.opts.ScratchBudget}}
 	if d.pipe.Depth <= 0 {
 		d.pipe.Depth = 8
 	}

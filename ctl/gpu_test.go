@@ -1208,8 +1208,7 @@ func BenchmarkGPULoadBlocks(b *testing.B) {
 // heads) it was given, by Verify or Land.
 type fakeLander struct {
 	fakeChecker
-	tiles  int
-	landed int // items given to Land
+	tiles int
 }
 
 func (c *fakeLander) Verify(items []*gpu.Item) error {
@@ -1231,7 +1230,6 @@ func (c *fakeLander) Land(items []*gpu.Item, srcs []uint64) error {
 	c.count(items)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.landed += len(items)
 	geo, dev := c.geo, c.dev
 	eachGroup(items, geo, func(it *gpu.Item, i, j int, dst uint64, pitch int, crc uint32) {
 		*c.verified++
@@ -1271,9 +1269,7 @@ func layoutTarget(id uint32, nb int, lay string) *abi.Target {
 func tileLoad(t *testing.T, nb int, lay string, tiles bool, put func(f *fixture), es []abi.BlockEntry) ([]abi.BlockEntry, []byte, int) {
 	t.Helper()
 	// lay "-direct": the store's file in memory, registered with the
-	// device, so loads copy straight from it; "-direct-land": and land
-	// packed groups through device scratch (LandPacked).
-	lay, land := strings.CutSuffix(lay, "-land")
+	// device, so loads copy straight from it.
 	lay, direct := strings.CutSuffix(lay, "-direct")
 	defer func(v bool) { noTiles = v }(noTiles)
 	noTiles = !tiles
@@ -1285,7 +1281,6 @@ func tileLoad(t *testing.T, nb int, lay string, tiles bool, put func(f *fixture)
 	// target.
 	f, fakes := gpuFixtureSized(t, 1, 16, int(size)+129<<20, func(o *GPUOptions, fakes []*fakeGPU) {
 		o.VerifyOnGPU = true
-		o.LandPacked = land
 		if lay == "hf" {
 			// Room for several blocks per staging buffer: the tiles of
 			// consecutive cache blocks are staged head by head.
@@ -1319,66 +1314,7 @@ func tileLoad(t *testing.T, nb int, lay string, tiles bool, put func(f *fixture)
 	if d := f.srv.Metrics().GPUDirect; direct != (d > 0) {
 		t.Fatalf("%s, direct %v: %d groups loaded direct", lay, direct, d)
 	}
-	if land && chk.landed == 0 {
-		t.Fatalf("%s: LandPacked, and no group was landed from device scratch", lay)
-	}
 	return got, dev.Mem(gputest.Base, int(size)), chk.tiles
-}
-
-// TestGPULandPacked: direct loads that land packed groups through device
-// scratch (LandPacked) give what direct loads into place give, into
-// head-major and Hugging Face targets: the same GPU memory (a corrupt
-// group zeroed, missing heads left alone) and the same statuses, for the
-// whole, partial, corrupt and absent blocks of TestGPUBlocksTiles and
-// TestGPUBlocksTilesRandom's random loads.
-func TestGPULandPacked(t *testing.T) {
-	geo := testGeo
-	H, L := geo.KVHeads, geo.Layers
-	const nb = 8
-	for seed := range uint64(4) {
-		r := rand.New(rand.NewPCG(seed, 31))
-		var stored, bad []layout.Key
-		for b := range uint64(nb) {
-			p := r.IntN(4)
-			for _, k := range blockKeys(b) {
-				if p == 1 || p > 1 && r.IntN(2) == 0 {
-					stored = append(stored, k)
-					if r.IntN(30) == 0 {
-						bad = append(bad, k)
-					}
-				}
-			}
-		}
-		put := func(f *fixture) {
-			f.put(stored, 1)
-			for _, k := range bad {
-				f.corrupt(k)
-			}
-		}
-		es := make([]abi.BlockEntry, nb)
-		for i := range es {
-			lf, hf := r.IntN(L), r.IntN(H)
-			es[i] = abi.BlockEntry{Block: uint64(r.IntN(nb + 2)), CacheBlock: uint32(i), LayerFirst: uint16(lf), LayerCount: uint16(1 + r.IntN(L-lf)),
-				HeadFirst: uint16(hf), HeadCount: uint16(1 + r.IntN(H-hf)), Kinds: abi.KindsBoth}
-			if seed == 0 {
-				es[i] = wholeBlock(uint64(i), uint32(i))
-			}
-		}
-		for _, lay := range []string{"hnd-direct", "hf-direct"} {
-			t.Run(fmt.Sprintf("seed=%d/%s", seed, lay), func(t *testing.T) {
-				want, wmem, _ := tileLoad(t, nb, lay, true, put, es)
-				got, gmem, _ := tileLoad(t, nb, lay+"-land", true, put, es)
-				for i := range want {
-					if got[i] != want[i] {
-						t.Fatalf("entry %d: %+v landed from scratch, %+v copied into place", i, got[i], want[i])
-					}
-				}
-				if !bytes.Equal(gmem, wmem) {
-					t.Fatal("GPU memory differs between landing from scratch and copying into place")
-				}
-			})
-		}
-	}
 }
 
 // sameAsGroups fails t unless a load as tiles gave exactly what the same

@@ -117,10 +117,6 @@ func (p *Pipeline) hostView(r Reader) (Locator, []byte) {
 // direct load copies it to device scratch and lands it with Land.
 func (p *Pipeline) pitched(it *Item) bool { return it.Pitch != 0 && it.Pitch != p.Geo.RowBytes }
 
-// landsPacked reports whether direct loads land packed groups through
-// device scratch (LandPacked, with Land and a device that allocates).
-func (p *Pipeline) landsPacked() bool { return p.LandPacked && p.Land != nil && p.canAllocDevice() }
-
 func (p *Pipeline) canAllocDevice() bool {
 	_, ok := p.Dev.(DeviceAllocator)
 	return ok
@@ -346,10 +342,9 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 				continue
 			}
 			// A pitched tile's group goes packed to the chunk's scratch,
-			// which Land scatters into its rows; so does a packed one
-			// under LandPacked.
+			// which Land scatters into its rows.
 			dst, m := it.Dst, it.Mapping
-			if p.pitched(it) || p.landsPacked() {
+			if p.pitched(it) {
 				if err := p.ensureScratch(c); err != nil {
 					it.Err = err
 					continue

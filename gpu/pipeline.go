@@ -113,15 +113,6 @@ type Pipeline struct {
 	// its own oldest chunk instead of allocating more, so at most the
 	// budget plus one chunk's (twice the staging buffer size) per load.
 	ScratchBudget int
-	// LandPacked sends the packed groups of a direct load through device
-	// scratch too, as pitched ones go: copied there in the host view's
-	// order (one copy per run of the store's slots, a whole block at a
-	// time) and written where they go by Land, instead of one copy per run
-	// of their destinations. Where a target's groups lie apart (a Hugging
-	// Face cache's heads a whole sequence apart) that is few large copies
-	// instead of many of one group. Needs Land and a device that
-	// allocates; such loads take one group per item (TakesTiles).
-	LandPacked bool
 	// DirectWorkers is how many goroutines queue the copies of one load
 	// from the store's host view (default 4; see SetHost).
 	DirectWorkers int

@@ -102,12 +102,11 @@ func (it *Item) done() bool {
 // staging (the pitched ones (pitched) landed by Land) or, packed ones,
 // direct from the store's host view (SetHost). Pitched loads that would
 // go direct and loads checked on the CPU take one group per item, and so
-// do loads from a Cache whose memory is registered (its direct route hands
-// the groups it does not hold to staging item by item) and direct loads
-// under LandPacked (which land each group through scratch).
+// do loads from a Cache whose memory is registered: its direct route
+// hands the groups it does not hold to staging item by item.
 func (p *Pipeline) TakesTiles(r Reader, pitched bool) bool {
 	if l, _ := p.hostView(r); l != nil {
-		if _, cached := r.(Cache); cached || p.landsPacked() {
+		if _, cached := r.(Cache); cached {
 			return false
 		}
 		return !pitched

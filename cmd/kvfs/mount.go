@@ -62,7 +62,6 @@ type mountOptions struct {
 	gpuVerify                string
 	gpuDirect                bool
 	gpuDirectWorkers         int
-	gpuLandPacked            bool
 	gpuScratch               string
 	gpuAhead                 int
 	gpuBatch                 bool
@@ -155,7 +154,6 @@ always does); the GOMAXPROCS environment variable sets it instead.`,
 	f.BoolVar(&o.gpuBatch, "gpu-batch-copies", true, "queue the copies of a GPU load that no 2D copy takes (tiles of scattered cache blocks) with one cuMemcpyBatchAsync per staging buffer, where the driver has it (CUDA ≥ 12.8)")
 	f.StringVar(&o.gpuVerify, "gpu-verify", "auto", "where loads into GPU memory are checksummed: gpu (the CRC32C kernel, where the groups land; STOREs summed over staging by it too), cpu (the store, in staging), or auto: gpu where the kernel loads, else cpu")
 	f.BoolVar(&o.gpuDirect, "gpu-direct", true, "with the checksums on the GPU and a store file in memory (tmpfs, ramfs): register the file with the GPUs (page-locking it) and copy packed tiles straight from it, with no staging")
-	f.BoolVar(&o.gpuLandPacked, "gpu-land-packed", false, "direct GPU loads copy whole blocks from host memory into device scratch and write each group into place on the GPU (the kernel that checks them), instead of copying each group into place: fewer, larger copies where a cache's groups lie apart (Hugging Face layout)")
 	f.IntVar(&o.gpuDirectWorkers, "gpu-direct-workers", 4, "goroutines that queue the copies of one direct GPU load (1..64)")
 	f.BoolVar(&o.viewReads, "view-reads", true, "with a store file in memory (tmpfs, ramfs) on the uring engine: check and land host reads straight from the daemon's mapping of the file instead of reading them into a chunk buffer first")
 	f.StringVar(&o.evict, "evict", "prefix", "eviction order: prefix (leaves of the prefix forest the blocks' parents form, those never read back first, least recently used first, so a shared prefix stays while a continuation of it is stored) or lru (least recently used block)")
@@ -199,7 +197,7 @@ func (o *mountOptions) gpuOptions() (ctl.GPUOptions, error) {
 	return ctl.GPUOptions{Disable: !o.gpu, StagingCount: o.gpuStaging, StagingSize: int(n), Depth: min(o.gpuDepth, o.gpuStaging),
 		ReadAhead: o.gpuAhead, NoBatch: !o.gpuBatch, Streams: o.gpuStreams, SpinWait: o.gpuWait == "spin", VerifyOnGPU: o.gpuVerify != "cpu",
 		VerifyFallback: o.gpuVerify == "auto",
-		NoDirect:       !o.gpuDirect, DirectWorkers: o.gpuDirectWorkers, ScratchBudget: int(scratch), LandPacked: o.gpuLandPacked}, nil
+		NoDirect:       !o.gpuDirect, DirectWorkers: o.gpuDirectWorkers, ScratchBudget: int(scratch)}, nil
 }
 
 // parseCtl checks --ctl-mode and --ctl-group.
