@@ -529,6 +529,37 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 			}
 		}
 	}
+	// Two prefixes forced onto one id: block 2000 stored from the GPU
+	// under tag A (cache block nb-1 of the NHD target holds block 0's
+	// bytes). A load into GPU memory that expects tag B is Absent with
+	// TagMismatch and writes none of the block's bytes; one that expects
+	// A lands them.
+	ta, tb := client.Tag{0xA}, client.Tag{0xB}
+	se := []client.BlockEntry{tg.WholeBlock(2000, nb-1)}
+	se[0].Tag = ta
+	if n, err := c.StoreBlocks(tid, se); err != nil || n != 1 {
+		t.Fatalf("tagged store-blocks: %d, %v", n, err)
+	}
+	before = exp.dump()
+	le := []client.BlockEntry{tg.WholeBlock(2000, 0)}
+	le[0].Tag = tb
+	if n, err := c.LoadBlocks(tid, le); err != nil || n != 0 || le[0].Status != client.Absent || le[0].Detail != client.TagMismatch {
+		t.Fatalf("load-blocks expecting another tag: %d ok, %v, %+v", n, err, le[0])
+	}
+	if !bytes.Equal(exp.dump(), before) {
+		t.Fatal("a load expecting another tag changed GPU memory")
+	}
+	le = []client.BlockEntry{tg.WholeBlock(2000, 0)}
+	le[0].Tag = ta
+	if n, err := c.LoadBlocks(tid, le); err != nil || n != 1 {
+		t.Fatalf("load-blocks expecting the stored tag: %d ok, %v, %+v", n, err, le[0])
+	}
+	mem = exp.dump()
+	for i := range geo.GroupsPerBlock() {
+		if k := geo.KeyAt(2000, i); !bytes.Equal(nhdTile(mem, tensor, k, 0), data(geo.KeyAt(0, i))) {
+			t.Fatalf("tagged LOAD_BLOCKS: %v differs on the GPU", k)
+		}
+	}
 	for _, tid := range []client.TargetID{tid, hid} {
 		if err := c.UnregisterTarget(tid); err != nil {
 			t.Fatal(err)
