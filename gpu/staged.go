@@ -487,12 +487,7 @@ func (p *Pipeline) spanTiles(c *chunk, reqs []store.ReadReq, st *Staging) {
 	}
 	// (destination, item) pairs in destination order; addresses of
 	// different mappings never coincide, and a span stays in one.
-	ents := grow(c.sortBuf, n)
-	c.sortBuf = ents
-	for i, it := range c.items {
-		ents[i] = stagedAt{it.Dst, int32(i)}
-	}
-	slices.SortFunc(ents, func(a, b stagedAt) int { return cmp.Compare(a.dst, b.dst) })
+	ents := c.byDest(n)
 	// span is the length of the span starting at ents[k].
 	span := func(k int) int {
 		it := c.items[ents[k].i]
@@ -575,13 +570,7 @@ func (p *Pipeline) sortStaging(c *chunk, reqs []store.ReadReq, st *Staging) {
 	if sorted || n >= minRun*runs {
 		return
 	}
-	// Sort (destination, item) pairs, not item indexes through pointers.
-	ents := grow(c.sortBuf, n)
-	c.sortBuf = ents
-	for i, it := range c.items {
-		ents[i] = stagedAt{it.Dst, int32(i)}
-	}
-	slices.SortFunc(ents, func(a, b stagedAt) int { return cmp.Compare(a.dst, b.dst) })
+	ents := c.byDest(n)
 	c.posBuf, c.orderBuf = grow(c.posBuf, n), grow(c.orderBuf, n)
 	c.pos, c.order = c.posBuf, c.orderBuf
 	for k, e := range ents {
@@ -594,6 +583,19 @@ func (p *Pipeline) sortStaging(c *chunk, reqs []store.ReadReq, st *Staging) {
 }
 
 // stagedAt is an item of a chunk (i) and its destination, for sortStaging.
+// byDest returns the chunk's n items as (destination, item) pairs in
+// destination order, in the chunk's sort buffer: pairs, not item indexes
+// sorted through pointers.
+func (c *chunk) byDest(n int) []stagedAt {
+	ents := grow(c.sortBuf, n)
+	c.sortBuf = ents
+	for i, it := range c.items {
+		ents[i] = stagedAt{it.Dst, int32(i)}
+	}
+	slices.SortFunc(ents, func(a, b stagedAt) int { return cmp.Compare(a.dst, b.dst) })
+	return ents
+}
+
 type stagedAt struct {
 	dst uint64
 	i   int32

@@ -59,24 +59,34 @@ func (t *crcShift) combine4(c *[4]uint32) uint32 {
 // destination the four-chain copy does not fit take the checksum, then
 // the copy.
 func (s *Store) crcLand(w *want, b []byte) uint32 {
-	if s.onePass() {
-		q, dst := w.r, s.dst(w)
-		n := len(b)
-		seg := n / 4
-		rows, rb, pitch := w.rows, q.RowBytes, q.Pitch
-		if rows == 0 { // contiguous: each segment one row
-			rows, rb, pitch = 4, seg, seg
-		}
-		if rows%4 == 0 && rb*rows == n && pitch >= rb && ntFits(dst, rows, rb, pitch) {
-			c := [4]uint32{0xFFFFFFFF}
-			crcCopyNT4(unsafe.Pointer(unsafe.SliceData(dst)), unsafe.Pointer(unsafe.SliceData(b)),
-				seg, rows/4*pitch, rows/4, rb, pitch-rb, int(s.geo.GroupStride()), &c)
-			return s.shift4.combine4(&c)
-		}
+	if got, ok := s.copyOnePass(s.dst(w), b, w.rows, w.r.RowBytes, w.r.Pitch); ok {
+		return got
 	}
 	got := CRC32C(b)
 	s.land(w, b)
 	return got
+}
+
+// copyOnePass is crcLand's and CopyGroup's one-pass copy of group b to
+// dst (contiguous for rows 0, else rows of rb bytes pitch apart): the
+// CRC32C of b, and whether it did it (onePass, and a shape and
+// destination the four-chain copy takes).
+func (s *Store) copyOnePass(dst, b []byte, rows, rb, pitch int) (uint32, bool) {
+	if !s.onePass() {
+		return 0, false
+	}
+	n := len(b)
+	seg := n / 4
+	if rows == 0 { // contiguous: each segment one row
+		rows, rb, pitch = 4, seg, seg
+	}
+	if rows%4 != 0 || rb*rows != n || pitch < rb || !ntFits(dst, rows, rb, pitch) {
+		return 0, false
+	}
+	c := [4]uint32{0xFFFFFFFF}
+	crcCopyNT4(unsafe.Pointer(unsafe.SliceData(dst)), unsafe.Pointer(unsafe.SliceData(b)),
+		seg, rows/4*pitch, rows/4, rb, pitch-rb, int(s.geo.GroupStride()), &c)
+	return s.shift4.combine4(&c), true
 }
 
 // crcLand4 is crcLand for four bounced groups at once, ws[k] from b[k]:
@@ -145,17 +155,9 @@ func (s *Store) onePass() bool { return s.shift4 != nil }
 // copies.
 func (s *Store) CopyGroup(dst, src []byte, rows, rowBytes, pitch int) uint32 {
 	n := len(src)
-	if s.onePass() && n == s.geo.GroupBytes() {
-		seg := n / 4
-		r, rb, p := rows, rowBytes, pitch
-		if r == 0 {
-			r, rb, p = 4, seg, seg
-		}
-		if r%4 == 0 && rb*r == n && p >= rb && ntFits(dst, r, rb, p) {
-			c := [4]uint32{0xFFFFFFFF}
-			crcCopyNT4(unsafe.Pointer(unsafe.SliceData(dst)), unsafe.Pointer(unsafe.SliceData(src)),
-				seg, r/4*p, r/4, rb, p-rb, int(s.geo.GroupStride()), &c)
-			return s.shift4.combine4(&c)
+	if n == s.geo.GroupBytes() {
+		if got, ok := s.copyOnePass(dst, src, rows, rowBytes, pitch); ok {
+			return got
 		}
 	}
 	if rows == 0 {
