@@ -398,10 +398,15 @@ func TestTierGPUDirect(t *testing.T) {
 			}
 			cached := func() uint64 { return f.srv.Metrics().GPUTierDirect }
 
-			// Misses: staged, and the tier keeps the blocks.
+			// Misses: staged, and the tier keeps the blocks. In chunks of
+			// half a block, a block's second half may hit the copy its
+			// first half's miss filled, when the two are read one after
+			// the other.
 			g.check(t, g.load(t, blocks...), blocks, version)
-			if m := tr.Metrics(); m.Blocks != nb || m.Hits != 0 || cached() != 0 {
-				t.Fatalf("after the first load: %+v, %d groups direct", m, cached())
+			m0 := tr.Metrics()
+			if m0.Blocks != nb || m0.Hits+m0.Misses != nb*gpb || cached() != 0 ||
+				mode != "chunks" && m0.Hits != 0 || m0.Hits > nb*gpb/2 {
+				t.Fatalf("after the first load: %+v, %d groups direct", m0, cached())
 			}
 			// Hits: straight from the tier's memory.
 			calls := g.dev.Calls()
@@ -413,7 +418,7 @@ func TestTierGPUDirect(t *testing.T) {
 					t.Fatalf("%d copy calls for %d blocks from the tier", c, nb)
 				}
 			}
-			if m := tr.Metrics(); m.Hits != nb*gpb || cached() != direct {
+			if m := tr.Metrics(); m.Hits != m0.Hits+nb*gpb || cached() != direct {
 				t.Fatalf("after the repeat: %+v, %d groups direct, want %d", m, cached(), direct)
 			}
 
