@@ -70,20 +70,14 @@ type MountInfo struct {
 	Source     string
 }
 
-// FindMount returns the mount at mountpoint (the last one, if several are
-// stacked), or ok = false when nothing is mounted there.
-func FindMount(mountpoint string) (MountInfo, bool, error) {
-	abs, err := filepath.Abs(mountpoint)
-	if err != nil {
-		return MountInfo{}, false, err
-	}
+// Mounts returns the mounts of /proc/self/mountinfo, in its order.
+func Mounts() ([]MountInfo, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return MountInfo{}, false, err
+		return nil, err
 	}
 	defer f.Close()
-	var found MountInfo
-	ok := false
+	var out []MountInfo
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// id parent maj:min root mountpoint options [optional...] - fstype source superopts
@@ -91,18 +85,35 @@ func FindMount(mountpoint string) (MountInfo, bool, error) {
 		if len(fields) < 10 {
 			continue
 		}
-		if unescapeMount(fields[4]) != abs {
-			continue
-		}
 		for i := 6; i < len(fields)-2; i++ {
 			if fields[i] == "-" {
-				found = MountInfo{Mountpoint: abs, FSType: fields[i+1], Source: unescapeMount(fields[i+2])}
-				ok = true
+				out = append(out, MountInfo{Mountpoint: unescapeMount(fields[4]), FSType: fields[i+1], Source: unescapeMount(fields[i+2])})
 				break
 			}
 		}
 	}
-	return found, ok, sc.Err()
+	return out, sc.Err()
+}
+
+// FindMount returns the mount at mountpoint (the last one, if several are
+// stacked), or ok = false when nothing is mounted there.
+func FindMount(mountpoint string) (MountInfo, bool, error) {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return MountInfo{}, false, err
+	}
+	ms, err := Mounts()
+	if err != nil {
+		return MountInfo{}, false, err
+	}
+	var found MountInfo
+	ok := false
+	for _, m := range ms {
+		if m.Mountpoint == abs {
+			found, ok = m, true
+		}
+	}
+	return found, ok, nil
 }
 
 // unescapeMount undoes the octal escapes (\040 for a space …) of mountinfo.

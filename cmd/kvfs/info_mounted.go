@@ -1,14 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/kvfs/kvfs/fs"
@@ -18,51 +15,28 @@ import (
 // A store a daemon holds cannot be opened by kvfs info (the daemon has its
 // lock); info then answers from the daemon's own view, the mount's
 // .kvfs/geometry and .kvfs/stats, after finding the mount of the store in
-// /proc/mounts (kvfs mount names each mount after its store's absolute path).
+// the mount table (kvfs mount names each mount after its store's absolute path).
 
 // mountOf is the mount point of the kvfs mount serving the store at path,
-// from /proc/mounts; "" when there is none.
+// from the mount table; "" when there is none.
 func mountOf(path string) (string, error) {
 	want, err := os.Stat(path)
 	if err != nil {
 		return "", err
 	}
-	f, err := os.Open("/proc/mounts")
+	ms, err := fs.Mounts()
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 3 || fields[2] != "fuse.kvfs" {
+	for _, m := range ms {
+		if m.FSType != "fuse.kvfs" {
 			continue
 		}
-		if fi, err := os.Stat(unescapeMount(fields[0])); err == nil && os.SameFile(fi, want) {
-			return unescapeMount(fields[1]), nil
+		if fi, err := os.Stat(m.Source); err == nil && os.SameFile(fi, want) {
+			return m.Mountpoint, nil
 		}
 	}
-	return "", sc.Err()
-}
-
-// unescapeMount undoes /proc/mounts' octal escapes (\040 for a space, \011,
-// \012, \134).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return "", nil
 }
 
 // mountedInfo is info's report of a store held by the daemon mounted at
