@@ -267,26 +267,16 @@ func (g *gpus) register(dev GPU, r *hostReg, view func() []byte, what string, se
 	}()
 }
 
-// direct is how many groups loads copied straight from the store's file
-// in memory, and whether it is registered.
-func (g *gpus) direct() (groups uint64, registered bool) {
+// direct is how many groups loads copied straight from host memory by
+// count (gpu.Pipeline.Direct: the store's file; Cached: the DRAM tier's
+// memory, served), and whether r (g.host, g.arena) is registered.
+func (g *gpus) direct(count func(*gpu.Pipeline) uint64, r *hostReg) (groups uint64, registered bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, d := range g.devs {
-		groups += d.pipe.Direct()
+		groups += count(d.pipe)
 	}
-	return groups, g.host.view != nil
-}
-
-// cached is how many groups loads copied straight from the DRAM tier's
-// memory and served, and whether it is registered.
-func (g *gpus) cached() (groups uint64, registered bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, d := range g.devs {
-		groups += d.pipe.Cached()
-	}
-	return groups, g.arena.view != nil
+	return groups, r.view != nil
 }
 
 func (g *gpus) available() bool {

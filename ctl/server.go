@@ -210,8 +210,8 @@ func (s *Server) Sessions() int { return int(s.m.sessions.Load()) }
 // Metrics returns the server's counters.
 func (s *Server) Metrics() Metrics {
 	summed, sumFailed := s.gpus.summed()
-	direct, registered := s.gpus.direct()
-	tierDirect, tierRegistered := s.gpus.cached()
+	direct, registered := s.gpus.direct((*gpu.Pipeline).Direct, &s.gpus.host)
+	tierDirect, tierRegistered := s.gpus.direct((*gpu.Pipeline).Cached, &s.gpus.arena)
 	return Metrics{
 		GPUSummed: summed, GPUSumFailed: sumFailed, GPUDirect: direct, GPUHostRegistered: registered,
 		GPUTierDirect: tierDirect, GPUTierRegistered: tierRegistered,

@@ -2,7 +2,6 @@ package tier
 
 import (
 	"errors"
-	"hash/crc32"
 	"math"
 
 	"github.com/kvfs/kvfs/store"
@@ -218,7 +217,7 @@ func (t *Tier) fill(sc *scratch) error {
 			k++
 			switch {
 			case !p.ok:
-			case r.Err == nil && crc32.Checksum(r.Buf, castagnoli) == r.CRC:
+			case r.Err == nil && store.CRC32C(r.Buf) == r.CRC:
 				bits[idx/64] |= 1 << (idx % 64)
 				crcs[idx] = r.CRC
 				n++
@@ -255,10 +254,6 @@ func (t *Tier) publish(plans []plan) {
 	}
 }
 
-// copyChunk is how many bytes of a contiguous group are copied before the
-// checksum reads them back, so that it reads them from the core's cache.
-const copyChunk = 64 << 10
-
 // land lands r from slot, as store.Read would land it from the store:
 // every head of r the copy holds is copied to its destination and, unless
 // r is Unverified, checked against the CRC32C it was verified against when
@@ -290,7 +285,7 @@ func (t *Tier) land(r *store.ReadReq, slot int64) bool {
 		dst := r.Buf[j*r.HeadStride : j*r.HeadStride+span]
 		var sum uint32
 		if r.Unverified {
-			t.copyGroup(dst, t.group(slot, idx), rows, r.RowBytes, r.Pitch, false)
+			copyGroup(dst, t.group(slot, idx), rows, r.RowBytes, r.Pitch)
 		} else {
 			// One pass where the machine allows: the copy's read of the
 			// arena also checksums it (store.CopyGroup).
@@ -366,29 +361,16 @@ func (t *Tier) shape(r *store.ReadReq) (rows, span int, ok bool) {
 }
 
 // copyGroup copies one group from src (contiguous, as stored) to dst,
-// contiguous (rows 0) or rows rowBytes long pitch apart, and returns the
-// CRC32C of the bytes landed when sum is set.
-func (t *Tier) copyGroup(dst, src []byte, rows, rowBytes, pitch int, sum bool) uint32 {
-	var c uint32
+// contiguous (rows 0) or rows rowBytes long pitch apart, unchecked (a copy
+// that is checked goes through store.CopyGroup).
+func copyGroup(dst, src []byte, rows, rowBytes, pitch int) {
 	if rows == 0 {
-		for off := 0; off < len(src); off += copyChunk {
-			end := min(off+copyChunk, len(src))
-			d := dst[off:end]
-			copy(d, src[off:end])
-			if sum {
-				c = crc32.Update(c, castagnoli, d)
-			}
-		}
-		return c
+		copy(dst, src)
+		return
 	}
 	for i := range rows {
-		d := dst[i*pitch : i*pitch+rowBytes]
-		copy(d, src[i*rowBytes:(i+1)*rowBytes])
-		if sum {
-			c = crc32.Update(c, castagnoli, d)
-		}
+		copy(dst[i*pitch:i*pitch+rowBytes], src[i*rowBytes:(i+1)*rowBytes])
 	}
-	return c
 }
 
 // zeroGroup zeroes one group's destination, contiguous or pitched rows.

@@ -2,7 +2,6 @@ package tier
 
 import (
 	"fmt"
-	"hash/crc32"
 	"sync"
 	"sync/atomic"
 
@@ -13,8 +12,6 @@ import (
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/index"
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Options configure New.
 type Options struct {

@@ -191,7 +191,7 @@ func (t *Tier) stageWrites(reqs []store.WriteReq, sc *wscratch) {
 	par.Pieces(len(reqs), max(1, writeSumWindow/t.gb), runtime.GOMAXPROCS(0), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			if slot := sc.blocks[sc.of[i]].slot; slot >= 0 {
-				sc.crcs[i] = t.copyGroup(t.group(slot, t.geo.Index(reqs[i].Key)), reqs[i].Data, 0, 0, 0, true)
+				sc.crcs[i] = t.st.CopyGroup(t.group(slot, t.geo.Index(reqs[i].Key)), reqs[i].Data, 0, 0, 0)
 			}
 		}
 	})
