@@ -22,6 +22,7 @@ file system (a memfd; with an older daemon a /dev/shm file unlinked as soon
 as it is registered), so a killed client leaves nothing behind.
 """
 
+import array
 import collections
 import errno as _errno
 import fcntl
@@ -38,7 +39,7 @@ from .abi import (OK, ABSENT, CORRUPT, BAD_REQUEST, IO_ERROR, NO_SPACE,  # noqa:
                   STATUS_NAMES, DETAIL_NAMES, ABI_VERSION)
 
 __all__ = ["Client", "Entry", "Info", "HostBuffer", "KvfsError", "status_name", "Target", "BlockEntry",
-           "LookupResult", "OK", "ABSENT", "CORRUPT", "BAD_REQUEST", "IO_ERROR", "NO_SPACE", "TAG_MISMATCH",
+           "LookupResult", "BlockArray", "OK", "ABSENT", "CORRUPT", "BAD_REQUEST", "IO_ERROR", "NO_SPACE", "TAG_MISMATCH",
            "LOOKUP_PRESENT", "LOOKUP_ABSENT", "LOOKUP_TAG_MISMATCH"]
 
 CTL_PATH = ".kvfs/ctl"
@@ -77,6 +78,60 @@ LookupResult = collections.namedtuple("LookupResult", "statuses present absent m
 LookupResult.__doc__ = """LOOKUP's answer: statuses, one per pair (LOOKUP_PRESENT, LOOKUP_ABSENT,
 LOOKUP_TAG_MISMATCH); the counts of each; run, the leading pairs present
 (the blocks of the sequence a request can reuse)."""
+
+
+class BlockArray:
+    """Block entries packed once in the ABI's tagged form (64 bytes each), for
+    calls that move the same blocks again and again: one LOAD_BLOCKS per
+    layer of a prefix, say. Client.load_blocks and store_blocks take it in
+    place of a list of BlockEntry and skip packing each entry; set_layers
+    changes the layer range of every entry in one pass.
+
+    blocks, cache_blocks: one per entry; tags: None, or per entry 16 bytes
+    or None; parents: None, or per entry a block id or None. The layer, head
+    and kind ranges are those of every entry (all given: a BlockArray needs
+    no target to fill them in)."""
+
+    def __init__(self, blocks, cache_blocks, layer_first, layer_count, head_first, head_count,
+                 kinds=abi.KINDS_BOTH, tags=None, parents=None):
+        blocks = list(blocks)
+        cache_blocks = list(cache_blocks)
+        n = len(blocks)
+        tags = [None] * n if tags is None else list(tags)
+        parents = [None] * n if parents is None else list(parents)
+        if not len(cache_blocks) == len(tags) == len(parents) == n:
+            raise ValueError("%d blocks, %d cache blocks, %d tags and %d parents"
+                             % (n, len(cache_blocks), len(tags), len(parents)))
+        zero = bytes(abi.TAG_SIZE)
+        pack = abi.BLOCK_ENTRY_TAGGED.pack
+        out = []
+        for b, c, t, p in zip(blocks, cache_blocks, tags, parents):
+            t = zero if t is None else bytes(t)
+            if len(t) != abi.TAG_SIZE:
+                raise ValueError("a tag is %d bytes, not %d" % (abi.TAG_SIZE, len(t)))
+            out.append(pack(b, c, layer_first, layer_count, head_first, head_count, kinds, 0, 0, 0, 0, 0,
+                            t, p or 0, abi.META_PARENT if p is not None else 0, 0))
+        self.buf = bytearray(b"".join(out))
+        self.count = n
+        self.tagged = any(t is not None for t in tags) or any(p is not None for p in parents)
+        self.layer_first, self.layer_count = layer_first, layer_count
+
+    def set_layers(self, layer_first, layer_count):
+        """Make every entry cover layers layer_first .. + layer_count."""
+        if not (0 <= layer_first < 1 << 16 and 0 <= layer_count < 1 << 16):
+            raise ValueError("layers %d + %d" % (layer_first, layer_count))
+        if self.count:
+            h = memoryview(self.buf).cast("H")
+            per = abi.BLOCK_ENTRY_TAGGED.size // 2
+            h[_LAYER_FIRST_OFF // 2::per] = array.array("H", [layer_first]) * self.count
+            h[_LAYER_FIRST_OFF // 2 + 1::per] = array.array("H", [layer_count]) * self.count
+            h.release()
+        self.layer_first, self.layer_count = layer_first, layer_count
+        return self
+
+
+_LAYER_FIRST_OFF = 12  # of layer_first (u16) and then layer_count in a block entry
+
 
 
 def status_name(s):
@@ -448,7 +503,8 @@ class Client:
         """Load whole blocks (BlockEntry; None ranges = the target's) into a
         target. Returns one status per entry, or (status, detail, groups_ok)
         with details=True. target is a Target (for the None ranges) and id
-        pair, or an id when every range is given."""
+        pair, or an id when every range is given. entries may be a
+        BlockArray (packed once, sent as it is)."""
         return self._blocks(True, target, entries, details)
 
     def store_blocks(self, target, entries, details=False):
@@ -461,6 +517,8 @@ class Client:
         else:
             t, tid = None, target
         op = "load-blocks" if load else "store-blocks"
+        if isinstance(entries, BlockArray):
+            return self._block_array(load, tid, entries, details, op)
         packed, tagged = [], False
         for e in entries:
             e = BlockEntry(*e)
@@ -508,6 +566,36 @@ class Client:
                 h = bytearray(abi.BLOCKS.pack(abi.ABI_VERSION, flags, tid, len(chunk), arr.id, 0, 0, 0, 0, 0, 0))
                 self.ioctl(abi.IOC_LOAD_BLOCKS if load else abi.IOC_STORE_BLOCKS, h, op)
                 out.extend(self._block_results(arr.mm, 0, len(chunk), details, esz))
+        return out
+
+    def _block_array(self, load, tid, ba, details, op):
+        """LOAD_BLOCKS or STORE_BLOCKS of a BlockArray: its bytes copied as they are."""
+        if not ba.count:
+            return []
+        data, esz, flags = ba.buf, abi.BLOCK_ENTRY_TAGGED.size, abi.BLOCKS_TAGGED
+        if not self._info.caps & abi.CAP_PREFIX:
+            if ba.tagged:
+                raise KvfsError(op, _errno.ENOTTY, ": the daemon has no block tags (minor 3)")
+            # a minor-2 daemon: the 32-byte entries the tagged ones begin with
+            n, esz, flags = abi.BLOCK_ENTRY.size, abi.BLOCK_ENTRY.size, 0
+            data = b"".join(ba.buf[i:i + n] for i in range(0, len(ba.buf), abi.BLOCK_ENTRY_TAGGED.size))
+        inline_max = abi.BLOCKS_INLINE_TAGGED_MAX if flags else abi.BLOCKS_INLINE_MAX
+        if ba.count <= inline_max:
+            b = bytearray(abi.BLOCKS_INLINE_SIZE)
+            abi.BLOCKS.pack_into(b, 0, abi.ABI_VERSION, flags, tid, ba.count, 0, 0, 0, 0, 0, 0, 0)
+            b[abi.BLOCKS.size:abi.BLOCKS.size + len(data)] = data
+            self.ioctl(abi.IOC_LOAD_BLOCKS_INLINE if load else abi.IOC_STORE_BLOCKS_INLINE, b, op)
+            return self._block_results(b, abi.BLOCKS.size, ba.count, details, esz)
+        arr = self._array()
+        per = min(abi.BLOCKS_MAX, arr.size // esz)
+        out = []
+        with self._entry_lock:
+            for lo in range(0, ba.count, per):
+                n = min(per, ba.count - lo)
+                arr.mm[:n * esz] = data[lo * esz:(lo + n) * esz]
+                h = bytearray(abi.BLOCKS.pack(abi.ABI_VERSION, flags, tid, n, arr.id, 0, 0, 0, 0, 0, 0))
+                self.ioctl(abi.IOC_LOAD_BLOCKS if load else abi.IOC_STORE_BLOCKS, h, op)
+                out.extend(self._block_results(arr.mm, 0, n, details, esz))
         return out
 
     def _array(self):
@@ -566,6 +654,9 @@ class Client:
 
     @staticmethod
     def _block_results(b, base, n, details, esz=abi.BLOCK_ENTRY.size):
+        if not details:
+            so = base + abi.BLOCK_STATUS_OFF
+            return list(b[so:so + (n - 1) * esz + 1:esz]) if n else []
         res = []
         for i in range(n):
             o = base + i * esz

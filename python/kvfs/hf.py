@@ -36,9 +36,13 @@ control file is reopened on the next call, so a restarted daemon is used
 again.
 
 Memory. On the CPU the blocks are loaded into a registered host buffer
-laid out as the cache ([heads, tokens, head_dim] per layer and kind) and
-copied into the cache's tensors. On a GPU they go through kvfs.torch
-(REGISTER_CUDA, or pin=True: a pinned staging buffer).
+laid out as the cache ([heads, tokens, head_dim] per layer and kind). On a
+GPU they land in a load area, one allocation kept from load to load:
+REGISTER_CUDA lets the daemon copy into it directly; pin=True goes through
+pinned host memory (kvfs.torch's staging for load(), a ring of per-layer
+slots for generate()). load() gives the cache copies of its own;
+generate() hands the model views of that memory, which its first forward
+concatenates onto (a new tensor per layer), so the bytes are copied once.
 
 Bit for bit. KV computed in one forward over many tokens may differ in the
 lowest bits from KV computed block by block (the matmuls and attention run
@@ -48,11 +52,14 @@ before it came from the store or not: generation with and without kvfs is
 then identical. The default (None) lets model.generate prefill the
 uncached rest in one forward, the fastest.
 
-Layer by layer. layerwise=True loads layer 0 of the hit first (the model
-reads the cache's length from it) and the other layers on a thread while
-the model runs; a pre-forward hook on decoder layer i waits only for layer
-i's data. A layer that loads fewer blocks than layer 0 stops the forward,
-and generation starts again from the blocks every layer holds.
+Layer by layer. generate() (layerwise=True, the default) loads layer 0 of
+the hit first (the model reads the cache's length from it) and the other
+layers on a thread while the model runs, one LOAD_BLOCKS per layer; a
+pre-forward hook on decoder layer i waits only for layer i's data. A full
+hit thus overlaps its load with the last block's prefill, a partial one
+with the prefill of the rest. A layer that loads fewer blocks than layer 0
+stops the forward, and generation starts again from the blocks every
+layer holds. layerwise=False loads every layer in one call first.
 
 Batches. input_ids of a batch of B equal-length sequences (a [B, n] tensor,
 or B lists of n ids; no padding) is B prompts, each named by its own
@@ -66,16 +73,18 @@ Limits: decoder-only models whose every layer is a full-attention
 DynamicLayer (no sliding window, no linear attention).
 """
 
+import array
+import ctypes
 import errno
 import hashlib
 import inspect
 import os
-import struct
+import sys
 import threading
 import warnings
 
 from . import abi
-from . import BlockEntry, Client, OK, LOOKUP_PRESENT
+from . import BlockArray, BlockEntry, Client, OK, LOOKUP_PRESENT
 
 __all__ = ["PrefixCache", "model_salt", "block_keys", "BlockKey"]
 
@@ -99,19 +108,38 @@ def block_keys(salt, token_ids, block_tokens, n_blocks=None):
 
     h_0 = salt; h_i = blake2b(h_(i-1) || token ids of block i as int64 LE);
     block id = h_i[0:8] (little-endian), tag = h_i[8:24]. A block's name
-    fixes every token before it, so equal names mean equal prefixes."""
+    fixes every token before it, so equal names mean equal prefixes.
+    token_ids: ints, or their int64 little-endian bytes."""
+    raw = token_ids if isinstance(token_ids, (bytes, bytearray, memoryview)) else _ids_bytes(token_ids)
+    return _chain(salt, raw, block_tokens, n_blocks)
+
+
+def _ids_bytes(ids):
+    """Token ids as int64 little-endian bytes."""
+    a = array.array("q", [int(x) for x in ids])
+    if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
+        a.byteswap()
+    return a.tobytes()
+
+
+def _chain(salt, raw, block_tokens, n_blocks):
+    total = len(raw) // 8
     if n_blocks is None:
-        n_blocks = len(token_ids) // block_tokens
-    if n_blocks * block_tokens > len(token_ids):
-        raise ValueError("%d blocks of %d tokens from %d tokens" % (n_blocks, block_tokens, len(token_ids)))
+        n_blocks = total // block_tokens
+    if n_blocks * block_tokens > total:
+        raise ValueError("%d blocks of %d tokens from %d tokens" % (n_blocks, block_tokens, total))
+    raw = memoryview(raw)
+    step = block_tokens * 8
     h = bytes(salt)
     out, parent = [], None
+    zero = bytes(abi.TAG_SIZE)
     for i in range(n_blocks):
-        toks = token_ids[i * block_tokens:(i + 1) * block_tokens]
-        h = hashlib.blake2b(h + struct.pack("<%dq" % len(toks), *toks), digest_size=32).digest()
+        d = hashlib.blake2b(h, digest_size=32)
+        d.update(raw[i * step:(i + 1) * step])
+        h = d.digest()
         block = int.from_bytes(h[:8], "little")
         tag = h[8:24]
-        if tag == bytes(abi.TAG_SIZE):  # the zero tag means "no tag"
+        if tag == zero:  # the zero tag means "no tag"
             tag = b"\x01" + tag[1:]
         if block == parent:  # a block cannot be its own parent
             block ^= 1
@@ -180,6 +208,24 @@ def _token_rows(input_ids):
     return rows
 
 
+def _token_raw(input_ids):
+    """The sequences of input_ids as int64 little-endian bytes, one per
+    sequence (of one length, as _token_rows); a tensor is converted
+    without a list of Python ints."""
+    if not hasattr(input_ids, "dim") or sys.byteorder != "little":
+        return [_ids_bytes(r) for r in _token_rows(input_ids)]
+    import torch
+    t = input_ids.detach()
+    if t.dim() == 1:
+        t = t.unsqueeze(0)
+    if t.dim() != 2:
+        raise ValueError("input_ids: a [B, n] or [n] tensor, not %s" % (tuple(t.shape),))
+    t = t.to("cpu", torch.int64).contiguous()
+    n = t.shape[1] * 8
+    raw = ctypes.string_at(t.data_ptr(), t.shape[0] * n) if t.numel() else b""
+    return [raw[b * n:(b + 1) * n] for b in range(t.shape[0])]
+
+
 def _token_list(input_ids):
     """One sequence's token ids as a list of ints (a [1, n] or [n] tensor, or a list)."""
     rows = _token_rows(input_ids)
@@ -204,7 +250,9 @@ class PrefixCache:
     layer_first: the model layer of the cache's layer 0 (pipeline stages).
     identity: added to the salt (bytes or str). pin: the GPU path of
     kvfs.torch. prefill_blocks: blocks per prefill forward in generate() and
-    prefill() (None: one forward for the uncached rest).
+    prefill() (None: one forward for the uncached rest). layerwise: whether
+    generate() loads a hit layer by layer while the model runs (one
+    sequence; a batch loads every layer at once).
 
     One PrefixCache serves one thread at a time (one per engine worker).
 
@@ -216,7 +264,7 @@ class PrefixCache:
     sequences have, times their number)."""
 
     def __init__(self, client, model, tp_rank=0, tp_size=1, layer_first=0, identity=None, pin=False,
-                 prefill_blocks=None, weights_salt=True, layerwise=False):
+                 prefill_blocks=None, weights_salt=True, layerwise=True):
         self.model = model
         self.tp_rank, self.tp_size, self.layer_first = tp_rank, tp_size, layer_first
         self.identity = identity
@@ -234,6 +282,7 @@ class PrefixCache:
         self._salt = None
         self._host = None      # (HostBuffer, target id, capacity in blocks, torch view)
         self._area = None      # _Area: where GPU loads land (_load_area)
+        self._ring = None      # _Ring: pinned host slots of pin=True's layer-by-layer loads
         self._down = False
         if self._client is not None:
             self._bind(self._client)
@@ -314,7 +363,7 @@ class PrefixCache:
         """The BlockKeys of input_ids' whole blocks (connects first if needed):
         of its one sequence, or for a batch a list of each sequence's."""
         self._connect()
-        rows = _token_rows(input_ids)
+        rows = _token_raw(input_ids)
         keys = [block_keys(self._salt, r, self.block_tokens, n_blocks) for r in rows]
         return keys[0] if len(rows) == 1 and not _batched(input_ids) else keys
 
@@ -370,22 +419,13 @@ class PrefixCache:
         len(input_ids) - 1). For a batch, the blocks every sequence has
         (each its own), a cache of the batch's size. Nothing stored, or the
         daemon down: an empty DynamicCache and 0. device: of the cache
-        (default: the model's)."""
+        (default: the model's). The cache owns its tensors."""
         from transformers import DynamicCache
-        rows = _token_rows(input_ids)
+        rows = _token_raw(input_ids)
         device = device or self._model_device()
         try:
             c = self._connect()
-            bt = self.block_tokens
-            keys = [block_keys(self._salt, r, bt, max(0, (len(r) - 1) // bt)) for r in rows]
-            if not keys[0]:
-                self._down = False
-                return DynamicCache(), 0
-            self.stats["lookups"] += 1
-            st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
-            per = len(keys[0])
-            run = min(_leading(st[b * per:(b + 1) * per], LOOKUP_PRESENT) for b in range(len(rows)))
-            self.stats["hit_blocks"] += run * len(rows)
+            keys, run = self._lookup(c, rows)
             layers, n = self._load_blocks([ks[:run] for ks in keys], device) if run else (None, 0)
         except OSError as e:
             self._failed("load", e)
@@ -396,23 +436,44 @@ class PrefixCache:
         cache = DynamicCache()
         if n:
             for l, (k, v) in enumerate(layers):
-                cache.update(k, v, l)
+                _put(cache, l, k, v, copy=True)
         return cache, n * self.block_tokens
+
+    def _lookup(self, c, rows):
+        """The keys of each sequence's whole blocks but the one holding its
+        last token, and the leading run stored for all of them (LOOKUP)."""
+        bt = self.block_tokens
+        keys = [block_keys(self._salt, r, bt, max(0, (len(r) // 8 - 1) // bt)) for r in rows]
+        if not keys[0]:
+            return keys, 0
+        self.stats["lookups"] += 1
+        st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
+        per = len(keys[0])
+        run = min(_leading(st[b * per:(b + 1) * per], LOOKUP_PRESENT) for b in range(len(rows)))
+        self.stats["hit_blocks"] += run * len(rows)
+        return keys, run
+
+    def _entries(self, keys, cache_first=0, layer_first=None, layer_count=None):
+        """A BlockArray loading keys into cache blocks cache_first.. (every
+        layer of this process's range unless given, its heads, K and V)."""
+        return BlockArray([k.block for k in keys], range(cache_first, cache_first + len(keys)),
+                          self.layer_first if layer_first is None else layer_first,
+                          self.layers if layer_count is None else layer_count, self.head_first, self.head_count,
+                          abi.KINDS_BOTH, [k.tag for k in keys])
 
     def _load_blocks(self, keys, device):
         """Per layer (K, V) [B, heads, n·block_tokens, head_dim] of the
         leading blocks that load OK in every sequence's keys (keys: B lists
-        of one length, or one sequence's), and n. On the CPU sequence b's
-        block j goes to cache block b·run + j of the host buffer."""
+        of one length, or one sequence's), and n: views of the memory they
+        landed in, which the next load reuses. On the CPU sequence b's block
+        j goes to cache block b·run + j of the host buffer."""
         bt = self.block_tokens
         keys = _per_sequence(keys)
         if device.type == "cuda":
             return self._load_torch(keys, device)
         B, run = len(keys), len(keys[0])
         buf, tid, _, view = self._host_view(B * run)
-        st = self._client.load_blocks(tid, [BlockEntry(k.block, b * run + j, self.layer_first, self.layers,
-                                                       self.head_first, self.head_count, abi.KINDS_BOTH, k.tag)
-                                            for b, ks in enumerate(keys) for j, k in enumerate(ks)])
+        st = self._client.load_blocks(tid, self._entries([k for ks in keys for k in ks]))
         n = min(_leading_ok(st[b * run:(b + 1) * run]) for b in range(B))
         if n == 0:
             return None, 0
@@ -421,65 +482,125 @@ class PrefixCache:
         def rows(l, kind):
             # [heads, B·run·bt, dim] -> [B, heads, t, dim]
             v = view[l, kind, :, :B * run * bt].unflatten(1, (B, run * bt))[:, :, :t]
-            return v.transpose(0, 1).to(device, copy=True)
-        layers = [(rows(l, 0), rows(l, 1)) for l in range(self.layers)]
-        if device.type == "cpu":
-            layers = [(k.contiguous(), v.contiguous()) for k, v in layers]
-        return layers, n
+            return v.transpose(0, 1).to(device)
+        return [(rows(l, 0), rows(l, 1)) for l in range(self.layers)], n
 
     def _load_torch(self, keys, device):
-        """Load keys (B lists of one length) into GPU tensors through
-        kvfs.torch (REGISTER_CUDA, or pin=True), one call per sequence, into
-        the load area (_load_area), then copied out on the GPU so the cache
-        owns its tensors; as _load_blocks."""
+        """Load keys (B lists of one length) into the GPU load area
+        (_load_area), one call per sequence: REGISTER_CUDA, straight into it,
+        or pin=True, through kvfs.torch's pinned staging; as _load_blocks."""
         keys = _per_sequence(keys)
         B, run = len(keys), len(keys[0])
-        area = self._load_area(B, run * self.block_tokens, device)
+        area = self._load_area(B, run * self.block_tokens, device, kcs=True)
         n = run
         for b, ks in enumerate(keys):
-            st = area.kcs[b].load([k.block for k in ks[:n]], range(n), tags=[k.tag for k in ks[:n]])
+            kc = area.kcs[b]
+            if kc.target_id is not None:
+                kc.wait_idle()
+                st = self._client.load_blocks(kc.target_id, self._entries(ks[:n]))
+            else:
+                st = kc.load([k.block for k in ks[:n]], range(n), tags=[k.tag for k in ks[:n]])
             n = min(n, _leading_ok(st))
             if n == 0:
                 return None, 0
         t = n * self.block_tokens
-        return [(k[:, :, :t].contiguous(), v[:, :, :t].contiguous()) for k, v in area.layers], n
+        return [(k[:, :, :t], v[:, :, :t]) for k, v in area.layers], n
 
-    def _load_area(self, B, tokens, device):
+    def _load_area(self, B, tokens, device, kcs=False):
         """The load area for a batch of B sequences of up to tokens tokens on
-        device: one GPU allocation [layers, 2, B, heads, capacity, head_dim]
-        with its kvfs.torch caches (one REGISTER_CUDA, or pin=True's pinned
-        staging, and a target per sequence), kept from load to load and
-        grown by powers of two. Registering a fresh allocation with the
-        daemon (which maps it with cuIpcOpenMemHandle) costs more than a
-        32K-token prefix takes to load; a copy out on the GPU costs a few
-        milliseconds (docs/performance.md, "TTFT with a real model")."""
+        device: one GPU allocation [layers, 2, B, heads, capacity, head_dim],
+        kept from load to load and grown by powers of two; with kcs its
+        kvfs.torch caches too (one REGISTER_CUDA, or pin=True's pinned
+        staging, and a target per sequence). Registering a fresh allocation
+        with the daemon (which maps it with cuIpcOpenMemHandle) costs more
+        than a 32K-token prefix takes to load (docs/performance.md, "TTFT
+        with a real model")."""
         import torch
         from . import torch as kt
         a = self._area
-        if a is not None and a.B == B and a.tokens >= tokens and a.device == device and a.client is self._client:
-            return a
-        self._drop_area()
-        cap = max(self.block_tokens, 1 << (max(1, tokens) - 1).bit_length())
-        cap = -(-cap // self.block_tokens) * self.block_tokens
-        whole = torch.empty((self.layers, 2, B, self.head_count, cap, self.head_dim), dtype=self.dtype, device=device)
-        layers = [(whole[l, 0], whole[l, 1]) for l in range(self.layers)]
-        kcs = []
-        try:
-            for b in range(B):
-                kcs.append(kt.KVCache.hf(self._client, layers, batch_row=b, layer_first=self.layer_first,
-                                         tp_rank=self.tp_rank, tp_size=self.tp_size, pin=self.pin))
-        except BaseException:
-            for kc in kcs:
-                kc.close()
-            raise
-        self._area = _Area(B, cap, device, self._client, whole, layers, kcs)
-        return self._area
+        if not (a is not None and a.B == B and a.tokens >= tokens and a.device == device
+                and a.client is self._client):
+            self._drop_area()
+            cap = max(self.block_tokens, 1 << (max(1, tokens) - 1).bit_length())
+            cap = -(-cap // self.block_tokens) * self.block_tokens
+            whole = torch.empty((self.layers, 2, B, self.head_count, cap, self.head_dim), dtype=self.dtype,
+                                device=device)
+            a = self._area = _Area(B, cap, device, self._client, whole,
+                                   [(whole[l, 0], whole[l, 1]) for l in range(self.layers)])
+        if kcs and a.kcs is None:
+            made = []
+            try:
+                for b in range(B):
+                    made.append(kt.KVCache.hf(self._client, a.layers, batch_row=b, layer_first=self.layer_first,
+                                              tp_rank=self.tp_rank, tp_size=self.tp_size, pin=self.pin))
+            except BaseException:
+                for kc in made:
+                    kc.close()
+                raise
+            a.kcs = made
+        return a
 
     def _drop_area(self):
         a, self._area = self._area, None
         if a is not None:
-            for kc in a.kcs:
+            for kc in a.kcs or ():
                 kc.close()
+        self._drop_ring()
+
+    def _pinned_ring(self, tokens):
+        """_Ring.SLOTS layers' worth (K and V, this process's heads, up to
+        tokens tokens) of host memory registered with the daemon and pinned
+        for the GPU: where pin=True's layer-by-layer loads land before their
+        copy to the load area. One target: layer l's regions are slot
+        l mod SLOTS. Kept from load to load, grown by powers of two."""
+        import torch
+        from .torch import CudaDriver
+        r = self._ring
+        if r is not None and r.tokens >= tokens and r.client is self._client:
+            return r
+        self._drop_ring()
+        c, bt = self._client, self.block_tokens
+        cap = max(bt, 1 << (max(1, tokens) - 1).bit_length())
+        cap = -(-cap // bt) * bt
+        region = self.head_count * cap * self._info.row_bytes
+        slots = min(_Ring.SLOTS, self.layers)
+        buf = c.create_host_buffer(2 * slots * region)
+        pinned = tid = None
+        try:
+            u8 = torch.frombuffer(buf.mm, dtype=torch.uint8)
+            CudaDriver().host_register(u8.data_ptr(), len(buf.mm))
+            pinned = u8.data_ptr()
+            t = c.hf_target(cap, [(buf.id, (2 * (l % slots) + k) * region) for l in range(self.layers)
+                                  for k in (0, 1)], self.layer_first, self.layers, self.head_first, self.head_count)
+            tid = c.register_target(t)
+            view = u8.view(self.dtype).view(slots, 2, self.head_count, cap, self.head_dim)
+        except BaseException:
+            if pinned is not None:
+                CudaDriver().host_unregister(pinned)
+            u8 = None
+            buf.close()
+            raise
+        self._ring = _Ring(c, buf, tid, cap, slots, view, pinned)
+        return self._ring
+
+    def _drop_ring(self):
+        from .torch import CudaDriver
+        r, self._ring = getattr(self, "_ring", None), None
+        if r is None:
+            return
+        r.view = None
+        try:
+            r.client.unregister_target(r.tid)
+        except OSError:
+            pass
+        try:
+            CudaDriver().host_unregister(r.pinned)
+        except OSError:
+            pass
+        try:
+            r.buf.close()
+        except (OSError, BufferError):
+            pass
 
     def store(self, input_ids, cache):
         """Store the whole blocks of input_ids that cache holds (cache covers
@@ -487,7 +608,7 @@ class PrefixCache:
         its tag and parent, durably. Returns how many blocks were stored (0
         with the daemon down)."""
         from .torch import _hf_layers
-        rows = _token_rows(input_ids)
+        rows = _token_raw(input_ids)
         layers = _hf_layers(cache)
         if not layers or layers[0][0] is None or layers[0][0].numel() == 0:
             return 0  # nothing computed yet
@@ -500,7 +621,7 @@ class PrefixCache:
         try:
             c = self._connect()
             bt = self.block_tokens
-            keys = [block_keys(self._salt, r, bt, min(k0.shape[2], len(r)) // bt) for r in rows]
+            keys = [block_keys(self._salt, r, bt, min(k0.shape[2], len(r) // 8) // bt) for r in rows]
             if not keys[0]:
                 return 0
             if k0.shape[1] != self.head_count:
@@ -585,10 +706,10 @@ class PrefixCache:
         they all have stored); the prompt's new whole blocks are stored
         afterwards. Returns what model.generate returns. Every token of
         input_ids is attended (attention_mask defaults to ones); with a mask
-        that hides tokens (padding) kvfs is not used. With layerwise=True
-        (and a hit, one sequence) layer 0 is loaded first and the others on
-        a thread while the model runs, layer i waiting only for layer i's
-        data."""
+        that hides tokens (padding) kvfs is not used. With layerwise (the
+        default; one sequence) layer 0 of a hit is loaded first and the
+        others on a thread while the model runs, layer i waiting only for
+        layer i's data."""
         import torch
         mask = kwargs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
@@ -600,7 +721,7 @@ class PrefixCache:
             # tokens in the prompt for padding, which the stored blocks were not
             kwargs["attention_mask"] = torch.ones_like(input_ids)
         loader, cache, n = None, None, 0
-        if self.layerwise and len(_token_rows(input_ids)) == 1:
+        if self.layerwise and _batch_size(input_ids) == 1:
             loader, cache, n = self._begin_layerwise(input_ids)
         if cache is None:
             cache, n = self.load(input_ids)
@@ -622,7 +743,7 @@ class PrefixCache:
                     out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
         finally:
             if loader is not None:
-                loader.close()
+                loader.close(cache)
         self.store(input_ids, cache)
         return out
 
@@ -636,19 +757,16 @@ class PrefixCache:
         layers = _decoder_layers(self.model)
         if layers is None or len(layers) != self.layers:
             return None, None, 0
-        ids = _token_list(input_ids)
+        rows = _token_raw(input_ids)
+        if len(rows) != 1:
+            raise ValueError("one sequence wanted; input_ids has a batch of %d" % len(rows))
         try:
             c = self._connect()
-            bt = self.block_tokens
-            keys = block_keys(self._salt, ids, bt, max(0, (len(ids) - 1) // bt))
-            run = 0
-            if keys:
-                self.stats["lookups"] += 1
-                run = c.lookup([(k.block, k.tag) for k in keys]).run
+            keys, run = self._lookup(c, rows)
+            keys = keys[0]
             if run == 0:
                 self._down = False
                 return None, DynamicCache(), 0
-            self.stats["hit_blocks"] += run
             loader = _LayerLoader(self, keys[:run], self._model_device(), layers)
         except OSError as e:
             self._failed("load", e)
@@ -684,9 +802,40 @@ class PrefixCache:
 class _Area:
     """PrefixCache's GPU load area (_load_area)."""
 
-    def __init__(self, B, tokens, device, client, whole, layers, kcs):
+    def __init__(self, B, tokens, device, client, whole, layers):
         self.B, self.tokens, self.device, self.client = B, tokens, device, client
-        self.whole, self.layers, self.kcs = whole, layers, kcs
+        self.whole, self.layers, self.kcs = whole, layers, None
+
+
+class _Ring:
+    """PrefixCache's pinned host slots for pin=True's layer-by-layer loads (_pinned_ring)."""
+
+    SLOTS = 4
+
+    def __init__(self, client, buf, tid, tokens, slots, view, pinned):
+        self.client, self.buf, self.tid, self.tokens = client, buf, tid, tokens
+        self.slots, self.view, self.pinned = slots, view, pinned
+
+
+def _shares(a, b):
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _put(cache, l, k, v, copy):
+    """Make layer l of an empty DynamicCache hold (k, v). copy: tensors of
+    its own (DynamicLayer.update concatenates onto an empty tensor: the one
+    copy). Without: the views themselves, until the model's first forward
+    concatenates its tokens onto them (a new tensor); for memory that is
+    not reused before that forward."""
+    if copy:
+        cache.update(k, v, l)
+        layer = cache.layers[l] if hasattr(cache, "layers") else None
+        if layer is not None and (_shares(layer.keys, k) or _shares(layer.values, v)):
+            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+        return
+    cache.update(k[..., :0, :], v[..., :0, :], l)
+    layer = cache.layers[l]
+    layer.keys, layer.values = k, v
 
 
 class _Shrunk(Exception):
@@ -703,49 +852,91 @@ def _decoder_layers(model):
 
 
 class _LayerLoader:
-    """Loads a prefix layer by layer: layer 0 at once (the model reads the
-    cache's length from it before the first layer runs), the others on a
-    thread, one LOAD_BLOCKS per layer into the host buffer. A forward
+    """Loads a prefix layer by layer, one LOAD_BLOCKS per layer (a BlockArray
+    packed once): layer 0 at once (the model reads the cache's length from
+    it before the first layer runs), the others on a thread. A forward
     pre-hook on decoder layer i waits for layer i and puts it into the
     cache; a layer with fewer blocks than layer 0 raises _Shrunk there, and
-    generate() starts again from settle()."""
+    generate() starts again from settle().
+
+    Where a layer lands: on a GPU with REGISTER_CUDA, straight in the load
+    area; with pin=True, in a slot of the pinned ring, then copied to the
+    load area on a copy stream with an event per layer (the hook makes the
+    model's stream wait for it, the CPU does not); on the CPU, in the host
+    buffer. The cache holds views of that memory until the model's first
+    forward concatenates onto them, so nothing is copied twice; close()
+    gives the cache copies of any layer still on that memory."""
 
     def __init__(self, pc, keys, device, decoder_layers):
         from transformers import DynamicCache
-        self.pc, self.keys, self.device = pc, keys, device
+        import torch
+        self.pc, self.keys, self.device, self.torch = pc, keys, device, torch
         self.n_layers = pc.layers
         self.ok = [0] * self.n_layers
         self.kv = [None] * self.n_layers
+        self.events = [None] * self.n_layers
         self.error = None
         self.ready = [threading.Event() for _ in range(self.n_layers)]
-        self._buf, self._tid, _, self._view = pc._host_view(len(keys))
-        self._load(0)
-        self.blocks = self.ok[0]
-        self.tokens = self.blocks * pc.block_tokens
         self.cache = DynamicCache()
         self._hooks = []
         self._thread = None
+        n, bt = len(keys), pc.block_tokens
+        self.mode = "host" if device.type != "cuda" else ("ring" if pc.pin else "area")
+        if self.mode == "host":
+            _, self.tid, _, self.view = pc._host_view(n)
+        else:
+            # nothing queued may still read the load area (the last forward's concatenation)
+            torch.cuda.current_stream(device).synchronize()
+            self.area = pc._load_area(1, n * bt, device, kcs=self.mode == "area")
+            if self.mode == "area":
+                self.tid = self.area.kcs[0].target_id
+            else:
+                self.ring = pc._pinned_ring(n * bt)
+                self.tid = self.ring.tid
+                self.stream = torch.cuda.Stream(device)
+        self.entries = pc._entries(keys, layer_count=1)
+        self._load(0)
+        self.blocks = self.ok[0]
+        self.tokens = self.blocks * bt
         pc.stats["loaded_blocks"] += self.blocks
-        pc.stats["failed_blocks"] += len(keys) - self.blocks
+        pc.stats["failed_blocks"] += n - self.blocks
         if self.blocks == 0:
             return
-        self.cache.update(*self.kv[0], 0)
+        if self.blocks < n:
+            self.entries = pc._entries(keys[:self.blocks], layer_count=1)
+        self._put(0)
         for i in range(1, self.n_layers):
             self._hooks.append(decoder_layers[i].register_forward_pre_hook(self._hook(i)))
         self._thread = threading.Thread(target=self._run, name="kvfs.hf layers", daemon=True)
         self._thread.start()
 
     def _load(self, l):
-        pc = self.pc
-        n = self.blocks if l else len(self.keys)
-        st = pc._client.load_blocks(self._tid, [BlockEntry(k.block, j, pc.layer_first + l, 1, pc.head_first,
-                                                           pc.head_count, abi.KINDS_BOTH, k.tag)
-                                                for j, k in enumerate(self.keys[:n])])
+        pc, torch = self.pc, self.torch
+        if self.mode == "ring" and l >= self.ring.slots:
+            self.events[l - self.ring.slots].synchronize()  # the slot's last copy to the GPU is done
+        st = pc._client.load_blocks(self.tid, self.entries.set_layers(pc.layer_first + l, 1))
         ok = _leading_ok(st)
         t = ok * pc.block_tokens
-        self.kv[l] = tuple(self._view[l, kind, :, :t].unsqueeze(0).to(self.device, copy=True).contiguous()
-                           for kind in (0, 1))
+        if self.mode == "host":
+            self.kv[l] = tuple(self.view[l, kind, :, :t].unsqueeze(0).to(self.device) for kind in (0, 1))
+        else:
+            k, v = self.area.layers[l]
+            self.kv[l] = (k[:, :, :t], v[:, :, :t])
+            if self.mode == "ring":
+                slot = self.ring.view[l % self.ring.slots]
+                with torch.cuda.stream(self.stream):
+                    for kind in (0, 1):
+                        self.kv[l][kind][0].copy_(slot[kind, :, :t], non_blocking=True)
+                    self.events[l] = torch.cuda.Event()
+                    self.events[l].record(self.stream)
         self.ok[l] = ok
+
+    def _put(self, i):
+        if self.events[i] is not None:
+            self.torch.cuda.current_stream(self.device).wait_event(self.events[i])
+        k, v = self.kv[i]
+        t = self.tokens
+        _put(self.cache, i, k[:, :, :t], v[:, :, :t], copy=False)
 
     def _run(self):
         for l in range(1, self.n_layers):
@@ -764,34 +955,49 @@ class _LayerLoader:
             self.ready[i].wait()
             if self.error is not None or self.ok[i] < self.blocks:
                 raise _Shrunk()
-            self.cache.update(*self.kv[i], i)
+            self._put(i)
             return None
         return hook
 
     def settle(self):
         """A DynamicCache of the blocks every layer loaded, once all are in."""
         from transformers import DynamicCache
-        self.close()
+        self._join()
         if self.error is not None:
             self.pc._failed("load", self.error)
         n = min(self.ok) if self.error is None else 0
         self.pc.stats["loaded_blocks"] -= self.blocks - n
         self.pc.stats["failed_blocks"] += self.blocks - n
-        cache = DynamicCache()
+        self.cache = DynamicCache()
+        self.tokens = n * self.pc.block_tokens
         if n:
-            t = n * self.pc.block_tokens
-            for l, (k, v) in enumerate(self.kv):
-                cache.update(k[:, :, :t], v[:, :, :t], l)
-        return cache, n * self.pc.block_tokens
+            for l in range(self.n_layers):
+                self._put(l)
+        return self.cache, self.tokens
 
-    def close(self):
+    def _join(self):
         for h in self._hooks:
             h.remove()
         self._hooks = []
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._view = self._buf = None
+
+    def close(self, cache=None):
+        """Stop, and give cache (one this loader filled) copies of the layers
+        that still are views of the memory loads land in."""
+        self._join()
+        for e in self.events:
+            if e is not None:
+                e.synchronize()
+        if cache is not None and hasattr(cache, "layers"):
+            for l, layer in enumerate(cache.layers):
+                kv = self.kv[l] if l < len(self.kv) else None
+                keys = getattr(layer, "keys", None)
+                if kv is not None and keys is not None and keys.numel() and _shares(keys, kv[0]):
+                    layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+        self.kv = [None] * self.n_layers
+        self.view = None
 
 
 def _leading(statuses, want):
@@ -803,6 +1009,13 @@ def _leading(statuses, want):
 
 def _leading_ok(statuses):
     return _leading(statuses, OK)
+
+
+def _batch_size(input_ids):
+    """How many sequences input_ids holds (no conversion of a tensor's ids)."""
+    if hasattr(input_ids, "dim"):
+        return 1 if input_ids.dim() == 1 else input_ids.shape[0]
+    return len(_token_rows(input_ids))
 
 
 def _per_sequence(keys):

@@ -413,6 +413,20 @@ class KVCache:
         self._events = [None, None]
         self._host_target_t, self._host_tid = self._target(g, [(self._host.id, o) for o in offs])
 
+    @property
+    def target_id(self):
+        """The target over the tensors themselves (pin=False), for
+        Client.load_blocks and store_blocks with a BlockArray (entries packed
+        once, all ranges given); None with pin=True."""
+        return None if self.pin else self._tid
+
+    def wait_idle(self):
+        """Wait until the work queued on the current stream is done: call
+        before moving bytes through target_id (load() and store() do)."""
+        torch = self._torch
+        with torch.cuda.device(self.device):
+            torch.cuda.current_stream().synchronize()
+
     # moving blocks
 
     def _entries(self, block_ids, cache_block_ids, load):

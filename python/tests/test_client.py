@@ -375,6 +375,27 @@ class ClientTest(unittest.TestCase):
         res = self.c.load_blocks((t, tid), [kvfs.BlockEntry(ids[0], 0, tag=bytes(16)),
                                             kvfs.BlockEntry(ids[3], 1, tag=b"x" * 16)], details=True)
         self.assertEqual([r[:2] for r in res], [(kvfs.OK, 0), (kvfs.ABSENT, kvfs.TAG_MISMATCH)])
+        # the same entries as a BlockArray (packed once): every layer, then one layer per call
+        ba = kvfs.BlockArray([e.block for e in es], range(n), 0, L, 0, H, tags=[e.tag for e in es])
+        buf.view[:] = bytes(len(buf.view))
+        self.assertEqual(self.c.load_blocks(tid, ba, details=True),
+                         [(kvfs.OK, 0, 2 * L * H)] * (n - 1) + [(kvfs.ABSENT, kvfs.TAG_MISMATCH, 0)])
+        for r, (_, off) in enumerate(regions):
+            self.assertEqual(bytes(buf.view[off + 5 * tile:off + 6 * tile]), want[(r, 1)])
+        buf.view[:] = bytes(len(buf.view))
+        for l in range(L):
+            self.assertEqual(self.c.load_blocks(tid, ba.set_layers(l, 1), details=True),
+                             [(kvfs.OK, 0, 2 * H)] * (n - 1) + [(kvfs.ABSENT, kvfs.TAG_MISMATCH, 0)])
+            for r, (_, off) in enumerate(regions):  # layer l's regions are in, later layers' untouched
+                got = bytes(buf.view[off + (n - 2) * tile:off + (n - 1) * tile])
+                self.assertEqual(got, want[(r, (n - 2) % 4)] if r // 2 <= l else bytes(tile), (l, r))
+        small = kvfs.BlockArray(ids[:2], [0, 1], 0, L, 0, H, tags=[tags[0], b"x" * 16])  # inline
+        self.assertEqual([r[:2] for r in self.c.load_blocks(tid, small, details=True)],
+                         [(kvfs.OK, 0), (kvfs.ABSENT, kvfs.TAG_MISMATCH)])
+        with self.assertRaises(ValueError):
+            kvfs.BlockArray(ids[:2], [0], 0, L, 0, H)
+        with self.assertRaises(ValueError):
+            kvfs.BlockArray(ids[:1], [0], 0, L, 0, H, tags=[b"short"])
         self.c.unregister_target(tid)
         buf.close()
         for m in (4, abi.LOOKUP_INLINE_MAX + 91):  # inline, then an array

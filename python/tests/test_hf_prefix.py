@@ -269,7 +269,7 @@ class SharedMountTest(_Base):
             real = c.load_blocks
 
             def delete_before_layer_2(target, entries, details=False):
-                if entries[0].layer_first == 2:
+                if entries.layer_first == 2:  # one BlockArray per layer
                     delete_block(self.mnt, keys[3].block)
                 return real(target, entries, details)
             c.load_blocks = delete_before_layer_2
