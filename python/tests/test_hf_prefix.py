@@ -8,6 +8,11 @@ hf_model.reference(): the same computation without kvfs (each whole block
 prefilled in its own forward, as PrefixCache(prefill_blocks=1) does), so
 whatever kvfs served or failed to serve, the answer is the model's own.
 
+On a GPU machine the same tests run the GPU paths: KVFS_TEST_DEVICE=cuda
+puts the model and prompts there, KVFS_TEST_PIN=1 makes every PrefixCache
+pin=True (pinned host memory; without it, REGISTER_CUDA). The tests of the
+GPU path on CPU tensors then skip.
+
 KVFS_MOUNT (a mount of integration/ctl's TestPythonClient) serves the
 tests that need only a mount; KVFS_BIN (the kvfs binary) lets the others
 format a small store file and run their own daemon, which they corrupt,
@@ -36,6 +41,8 @@ except ImportError:  # pragma: no cover
 
 MOUNT = os.environ.get("KVFS_MOUNT")
 BIN = os.environ.get("KVFS_BIN")
+DEVICE = os.environ.get("KVFS_TEST_DEVICE", "cpu")
+PIN = os.environ.get("KVFS_TEST_PIN") == "1"
 BLOCKS, TAIL = 5, 3
 
 
@@ -60,7 +67,7 @@ class _Base(unittest.TestCase):
         with kvfs.Client(self.mnt) as c:
             self.info = c.info()
         self.bt = self.info.block_tokens
-        self.model = hf_model.for_info(self.info)
+        self.model = hf_model.for_info(self.info).to(DEVICE)
 
     def cache(self, **kw):
         # every test its own names: blocks other tests (or runs) stored never match
@@ -68,10 +75,11 @@ class _Base(unittest.TestCase):
             self._identity = "%s %s" % (self.id(), os.urandom(8).hex())
         kw.setdefault("identity", self._identity)
         kw.setdefault("prefill_blocks", 1)
+        kw.setdefault("pin", PIN)
         return khf.PrefixCache(self.mnt, self.model, **kw)
 
     def prompt(self, seed, blocks=BLOCKS, tail=TAIL):
-        return hf_model.prompt(blocks * self.bt + tail, seed)
+        return hf_model.prompt(blocks * self.bt + tail, seed).to(DEVICE)
 
     def check(self, pc, p, what=""):
         got = pc.generate(p, **hf_model.GEN)
@@ -167,13 +175,14 @@ class SharedMountTest(_Base):
         host buffer and leaves the client open."""
         p = self.prompt(13)
         with kvfs.Client(self.mnt) as c:
-            pc = khf.PrefixCache(c, self.model, prefill_blocks=1, identity=self.id() + os.urandom(8).hex())
+            pc = khf.PrefixCache(c, self.model, prefill_blocks=1, identity=self.id() + os.urandom(8).hex(),
+                                 pin=PIN)
             self.check(pc, p, "cold")
             self.check(pc, p, "warm")
             self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
-            mm = pc._host[0].mm
+            mm = pc._host[0].mm if DEVICE == "cpu" else pc._ring.buf.mm if PIN else None
             pc.close()
-            self.assertTrue(mm.closed)
+            self.assertTrue(mm is None or mm.closed)
             self.assertEqual(c._owned, {c._entry_array} if hasattr(c, "_entry_array") else set())
             self.assertEqual(c.lookup([(k.block, k.tag) for k in pc.keys(p)]).run, BLOCKS)
 
@@ -282,6 +291,7 @@ class SharedMountTest(_Base):
             self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
             self.assertEqual(self.lookup_run(pc, p), BLOCKS)  # recomputed and stored again
 
+    @unittest.skipIf(DEVICE != "cpu", "the GPU path runs on the GPU itself")
     def test_gpu_path_on_cpu_tensors(self):
         """kvfs.hf's GPU path (kvfs.torch, pin=True: the staging buffer) on
         CPU tensors through torch_on_cpu: tagged stores with parents, tagged
@@ -314,6 +324,7 @@ class SharedMountTest(_Base):
         finally:
             torch_on_cpu.leave(kt, torch, saved)
 
+    @unittest.skipIf(DEVICE != "cpu", "the GPU path runs on the GPU itself")
     def test_gpu_path_batch_on_cpu_tensors(self):
         """The GPU path for a batch of two: each sequence stored from its
         batch row, both loaded into one cache of batch 2 (one load per row),
