@@ -627,25 +627,26 @@ class Client:
             ps.append((block, tag))
         statuses = []
         psz, so = abi.LOOKUP_PAIR.size, abi.LOOKUP_PAIR_STATUS_OFF
+        pack = abi.LOOKUP_PAIR.pack
+        packed = b"".join(pack(blk, tag, 0) for blk, tag in ps)
         if len(ps) <= abi.LOOKUP_INLINE_MAX:
             if ps:
                 b = bytearray(abi.LOOKUP_INLINE_SIZE)
                 abi.LOOKUP.pack_into(b, 0, abi.ABI_VERSION, 0, len(ps), 0, 0, 0, 0, 0, 0, 0, 0, 0)
-                for i, (blk, tag) in enumerate(ps):
-                    abi.LOOKUP_PAIR.pack_into(b, abi.LOOKUP.size + i * psz, blk, tag, 0)
+                b[abi.LOOKUP.size:abi.LOOKUP.size + len(packed)] = packed
                 self.ioctl(abi.IOC_LOOKUP_INLINE, b, "lookup")
-                statuses = [b[abi.LOOKUP.size + i * psz + so] for i in range(len(ps))]
+                o = abi.LOOKUP.size + so
+                statuses = list(b[o:o + (len(ps) - 1) * psz + 1:psz])
         else:
             arr = self._array()
             per = min(abi.LOOKUP_MAX, arr.size // psz)
             with self._entry_lock:
                 for lo in range(0, len(ps), per):
-                    chunk = ps[lo:lo + per]
-                    for i, (blk, tag) in enumerate(chunk):
-                        abi.LOOKUP_PAIR.pack_into(arr.mm, i * psz, blk, tag, 0)
-                    h = bytearray(abi.LOOKUP.pack(abi.ABI_VERSION, 0, len(chunk), arr.id, 0, 0, 0, 0, 0, 0, 0, 0))
+                    n = min(per, len(ps) - lo)
+                    arr.mm[:n * psz] = packed[lo * psz:(lo + n) * psz]
+                    h = bytearray(abi.LOOKUP.pack(abi.ABI_VERSION, 0, n, arr.id, 0, 0, 0, 0, 0, 0, 0, 0))
                     self.ioctl(abi.IOC_LOOKUP, h, "lookup")
-                    statuses.extend(arr.mm[i * psz + so] for i in range(len(chunk)))
+                    statuses.extend(arr.mm[so:so + (n - 1) * psz + 1:psz])
         run = 0
         while run < len(statuses) and statuses[run] == abi.LOOKUP_PRESENT:
             run += 1
