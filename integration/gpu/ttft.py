@@ -13,14 +13,18 @@ block_tokens), each timed from the call to the first generated token
 (a streamer sees it), median of --repeat runs:
 
 * recompute: model.generate from an empty cache: a prefill of all N tokens;
+* resident:full, resident:half: model.generate given a cache already in
+  the model's memory holding the first N − 16 (N/2) tokens, a copy of the
+  recompute's: what a hit costs with no load at all, the floor of the
+  columns below;
 * full: kvfs.hf.PrefixCache.generate with every whole block but the last
-  stored before (from the recompute's cache): LOOKUP, one load of N − 16
-  tokens' KV, a prefill of the last block. On a GPU through pin=True (the
-  client's pinned staging buffer) and through REGISTER_CUDA (pin=False);
-  on the CPU into a registered host buffer;
-* half: the first N/2 tokens stored, PrefixCache(layerwise=True): layer 0 of
-  the hit loaded at once, the others on a thread while the model prefills
-  the second half, layer i waiting only for its own data.
+  stored before (from the recompute's cache): LOOKUP, the load of N − 16
+  tokens' KV layer by layer (layer 0 first, the others on a thread while
+  the model prefills the last block, layer i waiting only for its own
+  data). On a GPU through pin=True (pinned host slots) and through
+  REGISTER_CUDA (pin=False); on the CPU into a registered host buffer;
+* half: the first N/2 tokens stored, loaded the same way while the model
+  prefills the second half.
 
 The hit runs store nothing afterwards, so every repeat finds the same
 blocks. Every run generates --new-tokens tokens greedily (after the first
@@ -179,6 +183,16 @@ def measure(args, model, runs, device, identity, bt):
             rec.append(t)
         row = {"tokens": n, "recompute_ms": statistics.median(rec) * 1e3, "recompute_tokens": toks}
         ref_cache = cache
+        for col, keep in (("resident:full", n - bt), ("resident:half", n // 2)):
+            times = []
+            for _ in range(args.repeat):
+                c = _prefix_cache(ref_cache, keep)
+                t, got, _ = generate(model, prompt, args.new_tokens, cache=c)
+                times.append(t)
+                del c
+                if got != toks:
+                    notes.append("%s at %d tokens: generated %s, recompute %s" % (col, n, got, toks))
+            row[col + "_ms"] = statistics.median(times) * 1e3
         kvb = sum(k.numel() * k.element_size() * 2 for k, _ in _layers(ref_cache))
         row["kv_gb"] = kvb * (n - bt) / cache.get_seq_length() / 1e9
         for r in runs:
@@ -230,6 +244,16 @@ def measure(args, model, runs, device, identity, bt):
     return rows, notes, mismatches
 
 
+def _prefix_cache(cache, tokens):
+    """A DynamicCache of copies of cache's first tokens tokens."""
+    from transformers import DynamicCache
+    c = DynamicCache()
+    for l, (k, v) in enumerate(_layers(cache)):
+        c.update(k[:, :, :tokens].clone(), v[:, :, :tokens].clone(), l)
+    sync()
+    return c
+
+
 def _layers(cache):
     from kvfs.torch import _hf_layers
     return _hf_layers(cache)
@@ -237,8 +261,8 @@ def _layers(cache):
 
 def table(rows, cols, repeat, bt):
     out = ["TTFT, ms (median of %d; × = recompute / this): recompute = prefill of all N tokens; full = load "
-           "N − %d tokens' KV + prefill of the last block; half = load N/2 layer by layer while prefilling the rest"
-           % (repeat, bt),
+           "N − %d tokens' KV + prefill of the last block; half = load N/2; both layer by layer while the model "
+           "prefills the rest; resident = the same with the KV already in the model's memory (no load)" % (repeat, bt),
            "| tokens | KV GB | recompute | " + " | ".join(cols) + " |",
            "|---" * (3 + len(cols)) + "|"]
     for r in rows:
