@@ -551,8 +551,8 @@ class PrefixCache:
         """_Ring.SLOTS layers' worth (K and V, this process's heads, up to
         tokens tokens) of host memory registered with the daemon and pinned
         for the GPU: where pin=True's layer-by-layer loads land before their
-        copy to the load area. One target: layer l's regions are slot
-        l mod SLOTS. Kept from load to load, grown by powers of two."""
+        copy to the load area, layer l in slot l mod SLOTS (_Ring.target).
+        Kept from load to load, grown by powers of two."""
         import torch
         from .torch import CudaDriver
         r = self._ring
@@ -565,14 +565,11 @@ class PrefixCache:
         region = self.head_count * cap * self._info.row_bytes
         slots = min(_Ring.SLOTS, self.layers)
         buf = c.create_host_buffer(2 * slots * region)
-        pinned = tid = None
+        pinned = None
         try:
             u8 = torch.frombuffer(buf.mm, dtype=torch.uint8)
             CudaDriver().host_register(u8.data_ptr(), len(buf.mm))
             pinned = u8.data_ptr()
-            t = c.hf_target(cap, [(buf.id, (2 * (l % slots) + k) * region) for l in range(self.layers)
-                                  for k in (0, 1)], self.layer_first, self.layers, self.head_first, self.head_count)
-            tid = c.register_target(t)
             view = u8.view(self.dtype).view(slots, 2, self.head_count, cap, self.head_dim)
         except BaseException:
             if pinned is not None:
@@ -580,7 +577,7 @@ class PrefixCache:
             u8 = None
             buf.close()
             raise
-        self._ring = _Ring(c, buf, tid, cap, slots, view, pinned)
+        self._ring = _Ring(c, buf, region, cap, slots, view, pinned, self)
         return self._ring
 
     def _drop_ring(self):
@@ -589,10 +586,6 @@ class PrefixCache:
         if r is None:
             return
         r.view = None
-        try:
-            r.client.unregister_target(r.tid)
-        except OSError:
-            pass
         try:
             CudaDriver().host_unregister(r.pinned)
         except OSError:
@@ -812,9 +805,18 @@ class _Ring:
 
     SLOTS = 4
 
-    def __init__(self, client, buf, tid, tokens, slots, view, pinned):
-        self.client, self.buf, self.tid, self.tokens = client, buf, tid, tokens
+    def __init__(self, client, buf, region, tokens, slots, view, pinned, pc):
+        self.client, self.buf, self.region, self.tokens = client, buf, region, tokens
         self.slots, self.view, self.pinned = slots, view, pinned
+        self.head_first, self.head_count = pc.head_first, pc.head_count
+
+    def target(self, layer, slot):
+        """Register a target of model layer layer over slot (a target's
+        tiles may not overlap, so the slots cannot be one target of every
+        layer); the caller unregisters it after its load."""
+        t = self.client.hf_target(self.tokens, [(self.buf.id, (2 * slot + k) * self.region) for k in (0, 1)],
+                                  layer, 1, self.head_first, self.head_count)
+        return self.client.register_target(t)
 
 
 def _shares(a, b):
@@ -892,7 +894,7 @@ class _LayerLoader:
                 self.tid = self.area.kcs[0].target_id
             else:
                 self.ring = pc._pinned_ring(n * bt)
-                self.tid = self.ring.tid
+                self.tid = None  # a target per layer (_Ring.target)
                 self.stream = torch.cuda.Stream(device)
         self.entries = pc._entries(keys, layer_count=1)
         self._load(0)
@@ -912,9 +914,17 @@ class _LayerLoader:
 
     def _load(self, l):
         pc, torch = self.pc, self.torch
-        if self.mode == "ring" and l >= self.ring.slots:
-            self.events[l - self.ring.slots].synchronize()  # the slot's last copy to the GPU is done
-        st = pc._client.load_blocks(self.tid, self.entries.set_layers(pc.layer_first + l, 1))
+        es = self.entries.set_layers(pc.layer_first + l, 1)
+        if self.mode == "ring":
+            if l >= self.ring.slots:
+                self.events[l - self.ring.slots].synchronize()  # the slot's last copy to the GPU is done
+            tid = self.ring.target(pc.layer_first + l, l % self.ring.slots)
+            try:
+                st = pc._client.load_blocks(tid, es)
+            finally:
+                pc._client.unregister_target(tid)
+        else:
+            st = pc._client.load_blocks(self.tid, es)
         ok = _leading_ok(st)
         t = ok * pc.block_tokens
         if self.mode == "host":
