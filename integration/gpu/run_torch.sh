@@ -1,6 +1,7 @@
 #!/bin/bash
 # PyTorch + kvfs on a GPU machine: formats stores, mounts
-# them, runs hf_roundtrip.py (pin=True and REGISTER_CUDA), tp_shards.py
+# them, runs hf_roundtrip.py (pin=True and REGISTER_CUDA), python/tests/
+# test_hf_prefix.py on the GPU (both paths), tp_shards.py
 # (tensor-parallel shard loads, one rank killed) and ttft.py, prints a
 # summary. Needs root (mount(2), tmpfs), python3 with torch and transformers,
 # a CUDA driver; no Go toolchain, no network.
@@ -69,6 +70,21 @@ if mkstore hf "$WORK/tmpfs/hf.store" 256MiB "${HFGEO[@]}"; then
 	done
 else
 	summary+=("hf_roundtrip: FAIL (store)"); fail=1
+fi
+
+echo "== test_hf_prefix on the GPU: kvfs.hf's prefix cache (REGISTER_CUDA, then pin=True), tiny random Llama"
+if mkstore hp "$WORK/tmpfs/hp.store" 256MiB --layers 4 --kv-heads 2 --head-dim 128 --block-tokens 16 --dtype bf16; then
+	for pin in 0 1; do
+		(cd "$HERE/../../python/tests" && KVFS_TEST_DEVICE=cuda KVFS_TEST_PIN=$pin KVFS_BIN="$KVFS" \
+			KVFS_MOUNT="$WORK/mnt-hp" PYTHONPATH="$HERE/../../python/tests:$PYTHONPATH" \
+			$PY -m unittest -v test_hf_prefix) >"$WORK/hp_$pin.out" 2>&1
+		rc=$?
+		tail -3 "$WORK/hp_$pin.out"
+		if [ $rc = 0 ]; then summary+=("test_hf_prefix pin=$pin: PASS ($(grep -o '^Ran [0-9]* tests' "$WORK/hp_$pin.out"))")
+		else summary+=("test_hf_prefix pin=$pin: FAIL (exit $rc, $WORK/hp_$pin.out)"); fail=1; fi
+	done
+else
+	summary+=("test_hf_prefix: FAIL (store)"); fail=1
 fi
 
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
