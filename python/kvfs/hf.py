@@ -547,7 +547,7 @@ class PrefixCache:
                 kc.close()
         self._drop_ring()
 
-    def _pinned_ring(self, tokens):
+    def _pinned_ring(self, tokens, device):
         """_Ring.SLOTS layers' worth (K and V, this process's heads, up to
         tokens tokens) of host memory registered with the daemon and pinned
         for the GPU: where pin=True's layer-by-layer loads land before their
@@ -556,7 +556,7 @@ class PrefixCache:
         import torch
         from .torch import CudaDriver
         r = self._ring
-        if r is not None and r.tokens >= tokens and r.client is self._client:
+        if r is not None and r.tokens >= tokens and r.client is self._client and r.device == device:
             return r
         self._drop_ring()
         c, bt = self._client, self.block_tokens
@@ -568,26 +568,30 @@ class PrefixCache:
         pinned = None
         try:
             u8 = torch.frombuffer(buf.mm, dtype=torch.uint8)
-            CudaDriver().host_register(u8.data_ptr(), len(buf.mm))
+            with torch.cuda.device(device):
+                CudaDriver().host_register(u8.data_ptr(), len(buf.mm))
             pinned = u8.data_ptr()
             view = u8.view(self.dtype).view(slots, 2, self.head_count, cap, self.head_dim)
         except BaseException:
             if pinned is not None:
-                CudaDriver().host_unregister(pinned)
+                with torch.cuda.device(device):
+                    CudaDriver().host_unregister(pinned)
             u8 = None
             buf.close()
             raise
-        self._ring = _Ring(c, buf, region, cap, slots, view, pinned, self)
+        self._ring = _Ring(c, buf, region, cap, slots, view, pinned, self, device)
         return self._ring
 
     def _drop_ring(self):
-        from .torch import CudaDriver
         r, self._ring = getattr(self, "_ring", None), None
         if r is None:
             return
+        import torch
+        from .torch import CudaDriver
         r.view = None
         try:
-            CudaDriver().host_unregister(r.pinned)
+            with torch.cuda.device(r.device):
+                CudaDriver().host_unregister(r.pinned)
         except OSError:
             pass
         try:
@@ -805,9 +809,9 @@ class _Ring:
 
     SLOTS = 4
 
-    def __init__(self, client, buf, region, tokens, slots, view, pinned, pc):
+    def __init__(self, client, buf, region, tokens, slots, view, pinned, pc, device):
         self.client, self.buf, self.region, self.tokens = client, buf, region, tokens
-        self.slots, self.view, self.pinned = slots, view, pinned
+        self.slots, self.view, self.pinned, self.device = slots, view, pinned, device
         self.head_first, self.head_count = pc.head_first, pc.head_count
 
     def target(self, layer, slot):
@@ -893,7 +897,7 @@ class _LayerLoader:
             if self.mode == "area":
                 self.tid = self.area.kcs[0].target_id
             else:
-                self.ring = pc._pinned_ring(n * bt)
+                self.ring = pc._pinned_ring(n * bt, device)
                 self.tid = None  # a target per layer (_Ring.target)
                 self.stream = torch.cuda.Stream(device)
         self.entries = pc._entries(keys, layer_count=1)
