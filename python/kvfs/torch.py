@@ -64,7 +64,7 @@ from . import BlockEntry, KvfsError, OK, Target
 __all__ = ["KVCache", "tp_head_range", "tensor_geometry", "staging_geometry", "CudaDriver"]
 
 LAYOUTS = ("nhd", "hnd", "hf")
-_CPU_FOR_TESTS = False  # python/tests/test_torch_cpu.py drives the pin=True path on CPU tensors
+_CPU_FOR_TESTS = False  # python/tests (torch_on_cpu.py) drive the pin=True paths on CPU tensors
 
 
 # -- layout math (plain Python) -------------------------------------------------

@@ -261,17 +261,40 @@ class SharedMountTest(_Base):
         the same answers; a block gone by the time a later layer loads
         (after layer 0 found it) makes the forward start again from the
         blocks every layer has."""
-        p = self.prompt(81)
+        self.layerwise_case(81)
+
+    @unittest.skipIf(DEVICE != "cpu", "the GPU path runs on the GPU itself")
+    def test_layerwise_pinned_ring_on_cpu_tensors(self):
+        """pin=True's layer-by-layer path (layers through pinned host slots,
+        copied into the load area on a copy stream) on CPU tensors through
+        torch_on_cpu, with 2 slots for 4 layers so that slots are reused:
+        the same answers and the same retry as test_layerwise."""
+        import kvfs.torch as kt
+        import torch_on_cpu
+        saved, slots = torch_on_cpu.enter(kt, torch), khf._Ring.SLOTS
+        khf._Ring.SLOTS = 2
+        try:
+            self.assertGreater(self.info.layers, 2)
+            pc = self.layerwise_case(83, pin=True)
+            self.assertEqual((pc._ring, pc._area), (None, None))  # closed
+        finally:
+            khf._Ring.SLOTS = slots
+            torch_on_cpu.leave(kt, torch, saved)
+
+    def layerwise_case(self, seed, **kw):
+        p = self.prompt(seed)
         with self.cache() as pc:
             self.check(pc, p, "cold")
             keys = pc.keys(p)
         decoder = khf._decoder_layers(self.model)
-        with self.cache(layerwise=True) as pc:
+        with self.cache(layerwise=True, **kw) as pc:
             self.check(pc, p, "layerwise")
             self.assertEqual((pc.stats["layerwise_loads"], pc.stats["loaded_blocks"]), (1, BLOCKS))
             self.assertEqual(pc.stats["layerwise_retries"], 0)
             self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
-            p2 = torch.cat([p[:, :2 * self.bt], self.prompt(82, 1, 9)], dim=1)
+            if kw.get("pin"):
+                self.assertEqual(pc._ring.slots, 2)
+            p2 = torch.cat([p[:, :2 * self.bt], self.prompt(seed + 1, 1, 9)], dim=1)
             self.check(pc, p2, "layerwise partial")
             self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2)
             c = pc._client
@@ -290,6 +313,7 @@ class SharedMountTest(_Base):
             self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2 + 3)
             self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
             self.assertEqual(self.lookup_run(pc, p), BLOCKS)  # recomputed and stored again
+        return pc
 
     @unittest.skipIf(DEVICE != "cpu", "the GPU path runs on the GPU itself")
     def test_gpu_path_on_cpu_tensors(self):
