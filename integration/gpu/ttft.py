@@ -40,6 +40,7 @@ disk what the tier does not hold yet.
     ttft.py --geometry        # the kvfs format flags of the GPU model's stores
     ttft.py --tmpfs MOUNT --disk MOUNT [--dram MOUNT] [--tokens 4096,16384,32768] [--repeat 3]
     ttft.py --device cpu --tiny --mount MOUNT [--tokens 256] [--json out.json]
+    ttft.py ... --phases      # also the steps of a full hit loaded in one call
 
 It prints a Markdown table and, last, one line "JSON: {...}" (also written
 to --json FILE).
@@ -236,12 +237,62 @@ def measure(args, model, runs, device, identity, bt):
                     raise
                 finally:
                     pc.close()
+        if args.phases:
+            row["phases"] = phases(model, runs[0], prompt, args, identity, ref_cache, device)
         rows.append(row)
         del ref_cache, cache
         if device == "cuda":
             torch.cuda.empty_cache()
         print("done %d tokens" % n, file=sys.stderr, flush=True)
     return rows, notes, mismatches
+
+
+PHASES = ("ids+names", "lookup", "load_blocks", "cache", "first_token")
+
+
+def phases(model, run, prompt, args, identity, ref_cache, device):
+    """Median ms of each step of a full hit loaded in one call before the
+    model runs (layerwise=False; pin=False, REGISTER_CUDA, on a GPU), each
+    step synchronized: the prompt's ids and block names, LOOKUP,
+    LOAD_BLOCKS into the load area, the DynamicCache's assembly (its one
+    copy) and model.generate to the first token. Through run's store."""
+    import torch
+    import kvfs.hf as khf
+    from transformers import DynamicCache
+    pc = khf.PrefixCache(run.mount, model, identity="%s phases %d" % (identity, prompt.shape[1]), layerwise=False)
+    times = {k: [] for k in PHASES}
+    try:
+        pc.store(prompt, ref_cache)
+        c = pc._connect()
+        for _ in range(args.repeat):
+            if run.drop:
+                drop_caches()
+            sync()
+            t = [time.perf_counter()]
+            keys = khf.block_keys(pc.salt(), khf._token_raw(prompt)[0], pc.block_tokens,
+                                  (prompt.shape[1] - 1) // pc.block_tokens)
+            t.append(time.perf_counter())
+            n = c.lookup([(k.block, k.tag) for k in keys]).run
+            t.append(time.perf_counter())
+            layers, n = pc._load_blocks(keys[:n], torch.device(device))
+            sync()
+            t.append(time.perf_counter())
+            cache = DynamicCache()
+            for l, (k, v) in enumerate(layers):
+                khf._put(cache, l, k, v, copy=True)
+            sync()
+            t.append(time.perf_counter())
+            st = FirstToken()
+            with torch.no_grad():
+                model.generate(prompt, **{khf.cache_kwarg(model): cache}, do_sample=False, max_new_tokens=1,
+                               streamer=st, attention_mask=torch.ones_like(prompt))
+            t.append(st.at)
+            for i, k in enumerate(PHASES):
+                times[k].append((t[i + 1] - t[i]) * 1e3)
+            del cache, layers
+    finally:
+        pc.close()
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _prefix_cache(cache, tokens):
@@ -290,6 +341,8 @@ def main():
                    "(the default with --tiny)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--geometry", action="store_true", help="print the kvfs format flags and exit")
+    p.add_argument("--phases", action="store_true", help="also time the steps of a full hit loaded in one call "
+                   "(through the first store given)")
     args = p.parse_args()
     if args.geometry:
         print(" ".join(GEOMETRY))
@@ -324,6 +377,13 @@ def main():
     print(table(rows, cols, args.repeat, info.block_tokens))
     for note in notes:
         print("note: " + note)
+    if args.phases:
+        print()
+        print("A full hit loaded in one call, step by step (%s store, ms, median of %d):" % (runs[0].name, args.repeat))
+        print("| tokens | " + " | ".join(PHASES) + " |")
+        print("|---" * (1 + len(PHASES)) + "|")
+        for r in rows:
+            print("| %d | " % r["tokens"] + " | ".join("%.1f" % r["phases"][k] for k in PHASES) + " |")
     result = {"device": where, "torch": torch.__version__, "transformers": transformers.__version__,
               "model": "tiny" if args.tiny else "llama-3-8b-shaped", "dtype": str(model.dtype),
               "block_tokens": info.block_tokens, "repeat": args.repeat, "new_tokens": args.new_tokens, "rows": rows,

@@ -3,7 +3,8 @@
 The script the GPU measurement runs (docs/performance.md, "TTFT with a real
 model"), with --device cpu --tiny: a small random Llama shaped like the
 KVFS_MOUNT store, a 256-token prompt, recompute, a full hit and a 50 % hit
-loaded layer by layer through kvfs.hf. Asserted: it completes, every hit
+loaded layer by layer through kvfs.hf, and the steps of a full hit loaded
+in one call (--phases). Asserted: it completes, every hit
 loaded the blocks it should (the script checks that and fails otherwise)
 and generated the same tokens as recompute. Its timings are not asserted.
 Skips without KVFS_MOUNT, torch or transformers (an error in CI, see
@@ -33,7 +34,7 @@ class TTFTSmokeTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "ttft.json")
             p = subprocess.run([sys.executable, TTFT, "--device", "cpu", "--tiny", "--mount", MOUNT,
-                                "--tokens", "256", "--repeat", "2", "--new-tokens", "6", "--json", out],
+                                "--tokens", "256", "--repeat", "2", "--new-tokens", "6", "--phases", "--json", out],
                                capture_output=True, text=True, timeout=600)
             self.assertEqual(p.returncode, 0, "ttft.py failed:\n%s\n%s" % (p.stdout, p.stderr))
             with open(out) as f:
@@ -47,6 +48,9 @@ class TTFTSmokeTest(unittest.TestCase):
             self.assertIsNotNone(row.get(col), col)
             self.assertGreater(row[col], 0, col)
         self.assertIn("| 256 |", p.stdout)
+        self.assertEqual(sorted(row["phases"]), sorted(["ids+names", "lookup", "load_blocks", "cache",
+                                                           "first_token"]))
+        self.assertTrue(all(v >= 0 for v in row["phases"].values()), row["phases"])
 
 
 if __name__ == "__main__":
