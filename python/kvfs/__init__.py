@@ -39,8 +39,8 @@ from .abi import (OK, ABSENT, CORRUPT, BAD_REQUEST, IO_ERROR, NO_SPACE,  # noqa:
                   STATUS_NAMES, DETAIL_NAMES, ABI_VERSION)
 
 __all__ = ["Client", "Entry", "Info", "HostBuffer", "KvfsError", "status_name", "Target", "BlockEntry",
-           "LookupResult", "BlockArray", "OK", "ABSENT", "CORRUPT", "BAD_REQUEST", "IO_ERROR", "NO_SPACE", "TAG_MISMATCH",
-           "LOOKUP_PRESENT", "LOOKUP_ABSENT", "LOOKUP_TAG_MISMATCH"]
+           "BlockArray", "LookupResult", "OK", "ABSENT", "CORRUPT", "BAD_REQUEST", "IO_ERROR", "NO_SPACE",
+           "TAG_MISMATCH", "LOOKUP_PRESENT", "LOOKUP_ABSENT", "LOOKUP_TAG_MISMATCH"]
 
 CTL_PATH = ".kvfs/ctl"
 SHM_DIR = "/dev/shm"

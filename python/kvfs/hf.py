@@ -226,14 +226,6 @@ def _token_raw(input_ids):
     return [raw[b * n:(b + 1) * n] for b in range(t.shape[0])]
 
 
-def _token_list(input_ids):
-    """One sequence's token ids as a list of ints (a [1, n] or [n] tensor, or a list)."""
-    rows = _token_rows(input_ids)
-    if len(rows) != 1:
-        raise ValueError("one sequence wanted; input_ids has a batch of %d" % len(rows))
-    return rows[0]
-
-
 def cache_kwarg(model):
     """The name of the cache argument of model.forward (transformers 5:
     "cache"; before: "past_key_values")."""

@@ -134,8 +134,15 @@ class NoDaemonTest(unittest.TestCase):
         self.assertEqual(khf._token_rows([7, 8]), [[7, 8]])
         with self.assertRaises(ValueError):
             pc.load([[1, 2, 3], [1, 2]])
+        # ids as int64 little-endian bytes, from a tensor without a list of ints: the same names
+        ids = torch.tensor([[5, -1, 2 ** 40], [0, 7, 128255]])
+        self.assertEqual(khf._token_raw(ids), [struct.pack("<3q", *r) for r in ids.tolist()])
+        self.assertEqual(khf._token_raw(ids[1]), khf._token_raw([[0, 7, 128255]]))
+        salt = bytes(range(32))
+        self.assertEqual(khf.block_keys(salt, khf._token_raw(ids)[0] * 2, 2),
+                         khf.block_keys(salt, ids[0].tolist() * 2, 2))
         with self.assertRaises(ValueError):
-            khf._token_list(torch.zeros((2, 4), dtype=torch.long))
+            khf._token_raw(torch.zeros((1, 2, 3), dtype=torch.long))
 
 
 if __name__ == "__main__":
