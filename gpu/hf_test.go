@@ -76,37 +76,6 @@ func groupErrs(its []gpu.Item) []error {
 	return out
 }
 
-// hfStore is a store of geo holding blocks 0..nb-1 whole, except block
-// 2 (heads 0 and 1 of each (layer, kind) only) and block 4 (absent), with
-// one head of block 3 corrupt.
-func hfStore(t *testing.T, geo layout.Geometry, nb int) (*store.Store, *storetest.Mem, layout.Key) {
-	t.Helper()
-	m := storetest.Formatted(t, geo, int64(nb)+2, 512)
-	st := storetest.Open(t, m, store.Options{})
-	var w []store.WriteReq
-	for b := range uint64(nb) {
-		for i := range geo.GroupsPerBlock() {
-			k := geo.KeyAt(b, i)
-			if b == 2 && k.Head >= 2 || b == 4 {
-				continue
-			}
-			w = append(w, store.WriteReq{Key: k, Data: tileData(k)})
-		}
-	}
-	if err := st.Write(w); err != nil {
-		t.Fatal(err)
-	}
-	bad := layout.Key{Block: 3, Layer: 1, Head: 2, Kind: layout.V}
-	gi, err := st.Stat(bad)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sb := st.Superblock()
-	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + geo.Offset(geo.Index(bad))
-	m.Poke(off+9, []byte{m.Image()[off+9] ^ 0x20})
-	return st, m, bad
-}
-
 // TestTilesHF: a Hugging Face cache's (layer, kind) loaded as one tile of
 // its heads (a sequence apart on the device) gives exactly what one group
 // per item gives (the device's memory, and each group's outcome: a corrupt
@@ -118,7 +87,7 @@ func hfStore(t *testing.T, geo layout.Geometry, nb int) (*store.Store, *storetes
 func TestTilesHF(t *testing.T) {
 	H, L := tileGeo.KVHeads, tileGeo.Layers
 	const nb = 8
-	st, m, bad := hfStore(t, tileGeo, nb)
+	st, m, bad := tileStore(t, tileGeo, nb)
 	all := []uint64{0, 1, 2, 3, 4, 5, 6, 7}
 	cases := []struct {
 		name   string

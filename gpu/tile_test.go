@@ -52,6 +52,37 @@ func tileVerify(r *rig, tiles *int) func(items []*gpu.Item) error {
 	}
 }
 
+// tileStore is a store of geo holding blocks 0..nb-1 whole (tileData),
+// except block 2 (heads 0 and 1 of each (layer, kind) only) and block 4
+// (absent), with one head of block 3 corrupt.
+func tileStore(t *testing.T, geo layout.Geometry, nb int) (*store.Store, *storetest.Mem, layout.Key) {
+	t.Helper()
+	m := storetest.Formatted(t, geo, int64(nb)+2, 512)
+	st := storetest.Open(t, m, store.Options{})
+	var w []store.WriteReq
+	for b := range uint64(nb) {
+		for i := range geo.GroupsPerBlock() {
+			k := geo.KeyAt(b, i)
+			if b == 2 && k.Head >= 2 || b == 4 {
+				continue
+			}
+			w = append(w, store.WriteReq{Key: k, Data: tileData(k)})
+		}
+	}
+	if err := st.Write(w); err != nil {
+		t.Fatal(err)
+	}
+	bad := layout.Key{Block: 3, Layer: 1, Head: 2, Kind: layout.V}
+	gi, err := st.Stat(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := st.Superblock()
+	off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + geo.Offset(geo.Index(bad))
+	m.Poke(off+9, []byte{m.Image()[off+9] ^ 0x20})
+	return st, m, bad
+}
+
 // TestTilesLoad: tiles (a block's (layer, kind) heads as one item) load
 // from a real store into a head-major cache through staging: every head
 // that is stored lands byte for byte, a corrupt one is zeroed and counted,
@@ -67,29 +98,7 @@ func TestTilesLoad(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			H, L := tileGeo.KVHeads, tileGeo.Layers
 			const nb = 6
-			m := storetest.Formatted(t, tileGeo, 16, 512)
-			st := storetest.Open(t, m, store.Options{})
-			var w []store.WriteReq
-			for b := range uint64(nb) {
-				for i := range tileGeo.GroupsPerBlock() {
-					k := tileGeo.KeyAt(b, i)
-					if b == 2 && k.Head >= 2 || b == 4 {
-						continue // block 2: heads 0 and 1 only; block 4 absent
-					}
-					w = append(w, store.WriteReq{Key: k, Data: tileData(k)})
-				}
-			}
-			if err := st.Write(w); err != nil {
-				t.Fatal(err)
-			}
-			bad := layout.Key{Block: 3, Layer: 1, Head: 2, Kind: layout.V}
-			gi, err := st.Stat(bad)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sb := st.Superblock()
-			off := sb.DataOffset + gi.Slot*sb.SlotBytes + 2*sb.HeaderBytes + tileGeo.Offset(tileGeo.Index(bad))
-			m.Poke(off+9, []byte{m.Image()[off+9] ^ 0x20})
+			st, m, bad := tileStore(t, tileGeo, nb)
 
 			r := newRig(t, 4, 2*tileGeo.GroupsPerBlock(), 4)
 			r.dev.Enable2D = true
@@ -125,18 +134,11 @@ func TestTilesLoad(t *testing.T) {
 			if err := r.p.Load(st, its, true); err != nil {
 				t.Fatal(err)
 			}
-			copyFailed := 0
-			for _, it := range its {
+			// checkHeads checks every head of tile it where the cache holds it
+			// and returns the heads that must have failed: absent ones keep
+			// the old bytes, the corrupt one is zeroed.
+			checkHeads := func(what string, it gpu.Item) (wantBad uint64) {
 				lk := 2*it.Key.Layer + int(it.Key.Kind)
-				if errors.Is(it.Err, gpu.ErrCopy) {
-					// Its tiles are undefined, every head failed.
-					if it.Tile.Failed != H || it.Tile.Bad != 1<<H-1 || !errors.Is(it.Err, gputest.ErrInjected) {
-						t.Fatalf("%v: copy failed: %d failed (%b): %v", it.Key, it.Tile.Failed, it.Tile.Bad, it.Err)
-					}
-					copyFailed++
-					continue
-				}
-				var wantBad uint64
 				for h := range H {
 					k := it.Key
 					k.Head = h
@@ -149,9 +151,22 @@ func TestTilesLoad(t *testing.T) {
 						want, wantBad = make([]byte, gb), wantBad|1<<h
 					}
 					if got := r.dev.Mem(dst, gb); !bytes.Equal(got, want) {
-						t.Fatalf("%v: wrong bytes on the device", k)
+						t.Fatalf("%s: %v: wrong bytes on the device", what, k)
 					}
 				}
+				return wantBad
+			}
+			copyFailed := 0
+			for _, it := range its {
+				if errors.Is(it.Err, gpu.ErrCopy) {
+					// Its tiles are undefined, every head failed.
+					if it.Tile.Failed != H || it.Tile.Bad != 1<<H-1 || !errors.Is(it.Err, gputest.ErrInjected) {
+						t.Fatalf("%v: copy failed: %d failed (%b): %v", it.Key, it.Tile.Failed, it.Tile.Bad, it.Err)
+					}
+					copyFailed++
+					continue
+				}
+				wantBad := checkHeads("staged", it)
 				var wantErr error
 				switch {
 				case it.Key.Block == 4, it.Key.Block == 2:
@@ -194,23 +209,7 @@ func TestTilesLoad(t *testing.T) {
 					t.Fatal("tiles with a host view went through staging")
 				}
 				for _, it := range its {
-					lk := 2*it.Key.Layer + int(it.Key.Kind)
-					var wantBad uint64
-					for h := range H {
-						k := it.Key
-						k.Head = h
-						dst := gputest.Base + uint64(lk*tensor+(nb-1-int(k.Block))*H*gb+h*gb)
-						want := tileData(k)
-						switch {
-						case k.Block == 4 || k.Block == 2 && h >= 2:
-							want, wantBad = old[:gb], wantBad|1<<h
-						case k == bad:
-							want, wantBad = make([]byte, gb), wantBad|1<<h
-						}
-						if got := r.dev.Mem(dst, gb); !bytes.Equal(got, want) {
-							t.Fatalf("direct: %v: wrong bytes on the device", k)
-						}
-					}
+					wantBad := checkHeads("direct", it)
 					if it.Tile.Bad != wantBad || it.Tile.Failed != bits.OnesCount64(wantBad) {
 						t.Fatalf("direct: %v: %d failed (%b), want %b: %v", it.Key, it.Tile.Failed, it.Tile.Bad, wantBad, it.Err)
 					}
