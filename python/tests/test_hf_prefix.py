@@ -86,6 +86,16 @@ class _Base(unittest.TestCase):
         hf_model.assert_same(self, got, hf_model.reference(self.model, p, self.bt), what)
         return got
 
+    def computed(self, ids):
+        """Per layer (K, V) of the model's cache over ids' first BLOCKS whole blocks."""
+        import kvfs.torch as kt
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        with torch.no_grad():
+            self.model(input_ids=ids[:, :BLOCKS * self.bt], use_cache=True,
+                       **{hf_model.cache_kw(self.model): cache})
+        return kt._hf_layers(cache)
+
     def lookup_run(self, pc, p):
         with kvfs.Client(self.mnt) as c:
             return c.lookup([(k.block, k.tag) for k in pc.keys(p)]).run
@@ -271,15 +281,15 @@ class SharedMountTest(_Base):
         the same answers and the same retry as test_layerwise."""
         import kvfs.torch as kt
         import torch_on_cpu
-        saved, slots = torch_on_cpu.enter(kt, torch), khf._Ring.SLOTS
+        slots = khf._Ring.SLOTS
         khf._Ring.SLOTS = 2
         try:
-            self.assertGreater(self.info.layers, 2)
-            pc = self.layerwise_case(83, pin=True)
-            self.assertEqual((pc._ring, pc._area), (None, None))  # closed
+            with torch_on_cpu.active(kt, torch):
+                self.assertGreater(self.info.layers, 2)
+                pc = self.layerwise_case(83, pin=True)
+                self.assertEqual((pc._ring, pc._area), (None, None))  # closed
         finally:
             khf._Ring.SLOTS = slots
-            torch_on_cpu.leave(kt, torch, saved)
 
     def layerwise_case(self, seed, **kw):
         p = self.prompt(seed)
@@ -322,15 +332,9 @@ class SharedMountTest(_Base):
         loads that stop at a wrong tag, the bytes the model computed."""
         import kvfs.torch as kt
         import torch_on_cpu
-        from transformers import DynamicCache
         p = self.prompt(91)
-        n = BLOCKS * self.bt
-        cache = DynamicCache()
-        with torch.no_grad():
-            self.model(input_ids=p[:, :n], use_cache=True, **{hf_model.cache_kw(self.model): cache})
-        layers = kt._hf_layers(cache)
-        saved = torch_on_cpu.enter(kt, torch)
-        try:
+        layers = self.computed(p)
+        with torch_on_cpu.active(kt, torch):
             with self.cache(pin=True) as pc:
                 keys = pc.keys(p)
                 self.assertEqual(pc._store_torch(keys, list(range(1, BLOCKS)), layers), BLOCKS - 1)
@@ -345,8 +349,6 @@ class SharedMountTest(_Base):
                 got, m = pc._load_torch(wrong, torch.device("cpu"))
                 self.assertEqual(m, 2)
                 self.assertTrue(torch.equal(got[1][0], layers[1][0][:, :, :2 * self.bt]))
-        finally:
-            torch_on_cpu.leave(kt, torch, saved)
 
     @unittest.skipIf(DEVICE != "cpu", "the GPU path runs on the GPU itself")
     def test_gpu_path_batch_on_cpu_tensors(self):
@@ -356,15 +358,9 @@ class SharedMountTest(_Base):
         tag: the first 3 blocks of both)."""
         import kvfs.torch as kt
         import torch_on_cpu
-        from transformers import DynamicCache
         batch = torch.cat([self.prompt(92), self.prompt(93)])
-        n = BLOCKS * self.bt
-        cache = DynamicCache()
-        with torch.no_grad():
-            self.model(input_ids=batch[:, :n], use_cache=True, **{hf_model.cache_kw(self.model): cache})
-        layers = kt._hf_layers(cache)
-        saved = torch_on_cpu.enter(kt, torch)
-        try:
+        layers = self.computed(batch)
+        with torch_on_cpu.active(kt, torch):
             with self.cache(pin=True) as pc:
                 keys = pc.keys(batch)
                 self.assertEqual(len(keys), 2)
@@ -379,8 +375,6 @@ class SharedMountTest(_Base):
                 got, m = pc._load_torch(wrong, torch.device("cpu"))
                 self.assertEqual(m, 3)
                 self.assertTrue(torch.equal(got[0][1], layers[0][1][:, :, :3 * self.bt]))
-        finally:
-            torch_on_cpu.leave(kt, torch, saved)
 
 
 class _Daemon:

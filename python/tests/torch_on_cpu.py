@@ -34,3 +34,13 @@ def enter(kt, torch):
 def leave(kt, torch, saved):
     (kt._CPU_FOR_TESTS, kt.CudaDriver, torch.cuda.device, torch.cuda.stream,
      torch.cuda.current_stream, torch.cuda.Event, torch.cuda.Stream) = saved
+
+
+@contextlib.contextmanager
+def active(kt, torch):
+    """enter() for the duration of a with block."""
+    saved = enter(kt, torch)
+    try:
+        yield
+    finally:
+        leave(kt, torch, saved)
