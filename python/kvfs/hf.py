@@ -513,8 +513,7 @@ class PrefixCache:
         if not (a is not None and a.B == B and a.tokens >= tokens and a.device == device
                 and a.client is self._client):
             self._drop_area()
-            cap = max(self.block_tokens, 1 << (max(1, tokens) - 1).bit_length())
-            cap = -(-cap // self.block_tokens) * self.block_tokens
+            cap = self._capacity(tokens)
             whole = torch.empty((self.layers, 2, B, self.head_count, cap, self.head_dim), dtype=self.dtype,
                                 device=device)
             a = self._area = _Area(B, cap, device, self._client, whole,
@@ -531,6 +530,12 @@ class PrefixCache:
                 raise
             a.kcs = made
         return a
+
+    def _capacity(self, tokens):
+        """Tokens a kept buffer for tokens tokens holds: the next power of
+        two, whole blocks (buffers grow by doubling, not on every load)."""
+        bt = self.block_tokens
+        return -(-max(bt, 1 << (max(1, tokens) - 1).bit_length()) // bt) * bt
 
     def _drop_area(self):
         a, self._area = self._area, None
@@ -551,9 +556,7 @@ class PrefixCache:
         if r is not None and r.tokens >= tokens and r.client is self._client and r.device == device:
             return r
         self._drop_ring()
-        c, bt = self._client, self.block_tokens
-        cap = max(bt, 1 << (max(1, tokens) - 1).bit_length())
-        cap = -(-cap // bt) * bt
+        c, cap = self._client, self._capacity(tokens)
         region = self.head_count * cap * self._info.row_bytes
         slots = min(_Ring.SLOTS, self.layers)
         buf = c.create_host_buffer(2 * slots * region)
