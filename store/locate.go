@@ -68,7 +68,7 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 		switch {
 		case bp.hdr == nil:
 			r.Err = ErrNotFound
-		case r.Tag != nil && *r.Tag != bp.hdr.Meta.Tag && !r.Tag.IsZero():
+		case !TagMatches(r.Tag, bp.hdr.Meta.Tag):
 			// Checked against the header of the slot pinned here, under
 			// the same hold of s.mu: the slot is not reused until Unpin,
 			// so the bytes at Off stay those of the block whose tag

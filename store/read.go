@@ -209,7 +209,7 @@ func (s *Store) Read(reqs []ReadReq) error {
 		switch hdr := bp.hdr; {
 		case hdr == nil:
 			miss = ErrNotFound
-		case w.r.Tag != nil && *w.r.Tag != hdr.Meta.Tag && !w.r.Tag.IsZero():
+		case !TagMatches(w.r.Tag, hdr.Meta.Tag):
 			miss = ErrTagMismatch
 		case !hdr.Has(w.idx):
 			miss = ErrNotFound

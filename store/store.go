@@ -20,6 +20,13 @@ import (
 // for (model, dtype, shard, token chain). The zero tag is "untagged".
 type Tag = index.Tag
 
+// TagMatches reports whether a block stored under stored serves a request
+// that expects want (ReadReq.Tag, LocateReq.Tag): nil or the zero tag
+// expects none.
+func TagMatches(want *Tag, stored Tag) bool {
+	return want == nil || *want == stored || want.IsZero()
+}
+
 // BlockMeta is what a block says of itself besides its groups: its tag and
 // its parent (the block before it in its sequence).
 type BlockMeta = index.Meta

@@ -102,7 +102,7 @@ func (t *Tier) Locate(reqs []store.LocateReq, pins []int64) ([]int64, error) {
 			}
 		}
 		idx := t.geo.Index(r.Key)
-		if slot < 0 || r.Tag != nil && !r.Tag.IsZero() && *r.Tag != v.Meta.Tag || !t.has(slot, idx) {
+		if slot < 0 || !store.TagMatches(r.Tag, v.Meta.Tag) || !t.has(slot, idx) {
 			continue
 		}
 		r.Off = slot*t.sb + int64(idx)*t.stride

@@ -93,7 +93,7 @@ func (t *Tier) Read(reqs []store.ReadReq) error {
 		p := &sc.plans[sc.of[i]]
 		n := uint64(max(1, r.Heads))
 		served := (p.how == viaHit || p.how == viaFill && p.ok) &&
-			(r.Tag == nil || *r.Tag == p.tag || r.Tag.IsZero()) && t.land(r, p.slot)
+			store.TagMatches(r.Tag, p.tag) && t.land(r, p.slot)
 		switch {
 		case !served:
 			sc.del = append(sc.del, *r)
