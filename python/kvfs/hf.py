@@ -67,7 +67,9 @@ blocks: load() gives a DynamicCache of batch B holding the blocks every
 sequence has stored (the shortest of their stored prefixes), store() stores
 each sequence's new blocks, generate() does both around model.generate.
 Layer-by-layer loading is for one sequence (a batch loads all layers at
-once).
+once). With num_beams or num_return_sequences, model.generate runs that
+many rows per sequence: generate() gives it a cache of each sequence's
+prefix repeated (load and store take expand= for an engine's own loop).
 
 Limits: decoder-only models whose every layer is a full-attention
 DynamicLayer (no sliding window, no linear attention).
@@ -405,13 +407,15 @@ class PrefixCache:
 
     # -- the API ------------------------------------------------------------
 
-    def load(self, input_ids, device=None):
+    def load(self, input_ids, device=None, expand=1):
         """A DynamicCache holding the stored leading blocks of input_ids, and
         how many tokens it holds (a multiple of block_tokens, at most
         len(input_ids) - 1). For a batch, the blocks every sequence has
         (each its own), a cache of the batch's size. Nothing stored, or the
         daemon down: an empty DynamicCache and 0. device: of the cache
-        (default: the model's). The cache owns its tensors."""
+        (default: the model's). expand: rows per sequence (beam search's
+        num_beams; sequence b in rows b·expand ..). The cache owns its
+        tensors."""
         from transformers import DynamicCache
         rows = _token_raw(input_ids)
         device = device or self._model_device()
@@ -428,7 +432,10 @@ class PrefixCache:
         cache = DynamicCache()
         if n:
             for l, (k, v) in enumerate(layers):
-                _put(cache, l, k, v, copy=True)
+                if expand > 1:
+                    _put(cache, l, k.repeat_interleave(expand, 0), v.repeat_interleave(expand, 0), copy=False)
+                else:
+                    _put(cache, l, k, v, copy=True)
         return cache, n * self.block_tokens
 
     def _lookup(self, c, rows):
@@ -594,11 +601,13 @@ class PrefixCache:
         except (OSError, BufferError):
             pass
 
-    def store(self, input_ids, cache):
+    def store(self, input_ids, cache, expand=1):
         """Store the whole blocks of input_ids that cache holds (cache covers
         input_ids from token 0) and the store does not have yet, each with
         its tag and parent, durably. Returns how many blocks were stored (0
-        with the daemon down)."""
+        with the daemon down). expand: rows of the cache per sequence, as
+        load's (sequence b in rows b·expand .. b·expand + expand - 1: row
+        b·expand is stored)."""
         from .torch import _hf_layers
         rows = _token_raw(input_ids)
         layers = _hf_layers(cache)
@@ -607,9 +616,9 @@ class PrefixCache:
         if len(layers) != self.layers:
             raise ValueError("the cache has %d layers, the model %d" % (len(layers), self.layers))
         k0 = layers[0][0]
-        if k0.dim() != 4 or k0.shape[0] != len(rows):
+        if k0.dim() != 4 or k0.shape[0] != len(rows) * expand:
             raise ValueError("kvfs.hf stores a cache of the prompt's %d sequences: tensors [%d, heads, seq, "
-                             "head_dim], got %s" % (len(rows), len(rows), tuple(k0.shape)))
+                             "head_dim], got %s" % (len(rows), len(rows) * expand, tuple(k0.shape)))
         try:
             c = self._connect()
             bt = self.block_tokens
@@ -623,7 +632,7 @@ class PrefixCache:
             for b, ks in enumerate(keys):
                 todo = [j for j, s in enumerate(st[b * per:(b + 1) * per]) if s != LOOKUP_PRESENT]
                 if todo:
-                    n += self._store_blocks(ks, todo, layers, b)
+                    n += self._store_blocks(ks, todo, layers, b * expand)
         except OSError as e:
             self._failed("store", e)
             return 0
@@ -698,11 +707,19 @@ class PrefixCache:
         they all have stored); the prompt's new whole blocks are stored
         afterwards. Returns what model.generate returns. Every token of
         input_ids is attended (attention_mask defaults to ones); with a mask
-        that hides tokens (padding) kvfs is not used. With layerwise (the
-        default; one sequence) layer 0 of a hit is loaded first and the
-        others on a thread while the model runs, layer i waiting only for
-        layer i's data."""
+        that hides tokens (padding) kvfs is not used. With num_beams or
+        num_return_sequences, model.generate runs that many rows per
+        sequence: the cache holds each sequence's prefix that many times,
+        and one row of each is stored. A cache of the caller's
+        (past_key_values=) is refused: generate() makes the cache. With
+        layerwise (the default; one sequence) layer 0 of a hit is loaded
+        first and the others on a thread while the model runs, layer i
+        waiting only for layer i's data."""
         import torch
+        kw = cache_kwarg(self.model)
+        for given in {kw, "past_key_values"} & set(kwargs):
+            raise ValueError("PrefixCache.generate hands model.generate a cache of the stored prefix: a cache of "
+                             "the caller's (%s=) cannot be used with it; call model.generate for that one" % given)
         mask = kwargs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
             # padding: KV computed under a mask is not the prefix's own
@@ -712,16 +729,19 @@ class PrefixCache:
             # every token counts; without a mask, generate would take pad_token_id
             # tokens in the prompt for padding, which the stored blocks were not
             kwargs["attention_mask"] = torch.ones_like(input_ids)
+        # model.generate runs num_beams (or num_return_sequences) rows per
+        # sequence and takes a cache of that batch: each sequence's rows repeated
+        expand = _expand_size(self.model, kwargs)
+        ids = input_ids.repeat_interleave(expand, 0) if expand > 1 else input_ids
         loader, cache, n = None, None, 0
         if self.layerwise and _batch_size(input_ids) == 1:
-            loader, cache, n = self._begin_layerwise(input_ids)
+            loader, cache, n = self._begin_layerwise(input_ids, expand)
         if cache is None:
-            cache, n = self.load(input_ids)
-        kw = cache_kwarg(self.model)
+            cache, n = self.load(input_ids, expand=expand)
         try:
             try:
                 if self.prefill_blocks:
-                    n = self.prefill(input_ids, cache, n)
+                    n = self.prefill(ids, cache, n)
                 with torch.no_grad():
                     out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
             except _Shrunk:
@@ -730,18 +750,19 @@ class PrefixCache:
                 cache, n = loader.settle()
                 self.stats["layerwise_retries"] += 1
                 if self.prefill_blocks:
-                    n = self.prefill(input_ids, cache, n)
+                    n = self.prefill(ids, cache, n)
                 with torch.no_grad():
                     out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
         finally:
             if loader is not None:
                 loader.close(cache)
-        self.store(input_ids, cache)
+        self.store(input_ids, cache, expand=expand)
         return out
 
-    def _begin_layerwise(self, input_ids):
+    def _begin_layerwise(self, input_ids, expand=1):
         """Look the prompt up, load layer 0 of its leading stored blocks and
-        start a _LayerLoader for the rest: (loader, its cache, tokens).
+        start a _LayerLoader for the rest: (loader, its cache, tokens), the
+        cache's rows the prompt's repeated expand times.
         (None, an empty cache, 0) when nothing is stored or the daemon is
         down; (None, None, 0) when the model's decoder layers cannot be
         hooked (load() then loads every layer at once)."""
@@ -759,7 +780,7 @@ class PrefixCache:
             if run == 0:
                 self._down = False
                 return None, DynamicCache(), 0
-            loader = _LayerLoader(self, keys[:run], self._model_device(), layers)
+            loader = _LayerLoader(self, keys[:run], self._model_device(), layers, expand)
         except OSError as e:
             self._failed("load", e)
             return None, DynamicCache(), 0
@@ -868,10 +889,11 @@ class _LayerLoader:
     forward concatenates onto them, so nothing is copied twice; close()
     gives the cache copies of any layer still on that memory."""
 
-    def __init__(self, pc, keys, device, decoder_layers):
+    def __init__(self, pc, keys, device, decoder_layers, expand=1):
         from transformers import DynamicCache
         import torch
         self.pc, self.keys, self.device, self.torch = pc, keys, device, torch
+        self.expand = expand
         self.n_layers = pc.layers
         self.ok = [0] * self.n_layers
         self.kv = [None] * self.n_layers
@@ -947,7 +969,9 @@ class _LayerLoader:
             self.torch.cuda.current_stream(self.device).wait_event(self.events[i])
         k, v = self.kv[i]
         t = self.tokens
-        _put(self.cache, i, k[:, :, :t], v[:, :, :t], copy=False)
+        # expand rows: views with a batch stride of 0; the forward's concatenation makes them whole
+        e = (self.expand, -1, -1, -1)
+        _put(self.cache, i, k[:, :, :t].expand(*e), v[:, :, :t].expand(*e), copy=False)
 
     def _run(self):
         for l in range(1, self.n_layers):
@@ -1020,6 +1044,20 @@ def _leading(statuses, want):
 
 def _leading_ok(statuses):
     return _leading(statuses, OK)
+
+
+def _expand_size(model, kwargs):
+    """How many rows model.generate runs per sequence of the prompt:
+    max(num_beams, num_return_sequences) of the call's generation config
+    (kwargs over generation_config over the model's)."""
+    gc = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+
+    def get(name):
+        v = kwargs.get(name)
+        if v is None and gc is not None:
+            v = getattr(gc, name, None)
+        return int(v or 1)
+    return max(1, get("num_beams"), get("num_return_sequences"))
 
 
 def _batch_size(input_ids):

@@ -166,6 +166,43 @@ class SharedMountTest(_Base):
             self.assertEqual((pc.stats["loaded_blocks"] - loaded, pc.stats["stored_blocks"]), (2 * 3, 2))
             self.assertEqual(self.lookup_run(pc, p3), BLOCKS)
 
+    def test_beams_and_return_sequences(self):
+        """num_beams and num_return_sequences: model.generate runs that many
+        rows per prompt, so generate() hands it a cache of each prompt's
+        rows repeated (layer by layer too; on the CPU also through the
+        pinned ring, on CPU tensors) and stores one row per prompt (in a
+        batch, each prompt's own). Cold and warm, tokens and logits are
+        those without kvfs."""
+        import contextlib
+        import kvfs.torch as kt
+        import torch_on_cpu
+        p = self.prompt(24)
+        beams = dict(num_beams=3, num_return_sequences=2)
+        modes = [(True, PIN), (False, PIN)] + ([(True, "ring")] if DEVICE == "cpu" else [])
+        for i, (p, gen) in enumerate(((p, beams), (p, dict(do_sample=True, top_k=0, num_return_sequences=3)),
+                                      (torch.cat([p, self.prompt(25)]), beams))):
+            want = hf_model.reference(self.model, p, self.bt, seed=5, **gen)
+            for layerwise, pin in modes:
+                what = "%d prompts %s layerwise=%s pin=%s" % (p.shape[0], gen, layerwise, pin)
+                ctx = torch_on_cpu.active(kt, torch) if pin == "ring" else contextlib.nullcontext()
+                ident = "%s %d %s" % (self.id(), i, os.urandom(8).hex())
+                with ctx, self.cache(layerwise=layerwise, pin=bool(pin), identity=ident) as pc:
+                    for run in ("cold", "warm"):
+                        torch.manual_seed(5)
+                        got = pc.generate(p, **dict(hf_model.GEN, **gen))
+                        self.assertEqual(got.sequences.shape[0], p.shape[0] * gen["num_return_sequences"], what)
+                        self.assertEqual(got.sequences.tolist(), want.sequences.tolist(), "%s %s" % (what, run))
+                        for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+                            self.assertTrue(torch.equal(a, b), "%s %s step %d: logits differ" % (what, run, step))
+                    self.assertEqual((pc.stats["stored_blocks"], pc.stats["loaded_blocks"]),
+                                     (p.shape[0] * BLOCKS, p.shape[0] * BLOCKS), what)
+                    self.assertEqual(pc.stats["layerwise_loads"], int(layerwise and p.shape[0] == 1), what)
+                    if pin == "ring" and layerwise and p.shape[0] == 1:
+                        self.assertIsNotNone(pc._ring, what)
+        with self.cache() as pc, self.assertRaisesRegex(ValueError, "cache of the caller"):
+            from transformers import DynamicCache
+            pc.generate(p, **{hf_model.cache_kw(self.model): DynamicCache()}, **hf_model.GEN)
+
     def test_padding_mask_bypasses_kvfs(self):
         """A mask that hides prompt tokens (padding) makes KV the stored blocks
         do not hold: generate() is model.generate's own, kvfs untouched."""
