@@ -23,6 +23,11 @@ the hash are the block id, the next 16 its tag (docs/abi.md, "Minor 3"):
 the store serves a block only under the tag it was stored with, and each
 block is stored with its parent so prefix-aware eviction keeps roots.
 
+Storing. store() stores the whole blocks a cache holds that the store has
+not, durably; generate() stores the prompt's and, with store_generated
+(the default), those of the tokens it generated, so a conversation's next
+turn (prompt, answer, new message) finds the answer's KV stored too.
+
 Never a wrong answer. LOOKUP gives the leading run of stored blocks; they
 are loaded in one call with their tags checked. The usable prefix ends at
 the first block that is not OK (evicted since the lookup, failed its CRC,
@@ -246,7 +251,10 @@ class PrefixCache:
     kvfs.torch. prefill_blocks: blocks per prefill forward in generate() and
     prefill() (None: one forward for the uncached rest). layerwise: whether
     generate() loads a hit layer by layer while the model runs (one
-    sequence; a batch loads every layer at once).
+    sequence; a batch loads every layer at once). store_generated: whether
+    generate() also stores the whole blocks of the tokens it generated (a
+    conversation's next turn then finds its last answer stored; not with
+    beam search, whose cache rows are not the sequences it returns).
 
     One PrefixCache serves one thread at a time (one per engine worker).
 
@@ -258,7 +266,7 @@ class PrefixCache:
     sequences have, times their number)."""
 
     def __init__(self, client, model, tp_rank=0, tp_size=1, layer_first=0, identity=None, pin=False,
-                 prefill_blocks=None, weights_salt=True, layerwise=True):
+                 prefill_blocks=None, weights_salt=True, layerwise=True, store_generated=True):
         self.model = model
         self.tp_rank, self.tp_size, self.layer_first = tp_rank, tp_size, layer_first
         self.identity = identity
@@ -266,6 +274,7 @@ class PrefixCache:
         self.prefill_blocks = prefill_blocks
         self.weights_salt = weights_salt
         self.layerwise = layerwise
+        self.store_generated = store_generated
         self.stats = dict(lookups=0, hit_blocks=0, loaded_blocks=0, stored_blocks=0, failed_blocks=0, fallbacks=0,
                           layerwise_loads=0, layerwise_retries=0)
         self._check_model()
@@ -628,9 +637,12 @@ class PrefixCache:
             if k0.shape[1] != self.head_count:
                 raise ValueError("the cache holds %d kv-heads, this shard %d" % (k0.shape[1], self.head_count))
             st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
-            per, n = len(keys[0]), 0
+            per, n, queued = len(keys[0]), 0, set()
             for b, ks in enumerate(keys):
-                todo = [j for j, s in enumerate(st[b * per:(b + 1) * per]) if s != LOOKUP_PRESENT]
+                # a block two sequences share (a common prefix) is stored once, from the first
+                todo = [j for j, s in enumerate(st[b * per:(b + 1) * per])
+                        if s != LOOKUP_PRESENT and ks[j].block not in queued]
+                queued.update(ks[j].block for j in todo)
                 if todo:
                     n += self._store_blocks(ks, todo, layers, b * expand)
         except OSError as e:
@@ -756,7 +768,14 @@ class PrefixCache:
         finally:
             if loader is not None:
                 loader.close(cache)
-        self.store(input_ids, cache, expand=expand)
+        seqs = getattr(out, "sequences", out)
+        beams = _generation_setting(self.model, kwargs, "num_beams") > 1
+        if (self.store_generated and not beams and hasattr(seqs, "dim") and seqs.dim() == 2
+                and seqs.shape[0] == _batch_size(input_ids) * expand):
+            # row r of the cache holds the KV of sequence r's tokens but its last
+            self.store(seqs, cache)
+        else:
+            self.store(input_ids, cache, expand=expand)
         return out
 
     def _begin_layerwise(self, input_ids, expand=1):
@@ -1046,18 +1065,21 @@ def _leading_ok(statuses):
     return _leading(statuses, OK)
 
 
+def _generation_setting(model, kwargs, name):
+    """A count setting (num_beams, num_return_sequences) of a generate call:
+    kwargs over their generation_config over the model's; 1 when unset."""
+    v = kwargs.get(name)
+    if v is None:
+        gc = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+        v = getattr(gc, name, None)
+    return int(v or 1)
+
+
 def _expand_size(model, kwargs):
     """How many rows model.generate runs per sequence of the prompt:
-    max(num_beams, num_return_sequences) of the call's generation config
-    (kwargs over generation_config over the model's)."""
-    gc = kwargs.get("generation_config") or getattr(model, "generation_config", None)
-
-    def get(name):
-        v = kwargs.get(name)
-        if v is None and gc is not None:
-            v = getattr(gc, name, None)
-        return int(v or 1)
-    return max(1, get("num_beams"), get("num_return_sequences"))
+    max(num_beams, num_return_sequences)."""
+    return max(_generation_setting(model, kwargs, "num_beams"),
+               _generation_setting(model, kwargs, "num_return_sequences"))
 
 
 def _batch_size(input_ids):

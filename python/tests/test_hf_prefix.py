@@ -203,6 +203,47 @@ class SharedMountTest(_Base):
             from transformers import DynamicCache
             pc.generate(p, **{hf_model.cache_kw(self.model): DynamicCache()}, **hf_model.GEN)
 
+    def test_next_turn_finds_the_answer(self):
+        """generate() stores the whole blocks of the tokens it generated as
+        well, so a conversation's next turn (prompt, answer, new message)
+        loads the answer's blocks: the KV generation computed, bit for bit,
+        so the next turn's tokens and logits are those of going on from
+        that cache without kvfs. store_generated=False stores the prompt's
+        blocks only."""
+        from transformers import DynamicCache
+        bt, kw = self.bt, hf_model.cache_kw(self.model)
+        new = 2 * bt + 8
+        gen = dict(hf_model.GEN, max_new_tokens=new, min_new_tokens=new)
+
+        def turn(prompt, cache):
+            # prefill_blocks=1's computation: each uncached whole block in a forward, then generate
+            with torch.no_grad():
+                for j in range(cache.get_seq_length() // bt, (prompt.shape[1] - 1) // bt):
+                    self.model(input_ids=prompt[:, j * bt:(j + 1) * bt], use_cache=True, **{kw: cache})
+                return self.model.generate(prompt, attention_mask=torch.ones_like(prompt), **{kw: cache}, **gen)
+        p1 = self.prompt(26, 3, 3)
+        c1 = DynamicCache()
+        out1 = turn(p1, c1)
+        answered = out1.sequences.shape[1] - 1  # the last token's KV is not computed
+        self.assertEqual(c1.get_seq_length(), answered)
+        p2 = torch.cat([out1.sequences, self.prompt(27, 0, 20)], dim=1)
+        c1.crop(-(answered % bt))  # whole blocks
+        want = turn(p2, c1)
+        for store_generated, loads in ((True, answered // bt), (False, (p1.shape[1] - 1) // bt)):
+            what = "store_generated=%s" % store_generated
+            ident = "%s %s" % (self.id(), os.urandom(8).hex())
+            with self.cache(store_generated=store_generated, identity=ident) as pc:
+                got1 = pc.generate(p1, **gen)
+                self.assertEqual(got1.sequences.tolist(), out1.sequences.tolist(), what)
+                self.assertEqual(pc.stats["stored_blocks"], loads, what)
+            with self.cache(store_generated=store_generated, identity=ident) as pc:
+                got = pc.generate(p2, **gen)
+                self.assertEqual(pc.stats["loaded_blocks"], loads, what)
+                if store_generated:
+                    self.assertEqual(got.sequences.tolist(), want.sequences.tolist(), what)
+                    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+                        self.assertTrue(torch.equal(a, b), "%s step %d: logits differ" % (what, step))
+
     def test_padding_mask_bypasses_kvfs(self):
         """A mask that hides prompt tokens (padding) makes KV the stored blocks
         do not hold: generate() is model.generate's own, kvfs untouched."""
