@@ -719,7 +719,8 @@ class PrefixCache:
         they all have stored); the prompt's new whole blocks are stored
         afterwards. Returns what model.generate returns. Every token of
         input_ids is attended (attention_mask defaults to ones); with a mask
-        that hides tokens (padding) kvfs is not used. With num_beams or
+        that hides tokens (padding), or with use_cache=False, kvfs is not
+        used. With num_beams or
         num_return_sequences, model.generate runs that many rows per
         sequence: the cache holds each sequence's prefix that many times,
         and one row of each is stored. A cache of the caller's
@@ -733,14 +734,15 @@ class PrefixCache:
             raise ValueError("PrefixCache.generate hands model.generate a cache of the stored prefix: a cache of "
                              "the caller's (%s=) cannot be used with it; call model.generate for that one" % given)
         mask = kwargs.get("attention_mask")
-        if mask is not None and not bool(mask.all()):
-            # padding: KV computed under a mask is not the prefix's own
-            with torch.no_grad():
-                return self.model.generate(input_ids, **kwargs)
         if mask is None and hasattr(input_ids, "dim"):
             # every token counts; without a mask, generate would take pad_token_id
             # tokens in the prompt for padding, which the stored blocks were not
             kwargs["attention_mask"] = torch.ones_like(input_ids)
+        if (mask is not None and not bool(mask.all())) or not _generation_setting(self.model, kwargs, "use_cache"):
+            # padding: KV computed under a mask is not the prefix's own; use_cache=False:
+            # every step recomputes all tokens, and a cache given would be attended twice
+            with torch.no_grad():
+                return self.model.generate(input_ids, **kwargs)
         # model.generate runs num_beams (or num_return_sequences) rows per
         # sequence and takes a cache of that batch: each sequence's rows repeated
         expand = _expand_size(self.model, kwargs)
@@ -1066,19 +1068,20 @@ def _leading_ok(statuses):
 
 
 def _generation_setting(model, kwargs, name):
-    """A count setting (num_beams, num_return_sequences) of a generate call:
-    kwargs over their generation_config over the model's; 1 when unset."""
+    """A setting of a generate call (num_beams, num_return_sequences,
+    use_cache): kwargs over their generation_config over the model's; 1
+    (True) when unset."""
     v = kwargs.get(name)
     if v is None:
         gc = kwargs.get("generation_config") or getattr(model, "generation_config", None)
         v = getattr(gc, name, None)
-    return int(v or 1)
+    return 1 if v is None else int(v)
 
 
 def _expand_size(model, kwargs):
     """How many rows model.generate runs per sequence of the prompt:
     max(num_beams, num_return_sequences)."""
-    return max(_generation_setting(model, kwargs, "num_beams"),
+    return max(1, _generation_setting(model, kwargs, "num_beams"),
                _generation_setting(model, kwargs, "num_return_sequences"))
 
 

@@ -244,19 +244,23 @@ class SharedMountTest(_Base):
                     for step, (a, b) in enumerate(zip(got.logits, want.logits)):
                         self.assertTrue(torch.equal(a, b), "%s step %d: logits differ" % (what, step))
 
-    def test_padding_mask_bypasses_kvfs(self):
+    def test_padding_mask_and_no_cache_bypass_kvfs(self):
         """A mask that hides prompt tokens (padding) makes KV the stored blocks
-        do not hold: generate() is model.generate's own, kvfs untouched."""
+        do not hold, and use_cache=False recomputes every token at every
+        step (a cache given would be attended twice): generate() is
+        model.generate's own, kvfs untouched."""
         p = self.prompt(14)
         mask = torch.ones_like(p)
         mask[0, :2] = 0
         with self.cache() as pc:
             self.check(pc, p, "cold")
-            with torch.no_grad():
-                want = self.model.generate(p, attention_mask=mask, **hf_model.GEN)
-            got = pc.generate(p, attention_mask=mask, **hf_model.GEN)
-            hf_model.assert_same(self, got, want, "masked")
-            self.assertEqual((pc.stats["lookups"], pc.stats["loaded_blocks"]), (1, 0))
+            for what, kw in (("masked", dict(attention_mask=mask)), ("use_cache=False", dict(use_cache=False))):
+                with torch.no_grad():
+                    want = self.model.generate(p, **dict(dict(attention_mask=torch.ones_like(p)), **kw),
+                                               **hf_model.GEN)
+                got = pc.generate(p, **kw, **hf_model.GEN)
+                hf_model.assert_same(self, got, want, what)
+                self.assertEqual((pc.stats["lookups"], pc.stats["loaded_blocks"]), (1, 0), what)
 
     def test_given_client(self):
         """With a Client of the caller's: close() unmaps and unregisters the
