@@ -67,12 +67,16 @@ stops the forward, and generation starts again from the blocks every
 layer holds. layerwise=False loads every layer in one call first.
 
 Batches. input_ids of a batch of B equal-length sequences (a [B, n] tensor,
-or B lists of n ids; no padding) is B prompts, each named by its own
-blocks: load() gives a DynamicCache of batch B holding the blocks every
-sequence has stored (the shortest of their stored prefixes), store() stores
-each sequence's new blocks, generate() does both around model.generate.
-Layer-by-layer loading is for one sequence (a batch loads all layers at
-once). With num_beams or num_return_sequences, model.generate runs that
+or B lists of n ids) is B prompts, each named by its own blocks: load()
+gives a DynamicCache of batch B holding the blocks every sequence has
+stored (the shortest of their stored prefixes), store() stores each
+sequence's new blocks, generate() does both around model.generate. A
+left-padded batch (attention_mask zeros, then ones, per row, as tokenizers
+pad for generation) is named by each row's tokens after its pads: row b's
+stored blocks land in the columns after its pads, every row is cut at the
+first column some row has no KV for, and the pads' columns are zeros the
+mask hides. Layer-by-layer loading is for one sequence (a batch loads all
+layers at once). With num_beams or num_return_sequences, model.generate runs that
 many rows per sequence: generate() gives it a cache of each sequence's
 prefix repeated (load and store take expand= for an engine's own loop).
 
@@ -202,7 +206,7 @@ def model_salt(model, info=None, head_first=0, head_count=None, layer_first=0, i
 def _token_rows(input_ids):
     """The sequences of input_ids as lists of ints: a [B, n] or [n] tensor,
     B lists of ids, or one list. The sequences of a batch must be of one
-    length (kvfs.hf takes no padding)."""
+    length (a padded batch is one length, its mask saying where each row starts)."""
     if hasattr(input_ids, "dim"):
         rows = input_ids.tolist() if input_ids.dim() == 2 else [input_ids.tolist()]
     else:
@@ -210,8 +214,8 @@ def _token_rows(input_ids):
         rows = [list(r) for r in ids] if ids and isinstance(ids[0], (list, tuple)) else [ids]
     rows = [[int(x) for x in r] for r in rows]
     if len({len(r) for r in rows}) > 1:
-        raise ValueError("kvfs.hf takes sequences of one length (no padding); these are %s tokens long"
-                         % sorted({len(r) for r in rows}))
+        raise ValueError("kvfs.hf takes sequences of one length (pad them on the left, with an attention_mask); "
+                         "these are %s tokens long" % sorted({len(r) for r in rows}))
     return rows
 
 
@@ -416,16 +420,20 @@ class PrefixCache:
 
     # -- the API ------------------------------------------------------------
 
-    def load(self, input_ids, device=None, expand=1):
+    def load(self, input_ids, device=None, expand=1, attention_mask=None):
         """A DynamicCache holding the stored leading blocks of input_ids, and
         how many tokens it holds (a multiple of block_tokens, at most
         len(input_ids) - 1). For a batch, the blocks every sequence has
         (each its own), a cache of the batch's size. Nothing stored, or the
         daemon down: an empty DynamicCache and 0. device: of the cache
         (default: the model's). expand: rows per sequence (beam search's
-        num_beams; sequence b in rows b·expand ..). The cache owns its
-        tensors."""
+        num_beams; sequence b in rows b·expand ..). attention_mask: of a
+        left-padded batch (generate()'s "left padding"; the count returned
+        is then of columns, pads included). The cache owns its tensors."""
         from transformers import DynamicCache
+        pads = _mask_pads(attention_mask)
+        if pads is not None:
+            return self._load_padded(input_ids, pads, expand, device)
         rows = _token_raw(input_ids)
         device = device or self._model_device()
         try:
@@ -450,16 +458,72 @@ class PrefixCache:
     def _lookup(self, c, rows):
         """The keys of each sequence's whole blocks but the one holding its
         last token, and the leading run stored for all of them (LOOKUP)."""
-        bt = self.block_tokens
-        keys = [block_keys(self._salt, r, bt, max(0, (len(r) // 8 - 1) // bt)) for r in rows]
-        if not keys[0]:
-            return keys, 0
-        self.stats["lookups"] += 1
-        st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
-        per = len(keys[0])
-        run = min(_leading(st[b * per:(b + 1) * per], LOOKUP_PRESENT) for b in range(len(rows)))
+        keys, runs = self._lookup_runs(c, rows)
+        run = min(runs)
         self.stats["hit_blocks"] += run * len(rows)
         return keys, run
+
+    def _lookup_runs(self, c, rows):
+        """_lookup's keys, and each sequence's own leading run (the
+        sequences of any lengths)."""
+        bt = self.block_tokens
+        keys = [block_keys(self._salt, r, bt, max(0, (len(r) // 8 - 1) // bt)) for r in rows]
+        if not any(keys):
+            return keys, [0] * len(rows)
+        self.stats["lookups"] += 1
+        st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
+        runs, at = [], 0
+        for ks in keys:
+            runs.append(_leading(st[at:at + len(ks)], LOOKUP_PRESENT))
+            at += len(ks)
+        return keys, runs
+
+    def _load_padded(self, input_ids, pads, expand=1, device=None):
+        """load() of a left-padded batch (pads: per sequence, the padding
+        tokens before its first attended one): sequence b's stored blocks
+        (of its tokens after the pads) in columns pads[b].. of its rows,
+        every row cut at the first column some row has no KV for (at most
+        the last token's), the pads' columns zero (the mask hides them).
+        Returns the cache and its length in columns."""
+        from transformers import DynamicCache
+        import torch
+        device = device or self._model_device()
+        rows = [r[8 * p:] for r, p in zip(_token_raw(input_ids), pads)]
+        end = input_ids.shape[1] - 1
+        try:
+            c = self._connect()
+            bt = self.block_tokens
+            keys, runs = self._lookup_runs(c, rows)
+            self.stats["hit_blocks"] += sum(runs)
+            end = min([end] + [p + r * bt for p, r in zip(pads, runs)])
+            if end <= min(pads):
+                return DynamicCache(), 0
+            shape = (len(rows) * expand, self.head_count, end, self.head_dim)
+            kv = [(torch.zeros(shape, dtype=self.dtype, device=device), torch.zeros(shape, dtype=self.dtype,
+                                                                                   device=device))
+                  for _ in range(self.layers)]
+            for b, (ks, p) in enumerate(zip(keys, pads)):
+                want = -(-max(0, end - p) // bt)
+                if want == 0:
+                    continue
+                layers, n = self._load_blocks(ks[:want], device)
+                self.stats["loaded_blocks"] += n
+                self.stats["failed_blocks"] += want - n
+                end = min(end, p + n * bt)  # a row that came up short cuts every row there
+                t = max(0, end - p)
+                for (k, v), (lk, lv) in zip(kv, layers or ()):
+                    k[b * expand:(b + 1) * expand, :, p:end] = lk[:, :, :t]
+                    v[b * expand:(b + 1) * expand, :, p:end] = lv[:, :, :t]
+        except OSError as e:
+            self._failed("load", e)
+            return DynamicCache(), 0
+        self._down = False
+        cache = DynamicCache()
+        if end <= min(pads):
+            return cache, 0
+        for l, (k, v) in enumerate(kv):
+            _put(cache, l, k[:, :, :end], v[:, :, :end], copy=False)
+        return cache, end
 
     def _entries(self, keys, cache_first=0, layer_first=None, layer_count=None):
         """A BlockArray loading keys into cache blocks cache_first.. (every
@@ -610,15 +674,23 @@ class PrefixCache:
         except (OSError, BufferError):
             pass
 
-    def store(self, input_ids, cache, expand=1):
+    def store(self, input_ids, cache, expand=1, attention_mask=None):
         """Store the whole blocks of input_ids that cache holds (cache covers
         input_ids from token 0) and the store does not have yet, each with
         its tag and parent, durably. Returns how many blocks were stored (0
         with the daemon down). expand: rows of the cache per sequence, as
         load's (sequence b in rows b·expand .. b·expand + expand - 1: row
-        b·expand is stored)."""
+        b·expand is stored). attention_mask: of a left-padded batch, as
+        load's (each sequence its tokens after its pads)."""
+        return self._store(_token_raw(input_ids), cache, expand, _mask_pads(attention_mask))
+
+    def _store(self, raws, cache, expand=1, pads=None):
+        """store() of sequences given as _token_raw's bytes; pads: per
+        sequence, the cache columns before its first token (left padding:
+        the sequence is its tokens after them, its KV in columns pads[b]..)."""
         from .torch import _hf_layers
-        rows = _token_raw(input_ids)
+        pads = pads or [0] * len(raws)
+        rows = [r[8 * p:] for r, p in zip(raws, pads)]
         layers = _hf_layers(cache)
         if not layers or layers[0][0] is None or layers[0][0].numel() == 0:
             return 0  # nothing computed yet
@@ -631,20 +703,22 @@ class PrefixCache:
         try:
             c = self._connect()
             bt = self.block_tokens
-            keys = [block_keys(self._salt, r, bt, min(k0.shape[2], len(r) // 8) // bt) for r in rows]
-            if not keys[0]:
+            keys = [block_keys(self._salt, r, bt, max(0, min(k0.shape[2] - p, len(r) // 8)) // bt)
+                    for r, p in zip(rows, pads)]
+            if not any(keys):
                 return 0
             if k0.shape[1] != self.head_count:
                 raise ValueError("the cache holds %d kv-heads, this shard %d" % (k0.shape[1], self.head_count))
             st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
-            per, n, queued = len(keys[0]), 0, set()
+            at, n, queued = 0, 0, set()
             for b, ks in enumerate(keys):
                 # a block two sequences share (a common prefix) is stored once, from the first
-                todo = [j for j, s in enumerate(st[b * per:(b + 1) * per])
+                todo = [j for j, s in enumerate(st[at:at + len(ks)])
                         if s != LOOKUP_PRESENT and ks[j].block not in queued]
+                at += len(ks)
                 queued.update(ks[j].block for j in todo)
                 if todo:
-                    n += self._store_blocks(ks, todo, layers, b * expand)
+                    n += self._store_blocks(ks, todo, layers, b * expand, pads[b])
         except OSError as e:
             self._failed("store", e)
             return 0
@@ -652,16 +726,17 @@ class PrefixCache:
         self.stats["stored_blocks"] += n
         return n
 
-    def _store_blocks(self, keys, todo, layers, row=0):
-        """Store blocks todo of sequence row of the cache (keys: its)."""
+    def _store_blocks(self, keys, todo, layers, row=0, col=0):
+        """Store blocks todo of sequence row of the cache, whose token 0 is
+        in column col (keys: its)."""
         bt = self.block_tokens
         lo, hi = todo[0], todo[-1] + 1
         if layers[0][0].device.type == "cuda":
-            return self._store_torch(keys, todo, layers, row)
+            return self._store_torch(keys, todo, [(k[:, :, col:], v[:, :, col:]) for k, v in layers], row)
         buf, tid, _, view = self._host_view(hi - lo)
         for l, (k, v) in enumerate(layers):
-            view[l, 0, :, :(hi - lo) * bt].copy_(k[row, :, lo * bt:hi * bt])
-            view[l, 1, :, :(hi - lo) * bt].copy_(v[row, :, lo * bt:hi * bt])
+            view[l, 0, :, :(hi - lo) * bt].copy_(k[row, :, col + lo * bt:col + hi * bt])
+            view[l, 1, :, :(hi - lo) * bt].copy_(v[row, :, col + lo * bt:col + hi * bt])
         es = [BlockEntry(keys[j].block, j - lo, self.layer_first, self.layers, self.head_first, self.head_count,
                          abi.KINDS_BOTH, keys[j].tag, keys[j].parent) for j in todo]
         return self._client.store_blocks(tid, es).count(OK)
@@ -715,32 +790,39 @@ class PrefixCache:
 
     def generate(self, input_ids, **kwargs):
         """model.generate(input_ids, **kwargs) from the stored prefix of
-        input_ids (one sequence, or a batch of equal-length ones: the prefix
-        they all have stored); the prompt's new whole blocks are stored
-        afterwards. Returns what model.generate returns. Every token of
-        input_ids is attended (attention_mask defaults to ones); with a mask
-        that hides tokens (padding), or with use_cache=False, kvfs is not
-        used. With num_beams or
-        num_return_sequences, model.generate runs that many rows per
-        sequence: the cache holds each sequence's prefix that many times,
-        and one row of each is stored. A cache of the caller's
-        (past_key_values=) is refused: generate() makes the cache. With
-        layerwise (the default; one sequence) layer 0 of a hit is loaded
-        first and the others on a thread while the model runs, layer i
-        waiting only for layer i's data."""
+        input_ids (one sequence, or a batch: each sequence's stored prefix,
+        cut where the shortest ends); the prompt's new whole blocks, and
+        those of the tokens generated, are stored afterwards. Returns what
+        model.generate returns.
+
+        Every token of input_ids is attended (attention_mask defaults to
+        ones). A left-padded batch (a mask of zeros, then ones, per row) is
+        named by each sequence's tokens after its pads; any other mask that
+        hides tokens, or use_cache=False, makes it model.generate's own,
+        kvfs unused. With num_beams or num_return_sequences, model.generate
+        runs that many rows per sequence: the cache holds each sequence's
+        prefix that many times. A cache of the caller's (past_key_values=)
+        is refused: generate() makes the cache. With layerwise (the
+        default; one sequence) layer 0 of a hit is loaded first and the
+        others on a thread while the model runs, layer i waiting only for
+        layer i's data."""
         import torch
         kw = cache_kwarg(self.model)
         for given in {kw, "past_key_values"} & set(kwargs):
             raise ValueError("PrefixCache.generate hands model.generate a cache of the stored prefix: a cache of "
                              "the caller's (%s=) cannot be used with it; call model.generate for that one" % given)
-        mask = kwargs.get("attention_mask")
+        mask, pads = kwargs.get("attention_mask"), None
         if mask is None and hasattr(input_ids, "dim"):
             # every token counts; without a mask, generate would take pad_token_id
             # tokens in the prompt for padding, which the stored blocks were not
             kwargs["attention_mask"] = torch.ones_like(input_ids)
-        if (mask is not None and not bool(mask.all())) or not _generation_setting(self.model, kwargs, "use_cache"):
-            # padding: KV computed under a mask is not the prefix's own; use_cache=False:
-            # every step recomputes all tokens, and a cache given would be attended twice
+        elif mask is not None and not bool(mask.all()):
+            pads = _left_pads(mask)
+        if (pads is None and mask is not None and not bool(mask.all())) or \
+                not _generation_setting(self.model, kwargs, "use_cache"):
+            # a mask with holes or right padding: KV computed under it is not the
+            # tokens' own; use_cache=False: every step recomputes all tokens, and
+            # a cache given would be attended twice
             with torch.no_grad():
                 return self.model.generate(input_ids, **kwargs)
         # model.generate runs num_beams (or num_return_sequences) rows per
@@ -748,13 +830,17 @@ class PrefixCache:
         expand = _expand_size(self.model, kwargs)
         ids = input_ids.repeat_interleave(expand, 0) if expand > 1 else input_ids
         loader, cache, n = None, None, 0
-        if self.layerwise and _batch_size(input_ids) == 1:
+        if pads is not None:
+            cache, n = self._load_padded(input_ids, pads, expand)
+        elif self.layerwise and _batch_size(input_ids) == 1:
             loader, cache, n = self._begin_layerwise(input_ids, expand)
         if cache is None:
             cache, n = self.load(input_ids, expand=expand)
+        # prefill() runs unmasked forwards: not for a padded batch
+        prefill = self.prefill_blocks and pads is None
         try:
             try:
-                if self.prefill_blocks:
+                if prefill:
                     n = self.prefill(ids, cache, n)
                 with torch.no_grad():
                     out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
@@ -763,7 +849,7 @@ class PrefixCache:
                 # the daemon gone): start again from what every layer has
                 cache, n = loader.settle()
                 self.stats["layerwise_retries"] += 1
-                if self.prefill_blocks:
+                if prefill:
                     n = self.prefill(ids, cache, n)
                 with torch.no_grad():
                     out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
@@ -775,9 +861,12 @@ class PrefixCache:
         if (self.store_generated and not beams and hasattr(seqs, "dim") and seqs.dim() == 2
                 and seqs.shape[0] == _batch_size(input_ids) * expand):
             # row r of the cache holds the KV of sequence r's tokens but its last
-            self.store(seqs, cache)
+            if pads is not None:  # the mask of each row's sequence: its pads, then every token
+                m = mask.repeat_interleave(expand, 0)
+                mask = torch.cat([m, m.new_ones((m.shape[0], seqs.shape[1] - m.shape[1]))], dim=1)
+            self.store(seqs, cache, attention_mask=mask)
         else:
-            self.store(input_ids, cache, expand=expand)
+            self.store(input_ids, cache, expand=expand, attention_mask=mask)
         return out
 
     def _begin_layerwise(self, input_ids, expand=1):
@@ -1065,6 +1154,31 @@ def _leading(statuses, want):
 
 def _leading_ok(statuses):
     return _leading(statuses, OK)
+
+
+def _mask_pads(mask):
+    """_left_pads of a mask given to load() or store(): None for no mask or
+    one of all ones; a ValueError for one that is not left padding."""
+    if mask is None or bool(mask.all()):
+        return None
+    pads = _left_pads(mask)
+    if pads is None:
+        raise ValueError("kvfs.hf takes left padding only (each row of attention_mask zeros, then ones)")
+    return pads
+
+
+def _left_pads(mask):
+    """Per row of an attention mask [B, n] that is left padding (each row
+    zeros, then ones, at least one), how many zeros; None for any other."""
+    import torch
+    m = mask.detach().to("cpu") != 0
+    if m.dim() != 2:
+        return None
+    pads = m.shape[1] - m.sum(1)
+    left = torch.arange(m.shape[1])[None, :] >= pads[:, None]
+    if not torch.equal(m, left) or bool((pads == m.shape[1]).any()):
+        return None
+    return pads.tolist()
 
 
 def _generation_setting(model, kwargs, name):

@@ -244,14 +244,14 @@ class SharedMountTest(_Base):
                     for step, (a, b) in enumerate(zip(got.logits, want.logits)):
                         self.assertTrue(torch.equal(a, b), "%s step %d: logits differ" % (what, step))
 
-    def test_padding_mask_and_no_cache_bypass_kvfs(self):
-        """A mask that hides prompt tokens (padding) makes KV the stored blocks
+    def test_mask_holes_and_no_cache_bypass_kvfs(self):
+        """A mask that hides tokens amid the prompt makes KV the stored blocks
         do not hold, and use_cache=False recomputes every token at every
         step (a cache given would be attended twice): generate() is
         model.generate's own, kvfs untouched."""
         p = self.prompt(14)
         mask = torch.ones_like(p)
-        mask[0, :2] = 0
+        mask[0, 20:22] = 0
         with self.cache() as pc:
             self.check(pc, p, "cold")
             for what, kw in (("masked", dict(attention_mask=mask)), ("use_cache=False", dict(use_cache=False))):
@@ -577,6 +577,56 @@ class OwnDaemonTest(_Base):
                     for a, b in zip(got.logits, want.logits):
                         self.assertTrue(torch.allclose(a, b, rtol=1e-4, atol=1e-4),
                                         "max |diff| %g" % (a - b).abs().max().item())
+
+    def test_left_padded_batch_fp32(self):
+        """A left-padded batch (prompts of other lengths, as a tokenizer pads
+        them) is named by each prompt's tokens after its pads: cold, each
+        prompt's blocks are stored (from the columns after its pads) and
+        serve it alone; warm, each row holds its own stored blocks after its
+        pads, every row cut where the first runs out, the pads zero. The
+        generation is plain model.generate's (the same tokens, logits
+        within 1e-4: an fp32 store and model)."""
+        self.daemon(geometry=(4, 2, 64, 16, "fp32"))
+        bt = self.bt
+        p1, p2 = self.prompt(111), self.prompt(112, 3, 7)
+        pad = p1.shape[1] - p2.shape[1]
+        batch = torch.cat([p1, torch.cat([torch.zeros((1, pad), dtype=p2.dtype, device=p2.device), p2], dim=1)])
+        mask = torch.ones_like(batch)
+        mask[1, :pad] = 0
+
+        def same(got, want, what):
+            self.assertEqual(got.sequences.tolist(), want.sequences.tolist(), what)
+            for a, b in zip(got.logits, want.logits):
+                self.assertTrue(torch.allclose(a, b, rtol=1e-4, atol=1e-4),
+                                "%s: max |diff| %g" % (what, (a - b).abs().max().item()))
+        with torch.no_grad():
+            want = self.model.generate(batch, attention_mask=mask, **hf_model.GEN)
+        with self.cache(prefill_blocks=None) as pc:
+            same(pc.generate(batch, attention_mask=mask, **hf_model.GEN), want, "cold")
+            self.assertEqual((pc.stats["loaded_blocks"], pc.stats["stored_blocks"]), (0, BLOCKS + 3))
+            self.assertEqual([self.lookup_run(pc, p) for p in (p1, p2)], [BLOCKS, 3])
+        with self.cache(prefill_blocks=None) as pc:
+            import kvfs.torch as kt
+            alone1, alone2 = (kt._hf_layers(pc.load(p)[0]) for p in (p1, p2))
+            cache, end = pc.load(batch, attention_mask=mask)
+            self.assertEqual(end, pad + 3 * bt)   # p2's 3 blocks end first
+            hole = torch.ones_like(mask)
+            hole[0, 3] = 0
+            with self.assertRaisesRegex(ValueError, "left padding only"):
+                pc.load(batch, attention_mask=hole)
+            for (k, v), (k1, v1), (k2, v2) in zip(kt._hf_layers(cache), alone1, alone2):
+                self.assertEqual(tuple(k.shape), (2, self.info.kv_heads, end, self.info.row_bytes // 4))
+                self.assertTrue(torch.equal(k[0], k1[0, :, :end]) and torch.equal(v[0], v1[0, :, :end]))
+                self.assertTrue(torch.equal(k[1, :, pad:], k2[0]) and torch.equal(v[1, :, pad:], v2[0]))
+                self.assertFalse(k[1, :, :pad].any() or v[1, :, :pad].any())
+            loaded = pc.stats["loaded_blocks"]
+            same(pc.generate(batch, attention_mask=mask, **hf_model.GEN), want, "warm")
+            self.assertEqual(pc.stats["loaded_blocks"] - loaded, -(-end // bt) + 3)
+            # the rows the batch stored serve each prompt alone
+            for p, hit in ((p1, BLOCKS), (p2, 3)):
+                loaded = pc.stats["loaded_blocks"]
+                same(pc.generate(p, **hf_model.GEN), hf_model.plain(self.model, p), "alone")
+                self.assertEqual(pc.stats["loaded_blocks"] - loaded, hit)
 
     def test_daemon_killed(self):
         """A daemon killed between generations: recompute with one warning;

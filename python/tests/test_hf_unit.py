@@ -121,7 +121,7 @@ class NoDaemonTest(unittest.TestCase):
     def test_batch(self):
         """A batch of sequences of one length is B prompts (with the daemon
         down, an empty cache: recomputed); sequences of other lengths are
-        refused (kvfs.hf takes no padding)."""
+        refused (a batch of other lengths is padded, with its mask)."""
         m = hf_model.tiny_llama(2, 2, 32, torch.float32)
         pc = khf.PrefixCache("/nonexistent", m)
         with warnings.catch_warnings(record=True):
@@ -143,6 +143,16 @@ class NoDaemonTest(unittest.TestCase):
                          khf.block_keys(salt, ids[0].tolist() * 2, 2))
         with self.assertRaises(ValueError):
             khf._token_raw(torch.zeros((1, 2, 3), dtype=torch.long))
+
+    def test_left_pads(self):
+        """Which masks are left padding (each row zeros, then ones): those
+        kvfs.hf names by the tokens after the pads; any other is not."""
+        t = torch.tensor
+        self.assertEqual(khf._left_pads(t([[1, 1, 1], [0, 0, 1], [0, 1, 1]])), [0, 2, 1])
+        self.assertEqual(khf._left_pads(t([[True, True], [False, True]])), [0, 1])
+        for what, m in (("a hole", [[1, 0, 1]]), ("right padding", [[1, 1, 0]]), ("a row of pads", [[0, 0], [1, 1]]),
+                        ("one dimension", [0, 1])):
+            self.assertIsNone(khf._left_pads(t(m)), what)
 
 
 if __name__ == "__main__":
