@@ -71,13 +71,21 @@ def prompt(n, seed):
     return torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-def assert_same(tc, got, want, what=""):
-    """Same tokens and bit-identical logits at every step."""
+def assert_generated(tc, got, want, what="", tol=0):
+    """The same tokens, and logits at every step identical (tol=0) or within
+    tol (relative and absolute): for generations of any settings."""
     tc.assertEqual(got.sequences.tolist(), want.sequences.tolist(), what)
-    tc.assertEqual(len(got.logits), NEW_TOKENS)
+    tc.assertEqual(len(got.logits), len(want.logits), what)
     for step, (a, b) in enumerate(zip(got.logits, want.logits)):
-        tc.assertTrue(torch.equal(a, b), "%s step %d: logits differ (max |diff| %g)"
+        ok = torch.equal(a, b) if tol == 0 else torch.allclose(a, b, rtol=tol, atol=tol)
+        tc.assertTrue(ok, "%s step %d: logits differ (max |diff| %g)"
                       % (what, step, (a.float() - b.float()).abs().max().item()))
+
+
+def assert_same(tc, got, want, what=""):
+    """GEN's generation: same tokens and bit-identical logits at every step."""
+    assert_generated(tc, got, want, what)
+    tc.assertEqual(len(got.logits), NEW_TOKENS)
     # the logits are the model's: greedy decoding followed them
     n = want.sequences.shape[1] - NEW_TOKENS
     tc.assertEqual(want.sequences[0, n:].tolist(), [int(lg.argmax(-1)) for lg in want.logits])

@@ -20,6 +20,7 @@ fill past its size or kill. Skips without them, torch or transformers (an
 error in CI, see conftest.py).
 """
 
+import functools
 import os
 import shutil
 import signal
@@ -142,11 +143,7 @@ class SharedMountTest(_Base):
         import kvfs.torch as kt
         p1, p2 = self.prompt(21), self.prompt(22)
         batch = torch.cat([p1, p2])
-
-        def same(got, want, what):
-            self.assertEqual(got.sequences.tolist(), want.sequences.tolist(), what)
-            for step, (a, b) in enumerate(zip(got.logits, want.logits)):
-                self.assertTrue(torch.equal(a, b), "%s step %d: logits differ" % (what, step))
+        same = functools.partial(hf_model.assert_generated, self)
         want = hf_model.reference(self.model, batch, self.bt)
         with self.cache() as pc:
             same(pc.generate(batch, **hf_model.GEN), want, "cold")
@@ -191,9 +188,7 @@ class SharedMountTest(_Base):
                         torch.manual_seed(5)
                         got = pc.generate(p, **dict(hf_model.GEN, **gen))
                         self.assertEqual(got.sequences.shape[0], p.shape[0] * gen["num_return_sequences"], what)
-                        self.assertEqual(got.sequences.tolist(), want.sequences.tolist(), "%s %s" % (what, run))
-                        for step, (a, b) in enumerate(zip(got.logits, want.logits)):
-                            self.assertTrue(torch.equal(a, b), "%s %s step %d: logits differ" % (what, run, step))
+                        hf_model.assert_generated(self, got, want, "%s %s" % (what, run))
                     self.assertEqual((pc.stats["stored_blocks"], pc.stats["loaded_blocks"]),
                                      (p.shape[0] * BLOCKS, p.shape[0] * BLOCKS), what)
                     self.assertEqual(pc.stats["layerwise_loads"], int(layerwise and p.shape[0] == 1), what)
@@ -240,9 +235,7 @@ class SharedMountTest(_Base):
                 got = pc.generate(p2, **gen)
                 self.assertEqual(pc.stats["loaded_blocks"], loads, what)
                 if store_generated:
-                    self.assertEqual(got.sequences.tolist(), want.sequences.tolist(), what)
-                    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
-                        self.assertTrue(torch.equal(a, b), "%s step %d: logits differ" % (what, step))
+                    hf_model.assert_generated(self, got, want, what)
 
     def test_mask_holes_and_no_cache_bypass_kvfs(self):
         """A mask that hides tokens amid the prompt makes KV the stored blocks
@@ -573,10 +566,7 @@ class OwnDaemonTest(_Base):
                     loaded = pc.stats["loaded_blocks"]
                     got, want = pc.generate(p, **hf_model.GEN), hf_model.plain(self.model, p)
                     self.assertEqual(pc.stats["loaded_blocks"] - loaded, hit)
-                    self.assertEqual(got.sequences.tolist(), want.sequences.tolist())
-                    for a, b in zip(got.logits, want.logits):
-                        self.assertTrue(torch.allclose(a, b, rtol=1e-4, atol=1e-4),
-                                        "max |diff| %g" % (a - b).abs().max().item())
+                    hf_model.assert_generated(self, got, want, "hit of %d blocks" % hit, tol=1e-4)
 
     def test_left_padded_batch_fp32(self):
         """A left-padded batch (prompts of other lengths, as a tokenizer pads
@@ -593,12 +583,7 @@ class OwnDaemonTest(_Base):
         batch = torch.cat([p1, torch.cat([torch.zeros((1, pad), dtype=p2.dtype, device=p2.device), p2], dim=1)])
         mask = torch.ones_like(batch)
         mask[1, :pad] = 0
-
-        def same(got, want, what):
-            self.assertEqual(got.sequences.tolist(), want.sequences.tolist(), what)
-            for a, b in zip(got.logits, want.logits):
-                self.assertTrue(torch.allclose(a, b, rtol=1e-4, atol=1e-4),
-                                "%s: max |diff| %g" % (what, (a - b).abs().max().item()))
+        same = functools.partial(hf_model.assert_generated, self, tol=1e-4)
         with torch.no_grad():
             want = self.model.generate(batch, attention_mask=mask, **hf_model.GEN)
         with self.cache(prefill_blocks=None) as pc:
