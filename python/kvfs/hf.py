@@ -541,7 +541,7 @@ class PrefixCache:
         j goes to cache block b·run + j of the host buffer."""
         bt = self.block_tokens
         keys = _per_sequence(keys)
-        if device.type == "cuda":
+        if self._gpu(device):
             return self._load_torch(keys, device)
         B, run = len(keys), len(keys[0])
         buf, tid, _, view = self._host_view(B * run)
@@ -731,7 +731,7 @@ class PrefixCache:
         in column col (keys: its)."""
         bt = self.block_tokens
         lo, hi = todo[0], todo[-1] + 1
-        if layers[0][0].device.type == "cuda":
+        if self._gpu(layers[0][0].device):
             return self._store_torch(keys, todo, [(k[:, :, col:], v[:, :, col:]) for k, v in layers], row)
         buf, tid, _, view = self._host_view(hi - lo)
         for l, (k, v) in enumerate(layers):
@@ -898,6 +898,12 @@ class PrefixCache:
         self.stats["layerwise_loads"] += 1
         return loader, loader.cache, loader.tokens
 
+    def _gpu(self, device):
+        """Whether loads and stores for tensors on device take the GPU path
+        (kvfs.torch); python/tests drive pin=True's on CPU tensors."""
+        from . import torch as kt
+        return device.type == "cuda" or (kt._CPU_FOR_TESTS and self.pin)
+
     def _model_device(self):
         import torch
         d = getattr(self.model, "device", None)
@@ -1014,9 +1020,7 @@ class _LayerLoader:
         self._hooks = []
         self._thread = None
         n, bt = len(keys), pc.block_tokens
-        from . import torch as kt
-        gpu = device.type == "cuda" or (kt._CPU_FOR_TESTS and pc.pin)  # the ring on CPU tensors in tests
-        self.mode = "host" if not gpu else ("ring" if pc.pin else "area")
+        self.mode = "host" if not pc._gpu(device) else ("ring" if pc.pin else "area")
         if self.mode == "host":
             _, self.tid, _, self.view = pc._host_view(n)
         else:

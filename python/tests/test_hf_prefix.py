@@ -575,7 +575,11 @@ class OwnDaemonTest(_Base):
         serve it alone; warm, each row holds its own stored blocks after its
         pads, every row cut where the first runs out, the pads zero. The
         generation is plain model.generate's (the same tokens, logits
-        within 1e-4: an fp32 store and model)."""
+        within 1e-4: an fp32 store and model). On the CPU also through the
+        GPU path (pin=True's staging, on CPU tensors)."""
+        import contextlib
+        import kvfs.torch as kt
+        import torch_on_cpu
         self.daemon(geometry=(4, 2, 64, 16, "fp32"))
         bt = self.bt
         p1, p2 = self.prompt(111), self.prompt(112, 3, 7)
@@ -583,35 +587,38 @@ class OwnDaemonTest(_Base):
         batch = torch.cat([p1, torch.cat([torch.zeros((1, pad), dtype=p2.dtype, device=p2.device), p2], dim=1)])
         mask = torch.ones_like(batch)
         mask[1, :pad] = 0
+        hole = torch.ones_like(mask)
+        hole[0, 3] = 0
         same = functools.partial(hf_model.assert_generated, self, tol=1e-4)
         with torch.no_grad():
             want = self.model.generate(batch, attention_mask=mask, **hf_model.GEN)
-        with self.cache(prefill_blocks=None) as pc:
-            same(pc.generate(batch, attention_mask=mask, **hf_model.GEN), want, "cold")
-            self.assertEqual((pc.stats["loaded_blocks"], pc.stats["stored_blocks"]), (0, BLOCKS + 3))
-            self.assertEqual([self.lookup_run(pc, p) for p in (p1, p2)], [BLOCKS, 3])
-        with self.cache(prefill_blocks=None) as pc:
-            import kvfs.torch as kt
-            alone1, alone2 = (kt._hf_layers(pc.load(p)[0]) for p in (p1, p2))
-            cache, end = pc.load(batch, attention_mask=mask)
-            self.assertEqual(end, pad + 3 * bt)   # p2's 3 blocks end first
-            hole = torch.ones_like(mask)
-            hole[0, 3] = 0
-            with self.assertRaisesRegex(ValueError, "left padding only"):
-                pc.load(batch, attention_mask=hole)
-            for (k, v), (k1, v1), (k2, v2) in zip(kt._hf_layers(cache), alone1, alone2):
-                self.assertEqual(tuple(k.shape), (2, self.info.kv_heads, end, self.info.row_bytes // 4))
-                self.assertTrue(torch.equal(k[0], k1[0, :, :end]) and torch.equal(v[0], v1[0, :, :end]))
-                self.assertTrue(torch.equal(k[1, :, pad:], k2[0]) and torch.equal(v[1, :, pad:], v2[0]))
-                self.assertFalse(k[1, :, :pad].any() or v[1, :, :pad].any())
-            loaded = pc.stats["loaded_blocks"]
-            same(pc.generate(batch, attention_mask=mask, **hf_model.GEN), want, "warm")
-            self.assertEqual(pc.stats["loaded_blocks"] - loaded, -(-end // bt) + 3)
-            # the rows the batch stored serve each prompt alone
-            for p, hit in ((p1, BLOCKS), (p2, 3)):
-                loaded = pc.stats["loaded_blocks"]
-                same(pc.generate(p, **hf_model.GEN), hf_model.plain(self.model, p), "alone")
-                self.assertEqual(pc.stats["loaded_blocks"] - loaded, hit)
+        for pin in [PIN] + (["staging"] if DEVICE == "cpu" else []):
+            ctx = torch_on_cpu.active(kt, torch) if pin == "staging" else contextlib.nullcontext()
+            kw = dict(prefill_blocks=None, pin=bool(pin), identity="%s %s" % (self.id(), pin))
+            with ctx:
+                with self.cache(**kw) as pc:
+                    same(pc.generate(batch, attention_mask=mask, **hf_model.GEN), want, "cold pin=%s" % pin)
+                    self.assertEqual((pc.stats["loaded_blocks"], pc.stats["stored_blocks"]), (0, BLOCKS + 3))
+                    self.assertEqual([self.lookup_run(pc, p) for p in (p1, p2)], [BLOCKS, 3])
+                with self.cache(**kw) as pc:
+                    alone1, alone2 = (kt._hf_layers(pc.load(p)[0]) for p in (p1, p2))
+                    cache, end = pc.load(batch, attention_mask=mask)
+                    self.assertEqual(end, pad + 3 * bt)   # p2's 3 blocks end first
+                    with self.assertRaisesRegex(ValueError, "left padding only"):
+                        pc.load(batch, attention_mask=hole)
+                    for (k, v), (k1, v1), (k2, v2) in zip(kt._hf_layers(cache), alone1, alone2):
+                        self.assertEqual(tuple(k.shape), (2, self.info.kv_heads, end, self.info.row_bytes // 4))
+                        self.assertTrue(torch.equal(k[0], k1[0, :, :end]) and torch.equal(v[0], v1[0, :, :end]))
+                        self.assertTrue(torch.equal(k[1, :, pad:], k2[0]) and torch.equal(v[1, :, pad:], v2[0]))
+                        self.assertFalse(k[1, :, :pad].any() or v[1, :, :pad].any())
+                    loaded = pc.stats["loaded_blocks"]
+                    same(pc.generate(batch, attention_mask=mask, **hf_model.GEN), want, "warm pin=%s" % pin)
+                    self.assertEqual(pc.stats["loaded_blocks"] - loaded, -(-end // bt) + 3)
+                    # the rows the batch stored serve each prompt alone
+                    for p, hit in ((p1, BLOCKS), (p2, 3)):
+                        loaded = pc.stats["loaded_blocks"]
+                        same(pc.generate(p, **hf_model.GEN), hf_model.plain(self.model, p), "alone pin=%s" % pin)
+                        self.assertEqual(pc.stats["loaded_blocks"] - loaded, hit)
 
     def test_daemon_killed(self):
         """A daemon killed between generations: recompute with one warning;
