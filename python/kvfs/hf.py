@@ -801,8 +801,9 @@ class PrefixCache:
         hides tokens, or use_cache=False, makes it model.generate's own,
         kvfs unused. With num_beams or num_return_sequences, model.generate
         runs that many rows per sequence: the cache holds each sequence's
-        prefix that many times. A cache of the caller's (past_key_values=)
-        is refused: generate() makes the cache. With layerwise (the
+        prefix that many times. generate() makes the cache: a cache of the
+        caller's (past_key_values=) or a cache_implementation is refused,
+        a model's default cache_implementation replaced. With layerwise (the
         default; one sequence) layer 0 of a hit is loaded first and the
         others on a thread while the model runs, layer i waiting only for
         layer i's data."""
@@ -811,6 +812,14 @@ class PrefixCache:
         for given in {kw, "past_key_values"} & set(kwargs):
             raise ValueError("PrefixCache.generate hands model.generate a cache of the stored prefix: a cache of "
                              "the caller's (%s=) cannot be used with it; call model.generate for that one" % given)
+        if kwargs.get("cache_implementation") is not None:
+            raise ValueError("PrefixCache.generate fills a DynamicCache; cache_implementation=%r cannot be used "
+                             "with it (call model.generate for that cache)" % kwargs["cache_implementation"])
+        if _generation_setting(self.model, kwargs, "cache_implementation", None) is not None:
+            # a model's default cache (Gemma's "hybrid", say): the DynamicCache
+            # generate() hands model.generate takes its place (it keeps every
+            # token, and the mask applies any sliding window)
+            kwargs["cache_implementation"] = None
         mask, pads = kwargs.get("attention_mask"), None
         if mask is None and hasattr(input_ids, "dim"):
             # every token counts; without a mask, generate would take pad_token_id
@@ -1185,15 +1194,17 @@ def _left_pads(mask):
     return pads.tolist()
 
 
-def _generation_setting(model, kwargs, name):
+def _generation_setting(model, kwargs, name, unset=1):
     """A setting of a generate call (num_beams, num_return_sequences,
-    use_cache): kwargs over their generation_config over the model's; 1
-    (True) when unset."""
+    use_cache, cache_implementation): kwargs over their generation_config
+    over the model's; unset when none sets it (counts and flags as ints)."""
     v = kwargs.get(name)
     if v is None:
         gc = kwargs.get("generation_config") or getattr(model, "generation_config", None)
         v = getattr(gc, name, None)
-    return 1 if v is None else int(v)
+    if v is None:
+        return unset
+    return v if isinstance(v, str) else int(v)
 
 
 def _expand_size(model, kwargs):

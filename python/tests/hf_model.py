@@ -47,7 +47,7 @@ def reference(model, prompt, block_tokens, seed=None, **gen):
     """Generation without kvfs, prefilled block by block as PrefixCache(prefill_blocks=1) does.
     gen: GEN's settings changed (num_beams, sampling); seed: torch.manual_seed before generating."""
     from transformers import DynamicCache
-    gen = dict(GEN, **gen)
+    gen = dict(GEN, cache_implementation=None, **gen)  # the cache is the DynamicCache given
     # generate runs max(num_beams, num_return_sequences) rows per sequence: the cache has them all
     rows = prompt.repeat_interleave(max(gen.get("num_beams", 1), gen.get("num_return_sequences", 1)), 0)
     cache = DynamicCache()

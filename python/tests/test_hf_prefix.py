@@ -194,9 +194,24 @@ class SharedMountTest(_Base):
                     self.assertEqual(pc.stats["layerwise_loads"], int(layerwise and p.shape[0] == 1), what)
                     if pin == "ring" and layerwise and p.shape[0] == 1:
                         self.assertIsNotNone(pc._ring, what)
-        with self.cache() as pc, self.assertRaisesRegex(ValueError, "cache of the caller"):
-            from transformers import DynamicCache
-            pc.generate(p, **{hf_model.cache_kw(self.model): DynamicCache()}, **hf_model.GEN)
+
+    def test_cache_settings(self):
+        """generate() makes the cache: a cache of the caller's, or a
+        cache_implementation asked for, is refused with a clear error; a
+        model whose generation config names a cache of its own (Gemma's
+        "hybrid", say) gets the DynamicCache in its place, and the same
+        answers."""
+        from transformers import DynamicCache
+        p = self.prompt(28)
+        with self.cache() as pc:
+            with self.assertRaisesRegex(ValueError, "cache of the caller"):
+                pc.generate(p, **{hf_model.cache_kw(self.model): DynamicCache()}, **hf_model.GEN)
+            with self.assertRaisesRegex(ValueError, "cache_implementation='static' cannot be used"):
+                pc.generate(p, cache_implementation="static", **hf_model.GEN)
+            self.model.generation_config.cache_implementation = "static"
+            self.check(pc, p, "cold")
+            self.check(pc, p, "warm")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
 
     def test_next_turn_finds_the_answer(self):
         """generate() stores the whole blocks of the tokens it generated as
