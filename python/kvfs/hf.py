@@ -9,6 +9,7 @@ of recomputing them::
     out = pc.generate(input_ids, max_new_tokens=64)   # model.generate, reusing stored prefixes
 
     # an engine that owns its loop
+    pc.cached_tokens(input_ids)        # [n]: tokens stored, per sequence (one LOOKUP, nothing loaded)
     cache, n = pc.load(input_ids)      # a DynamicCache of the first n tokens (whole blocks)
     out = model(input_ids[:, n:], cache=cache, use_cache=True)
     pc.store(input_ids, cache)         # the whole blocks not stored yet, with their parents
@@ -454,6 +455,25 @@ class PrefixCache:
                 else:
                     _put(cache, l, k, v, copy=True)
         return cache, n * self.block_tokens
+
+    def cached_tokens(self, input_ids, attention_mask=None):
+        """How many leading tokens of each sequence of input_ids the store
+        holds KV for, in one LOOKUP, loading nothing: per sequence a
+        multiple of block_tokens, at most its length - 1 (what load() would
+        load, were no block evicted meanwhile). attention_mask: of a
+        left-padded batch (tokens counted after each row's pads). The
+        daemon down: zeros, with load()'s warning."""
+        pads = _mask_pads(attention_mask)
+        raws = _token_raw(input_ids)
+        rows = raws if pads is None else [r[8 * p:] for r, p in zip(raws, pads)]
+        try:
+            c = self._connect()
+            _, runs = self._lookup_runs(c, rows)
+        except OSError as e:
+            self._failed("lookup", e)
+            return [0] * len(rows)
+        self._down = False
+        return [r * self.block_tokens for r in runs]
 
     def _lookup(self, c, rows):
         """The keys of each sequence's whole blocks but the one holding its

@@ -127,6 +127,7 @@ class SharedMountTest(_Base):
             self.check(pc, whole, "whole blocks")
             # 3 shared blocks, then others
             p2 = torch.cat([p1[:, :3 * self.bt], self.prompt(12, 2, 7)], dim=1)
+            self.assertEqual(pc.cached_tokens(torch.cat([p1, p2[:, :p1.shape[1]]])), [BLOCKS * self.bt, 3 * self.bt])
             loaded = pc.stats["loaded_blocks"]
             self.check(pc, p2, "partial")
             self.assertEqual(pc.stats["loaded_blocks"] - loaded, 3)
@@ -615,6 +616,8 @@ class OwnDaemonTest(_Base):
                     same(pc.generate(batch, attention_mask=mask, **hf_model.GEN), want, "cold pin=%s" % pin)
                     self.assertEqual((pc.stats["loaded_blocks"], pc.stats["stored_blocks"]), (0, BLOCKS + 3))
                     self.assertEqual([self.lookup_run(pc, p) for p in (p1, p2)], [BLOCKS, 3])
+                    self.assertEqual(pc.cached_tokens(batch, attention_mask=mask), [BLOCKS * bt, 3 * bt])
+                    self.assertEqual(pc.cached_tokens(batch), [BLOCKS * bt, 0])  # row 2 with its pads: not stored
                 with self.cache(**kw) as pc:
                     alone1, alone2 = (kt._hf_layers(pc.load(p)[0]) for p in (p1, p2))
                     cache, end = pc.load(batch, attention_mask=mask)
@@ -646,6 +649,7 @@ class OwnDaemonTest(_Base):
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
                 self.check(pc, p, "daemon killed")
+                self.assertEqual(pc.cached_tokens(p), [0])
                 self.check(pc, p, "still down")
                 with self.cache() as pc2:     # opened while the mount is dead
                     got = pc2.generate(p, **hf_model.GEN)
@@ -655,6 +659,7 @@ class OwnDaemonTest(_Base):
             self.assertEqual(pc.stats["loaded_blocks"], 0)
             self.assertGreater(pc.stats["fallbacks"], 0)
             d.start()   # kvfs mount detaches the dead mount first
+            self.assertEqual(pc.cached_tokens(p), [BLOCKS * self.bt])
             self.check(pc, p, "daemon back")
             self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
 
