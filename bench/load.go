@@ -58,6 +58,12 @@ type LoadConfig struct {
 	// GroupsPerCall is then ignored.
 	BlocksPerCall int
 	Layout        string
+	// LayersPerCall, with BlocksPerCall, loads that many layers of the
+	// blocks per call instead of all: successive calls of a job step
+	// through the layers (the next range, wrapping), and a job draws its
+	// blocks anew each time it starts again at layer 0, as a layer-by-layer
+	// loader fetches one prefix (0: every layer in each call). Loads only.
+	LayersPerCall int
 	// DaemonPID, when not 0, is the daemon's pid: its CPU time during the
 	// measurement (/proc/PID/stat) is reported per GB moved.
 	DaemonPID int
@@ -135,6 +141,7 @@ type LoadResult struct {
 	DRAMMisses   uint64   `json:"dram_misses,omitempty"`
 	// LOAD_BLOCKS runs (BlocksPerCall > 0).
 	BlocksPerCall int     `json:"blocks_per_call,omitempty"`
+	LayersPerCall int     `json:"layers_per_call,omitempty"`
 	Layout        string  `json:"layout,omitempty"`
 	UsPerBlock    float64 `json:"us_per_block,omitempty"`
 	NotOKBlocks   int     `json:"not_ok_blocks,omitempty"`
@@ -188,6 +195,10 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return LoadResult{}, fmt.Errorf("%w: %d calls, %d jobs, %d warmup calls, fill %d", ErrConfig, c.Calls, c.Jobs, c.Warmup, c.Fill)
 	case c.Store && (c.WorkingSet != 0 || c.Zipf != 0):
 		return LoadResult{}, fmt.Errorf("%w: a working set and Zipf popularity choose the blocks of loads; stores write blocks of their own", ErrConfig)
+	case c.LayersPerCall != 0 && (c.BlocksPerCall == 0 || c.Store):
+		return LoadResult{}, fmt.Errorf("%w: layers per call are for loads of --blocks-per-call", ErrConfig)
+	case c.LayersPerCall < 0 || c.LayersPerCall > 0 && info.Geometry.Layers%c.LayersPerCall != 0:
+		return LoadResult{}, fmt.Errorf("%w: %d layers per call (want a divisor of the store's %d)", ErrConfig, c.LayersPerCall, info.Geometry.Layers)
 	}
 	g, gb := info.Geometry, info.GroupBytes
 	blocks, err := ListBlocks(c.Mountpoint, g)
@@ -366,8 +377,12 @@ func (r LoadResult) String() string {
 	s := fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d calls × %d groups of %d bytes from %d blocks\n",
 		r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.GroupsPerCall, r.GroupBytes, r.Blocks)
 	if r.BlocksPerCall > 0 {
-		s = fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d LOAD_BLOCKS × %d whole blocks (%d groups of %d bytes) into %s targets, from %d blocks\n",
-			r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.BlocksPerCall, r.GroupsPerCall, r.GroupBytes, r.Layout, r.Blocks)
+		what := "whole blocks"
+		if r.LayersPerCall > 0 {
+			what = fmt.Sprintf("blocks' %d layers", r.LayersPerCall)
+		}
+		s = fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d LOAD_BLOCKS × %d %s (%d groups of %d bytes) into %s targets, from %d blocks\n",
+			r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.BlocksPerCall, what, r.GroupsPerCall, r.GroupBytes, r.Layout, r.Blocks)
 		if r.Op == "store" {
 			s = fmt.Sprintf("bench-load %s (engine %s): %d jobs × %d STORE_BLOCKS × %d whole blocks (%d groups of %d bytes) from %s targets\n",
 				r.Mountpoint, r.Engine, r.Jobs, r.Calls, r.BlocksPerCall, r.GroupsPerCall, r.GroupBytes, r.Layout)

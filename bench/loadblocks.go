@@ -139,7 +139,14 @@ func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error)
 		c.Layout = "nhd"
 	}
 	n := c.BlocksPerCall
-	callBytes := int64(n * g.GroupsPerBlock() * gb)
+	layers := g.Layers
+	if c.LayersPerCall > 0 {
+		layers = c.LayersPerCall
+		if n > len(pk.blocks) {
+			return LoadResult{}, fmt.Errorf("%w: %d different blocks per call from a working set of %d", ErrFewBlocks, n, len(pk.blocks))
+		}
+	}
+	callBytes := int64(n * g.GroupsPerBlock() / g.Layers * layers * gb)
 	type job struct {
 		id    client.TargetID
 		t     client.Target
@@ -200,16 +207,38 @@ func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error)
 		for i := range cache {
 			cache[i] = i
 		}
+		first := 0 // the first layer of this call (LayersPerCall)
+		var prefix []uint64
+		if c.LayersPerCall > 0 {
+			prefix = make([]uint64, n)
+		}
 		return func() (int, error) {
-			if c.Scatter {
-				rng.Shuffle(n, func(a, b int) { cache[a], cache[b] = cache[b], cache[a] })
-			}
-			for i := range es {
-				b := StoreBlock(j, i)
-				if !c.Store {
-					b = pk.pick(rng)
+			if first == 0 {
+				if c.Scatter {
+					rng.Shuffle(n, func(a, b int) { cache[a], cache[b] = cache[b], cache[a] })
 				}
-				es[i] = jb.t.WholeBlock(b, cache[i])
+				if prefix != nil {
+					pk.pickDistinct(rng, prefix) // one prefix's blocks, each once
+				}
+				for i := range es {
+					b := StoreBlock(j, i)
+					switch {
+					case prefix != nil:
+						b = prefix[i]
+					case !c.Store:
+						b = pk.pick(rng)
+					}
+					es[i] = jb.t.WholeBlock(b, cache[i])
+				}
+			}
+			if layers < g.Layers {
+				count := min(layers, g.Layers-first)
+				for i := range es {
+					es[i].LayerFirst, es[i].LayerCount = uint16(first), uint16(count)
+				}
+				if first += count; first == g.Layers {
+					first = 0
+				}
 			}
 			var nok int
 			var err error
@@ -230,8 +259,9 @@ func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error)
 	if err != nil {
 		return LoadResult{}, err
 	}
-	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: n * g.GroupsPerBlock(),
-		BlocksPerCall: n, Layout: c.Layout, Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks), NotOKBlocks: m.notOK}
+	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: int(callBytes) / gb,
+		BlocksPerCall: n, LayersPerCall: c.LayersPerCall, Layout: c.Layout, Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks),
+		NotOKBlocks: m.notOK}
 	if !c.Store {
 		res.WorkingSet, res.Zipf = len(pk.blocks), c.Zipf
 	}
@@ -305,6 +335,10 @@ func SweepTable(rs []LoadResult) string {
 	what := fmt.Sprintf("%d groups per LOAD", r0.GroupsPerCall)
 	if r0.BlocksPerCall > 0 {
 		what = fmt.Sprintf("%d blocks (%d groups) per LOAD_BLOCKS into %s targets", r0.BlocksPerCall, r0.GroupsPerCall, r0.Layout)
+		if r0.LayersPerCall > 0 {
+			what = fmt.Sprintf("%d blocks' %d layers (%d groups) per LOAD_BLOCKS into %s targets", r0.BlocksPerCall,
+				r0.LayersPerCall, r0.GroupsPerCall, r0.Layout)
+		}
 		if r0.Op == "store" {
 			what = fmt.Sprintf("%d blocks (%d groups) per STORE_BLOCKS from %s targets", r0.BlocksPerCall, r0.GroupsPerCall, r0.Layout)
 		}

@@ -63,11 +63,34 @@ func (p picker) pick(rng *rand.Rand) uint64 {
 	return p.blocks[sort.SearchFloat64s(p.cdf, rng.Float64())]
 }
 
+// pickDistinct fills out with len(out) different blocks (as the blocks of
+// one prefix are), each drawn as pick draws; out must not be longer than
+// p.blocks.
+func (p picker) pickDistinct(rng *rand.Rand, out []uint64) {
+	if p.cdf == nil {
+		for i, k := range rng.Perm(len(p.blocks))[:len(out)] {
+			out[i] = p.blocks[k]
+		}
+		return
+	}
+	seen := make(map[uint64]bool, len(out))
+	for i := range out {
+		b := p.pick(rng)
+		for seen[b] {
+			b = p.pick(rng)
+		}
+		seen[b], out[i] = true, b
+	}
+}
+
 // describeDraw is the report's line on how the blocks were drawn.
 func describeDraw(r LoadResult) string {
 	how := "uniformly"
 	if r.Zipf > 0 {
 		how = fmt.Sprintf("with Zipf(%g) popularity", r.Zipf)
+	}
+	if r.LayersPerCall > 0 {
+		how = "without repeats, " + how
 	}
 	return fmt.Sprintf("blocks drawn %s from a working set of %d of the %d blocks", how, r.WorkingSet, r.Blocks)
 }

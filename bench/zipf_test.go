@@ -62,3 +62,30 @@ func TestPicker(t *testing.T) {
 		}
 	}
 }
+
+// TestPickDistinct: one prefix's blocks are different blocks of the working
+// set, uniform or under Zipf, up to all of them.
+func TestPickDistinct(t *testing.T) {
+	blocks := make([]uint64, 40)
+	for i := range blocks {
+		blocks[i] = uint64(500 + 3*i)
+	}
+	for _, c := range []LoadConfig{{}, {WorkingSet: 20, Zipf: 1.2}} {
+		p, err := newPicker(c, blocks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(5, 6))
+		for _, n := range []int{1, 7, len(p.blocks)} {
+			out := make([]uint64, n)
+			p.pickDistinct(rng, out)
+			seen := map[uint64]bool{}
+			for _, b := range out {
+				if seen[b] || (b-500)%3 != 0 || b >= 500+3*uint64(len(p.blocks)) && c.WorkingSet > 0 {
+					t.Fatalf("%+v, %d blocks: %d repeated or outside the working set: %v", c, n, b, out)
+				}
+				seen[b] = true
+			}
+		}
+	}
+}

@@ -24,6 +24,11 @@
 #   load-gpu     LOAD_BLOCKS of GPU_BPC blocks into GPU memory, HND and NHD,
 #                1 and 8 callers, direct and staged, against the pinned H2D
 #                rate of the same run (needs a GPU)
+#   layers       one prefix of LAYER_BPC different blocks loaded by one
+#                caller layer by layer (K layers per LOAD_BLOCKS, K = 1, 2,
+#                4, 8, then all in one call) into an HF target: host memory
+#                and, with a GPU, REGISTER_CUDA; what kvfs.hf's layer-by-
+#                layer loader pays for its calls
 #   dram         LOAD_BLOCKS of DRAM_BPC blocks, HND, 8 callers, from a
 #                store on DISK without and with a DRAM tier of DRAM_SIZE
 #                (kvfs mount --dram; DRAM_WS blocks stored, read once before
@@ -66,7 +71,7 @@
 #   ROUNDS [3]  BENCH_SECONDS per kvfs bench run [3]  WARMUP calls per caller [1]
 #   SHM [/dev/shm]  DISK [/var/tmp]  directories of the tmpfs and disk stores
 #   SIZE [6GiB]  FILL blocks stored [2048]  BPC [128]  CALLS per caller [20]
-#   JOBS for load-v1 ["1 8"]  DISK_BPC [1000]  GPU_BPC [1024]
+#   JOBS for load-v1 ["1 8"]  DISK_BPC [1000]  GPU_BPC [1024]  LAYER_BPC [1024]
 #   DRAM_SIZE [768MiB]  DRAM_WS [192]  DRAM_BPC [16]  DRAM_ZIPF_WS [1536]
 #   MOUNT_FLAGS    extra flags of every kvfs mount (e.g. --cpuprofile F)
 #   TOKENS         ttft's token counts [4096,16384,32768; ttft-cpu: 256,1024]
@@ -105,6 +110,7 @@ CALLS=${CALLS:-20}
 JOBS=${JOBS:-1 8}
 DISK_BPC=${DISK_BPC:-1000}
 GPU_BPC=${GPU_BPC:-1024}
+LAYER_BPC=${LAYER_BPC:-1024}
 DRAM_SIZE=${DRAM_SIZE:-768MiB}
 DRAM_WS=${DRAM_WS:-192}
 DRAM_BPC=${DRAM_BPC:-16}
@@ -354,6 +360,30 @@ s_load_blocks() {
 	done
 }
 
+s_layers() {
+	local into=host
+	have_gpu && into="host cuda"
+	fresh layers "$SHM"
+	header "One prefix of $LAYER_BPC blocks loaded layer by layer into an HF target, one caller, tmpfs store" round build into "1 layer per call GB/s (core-s/GB)" "2" "4" "8" "all 32 in one call" "1 ÷ all"
+	for r in $(seq "$ROUNDS"); do
+		for b in $BUILDS; do
+			mnt "$D/$b" || return 1
+			for i in $into; do
+				local cols=() g1="" a=(--into "$i")
+				[ "$i" = host ] && a=()
+				for k in 1 2 4 8 32; do
+					# the same bytes at each K: CALLS prefixes of 32 layers
+					bl --blocks-per-call "$LAYER_BPC" --layout hf --layers-per-call "$k" --calls $((CALLS * 32 / k)) --jobs 1 --warmup $((32 / k)) "${a[@]}"
+					cols+=("$(fmt "$GBPS") ($(fmt3 "$CPU"))")
+					[ "$k" = 1 ] && g1=$GBPS
+				done
+				row "$r" "$b" "$i" "${cols[@]}" "$(ratio "$g1" "$GBPS")"
+			done
+			umnt
+		done
+	done
+}
+
 # sweep_col LAYOUT|v1: bench-load --sweep; prints "callers gbps cpu" lines.
 sweep_col() {
 	local a=(--blocks-per-call "$BPC" --layout "$1" --calls "$CALLS")
@@ -595,6 +625,7 @@ run() {
 	store) s_store ;;
 	load-v1) s_load_v1 ;;
 	load-blocks) s_load_blocks ;;
+	layers) s_layers ;;
 	sweep) s_sweep ;;
 	cold) s_cold ;;
 	disk) s_disk ;;
@@ -605,7 +636,7 @@ run() {
 	ttft-cpu) s_ttft_cpu ;;
 	peers) s_peers ;;
 	control) s_control ;;
-	all) for s in engine store load-v1 load-blocks sweep cold disk load-gpu dram dram-zipf control ttft ttft-cpu peers; do run $s; done ;;
+	all) for s in engine store load-v1 load-blocks layers sweep cold disk load-gpu dram dram-zipf control ttft ttft-cpu peers; do run $s; done ;;
 	*)
 		echo "measure.sh: unknown scenario $1" >&2
 		usage

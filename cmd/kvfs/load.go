@@ -243,6 +243,7 @@ type benchLoadOptions struct {
 	zipf          float64
 	json          bool
 	blocksPerCall int
+	layersPerCall int
 	layout        string
 	sweep         bool
 	plot          string
@@ -281,6 +282,10 @@ target, laid out as --layout: nhd (vLLM/FlashAttention [blocks, tokens,
 heads, head_dim], the default), hnd (FlashInfer [blocks, heads, tokens,
 head_dim]) or hf (one Hugging Face sequence [heads, tokens, head_dim]);
 the entries go inline up to 509, else through a registered entry array.
+--layers-per-call K loads K layers of the blocks per call instead, the
+next K each call, new blocks drawn at layer 0 without repeats (one
+prefix's blocks): the calls of a layer-by-layer loader (kvfs.hf's); K =
+the store's layers is one call of every layer, drawn the same way.
 --into cuda[:N[,M…]] puts each caller's target in GPU memory this process
 allocates (callers round-robin over the devices) and registers it with
 REGISTER_CUDA: the daemon reads into its pinned staging buffers and copies
@@ -326,6 +331,7 @@ measured calls that landed from the tier (dram_hit_ratio, from .kvfs/stats).`,
 	f.BoolVar(&o.json, "json", false, "print the result as JSON")
 	f.IntVar(&o.blocksPerCall, "blocks-per-call", 0, "whole blocks per LOAD_BLOCKS (1..65536; 0: LOAD of --groups-per-call groups)")
 	f.StringVar(&o.layout, "layout", "nhd", "cache layout of --blocks-per-call: nhd, hnd or hf")
+	f.IntVar(&o.layersPerCall, "layers-per-call", 0, "with --blocks-per-call: load that many layers of the blocks per call, stepping through the layers call by call and drawing new blocks at layer 0, as a layer-by-layer loader does (a divisor of the store's layers; 0: all)")
 	f.BoolVar(&o.sweep, "sweep", false, "measure with 1, 2, 4, 8 and 16 callers and print a table")
 	f.StringVar(&o.plot, "plot", "", "with --sweep: write a plot of GB/s against callers to FILE (.svg or .png)")
 	f.IntVar(&o.daemonPID, "daemon-pid", 0, "read the daemon's CPU time from /proc/PID/stat instead of the mount's .kvfs/stats")
@@ -372,6 +378,9 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	if o.scatter && o.blocksPerCall == 0 {
 		return usageErrorf("--scatter needs --blocks-per-call")
 	}
+	if o.layersPerCall != 0 && (o.blocksPerCall == 0 || o.store || o.layersPerCall < 0) {
+		return usageErrorf("--layers-per-call %d: a count of layers for loads of --blocks-per-call", o.layersPerCall)
+	}
 	if len(devs) > 0 && o.blocksPerCall == 0 {
 		return usageErrorf("--into %s needs --blocks-per-call (targets in GPU memory)", o.into)
 	}
@@ -386,7 +395,8 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	defer c.Close()
 	cfg := bench.LoadConfig{Devices: devs, Pinned: pinned, H2DChunk: int(chunk), Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
 		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed, WorkingSet: o.workingSet, Zipf: o.zipf,
-		BlocksPerCall: o.blocksPerCall, Layout: o.layout, DaemonPID: o.daemonPID, Store: o.store, Scatter: o.scatter}
+		BlocksPerCall: o.blocksPerCall, LayersPerCall: o.layersPerCall, Layout: o.layout, DaemonPID: o.daemonPID, Store: o.store,
+		Scatter: o.scatter}
 	// The fill's progress line ends when the fill does, before measuring.
 	fill := progress.New(cmd.ErrOrStderr(), "fill", "blocks", progress.Count, int64(o.fill))
 	defer fill.Done()

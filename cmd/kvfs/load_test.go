@@ -243,6 +243,23 @@ func TestBenchLoad(t *testing.T) {
 	}
 	kvfs(t, nil, "bench-load", mnt, "--store").want(t, 2, "--blocks-per-call")
 	kvfs(t, nil, "bench-load", mnt, "--scatter").want(t, 2, "--blocks-per-call")
+	// One layer per call: the calls step through the 2 layers of 3
+	// different blocks, each moving a layer's share of them.
+	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--layers-per-call", "1", "--layout", "hf", "--calls", "4",
+		"--json")
+	r.want(t, 0)
+	rep = bench.LoadResult{}
+	if err := json.Unmarshal(r.stdout, &rep); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	if gpl := testGeo.GroupsPerBlock() / testGeo.Layers; rep.LayersPerCall != 1 || rep.GroupsPerCall != 3*gpl ||
+		rep.Bytes != int64(4*3*gpl*512) || rep.NotOKBlocks != 0 || rep.GBps <= 0 {
+		t.Fatalf("--layers-per-call: report %+v", rep)
+	}
+	kvfs(t, nil, "bench-load", mnt, "--layers-per-call", "1").want(t, 2, "--layers-per-call")
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--layers-per-call", "1", "--store").want(t, 2, "--layers-per-call")
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--layers-per-call", "3").want(t, 2, "divisor")
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "50", "--layers-per-call", "1").want(t, 1, "different blocks")
 	// More than 509 blocks per call: the entry array.
 	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "600", "--layout", "hnd", "--calls", "2", "--json")
 	r.want(t, 0)
