@@ -358,11 +358,12 @@ class SharedMountTest(_Base):
             self.assertEqual(self.lookup_run(pc, p), BLOCKS)
 
     def test_layerwise(self):
-        """Layer 0 loaded first, the others on a thread while the model runs:
-        the same answers; a block gone by the time a later layer loads
-        (after layer 0 found it) makes the forward start again from the
-        blocks every layer has."""
-        self.layerwise_case(81)
+        """Layer 0 loaded first, the others on a thread while the model runs
+        (several layers a load, and one): the same answers; a block gone by
+        the time a later layer loads (after layer 0 found it) makes the
+        forward start again from the blocks every layer has."""
+        for per in (4, 1):
+            self.layerwise_case(81 + 2 * per, layers_per_load=per)
 
     @unittest.skipIf(DEVICE != "cpu", "the GPU path runs on the GPU itself")
     def test_layerwise_pinned_ring_on_cpu_tensors(self):
@@ -373,12 +374,13 @@ class SharedMountTest(_Base):
         import kvfs.torch as kt
         import torch_on_cpu
         slots = khf._Ring.SLOTS
-        khf._Ring.SLOTS = 2
         try:
-            with torch_on_cpu.active(kt, torch):
-                self.assertGreater(self.info.layers, 2)
-                pc = self.layerwise_case(83, pin=True)
-                self.assertEqual((pc._ring, pc._area), (None, None))  # closed
+            # 2 slots: one layer a load, slots reused; 4: two layers a load
+            for khf._Ring.SLOTS in (2, 4):
+                with torch_on_cpu.active(kt, torch):
+                    self.assertGreater(self.info.layers, 2)
+                    pc = self.layerwise_case(83 + khf._Ring.SLOTS, pin=True)
+                    self.assertEqual((pc._ring, pc._area), (None, None))  # closed
         finally:
             khf._Ring.SLOTS = slots
 
@@ -394,20 +396,20 @@ class SharedMountTest(_Base):
             self.assertEqual(pc.stats["layerwise_retries"], 0)
             self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
             if kw.get("pin"):
-                self.assertEqual(pc._ring.slots, 2)
+                self.assertEqual(pc._ring.slots, min(khf._Ring.SLOTS, self.info.layers))
             p2 = torch.cat([p[:, :2 * self.bt], self.prompt(seed + 1, 1, 9)], dim=1)
             self.check(pc, p2, "layerwise partial")
             self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2)
             c = pc._client
             real = c.load_blocks
 
-            def delete_before_layer_2(target, entries, details=False):
-                if entries.layer_first == 2:  # one BlockArray per layer
+            def delete_after_layer_0(target, entries, details=False):
+                if entries.layer_first > 0:  # a load after layer 0's (a BlockArray per load)
                     delete_block(self.mnt, keys[3].block)
                 return real(target, entries, details)
-            c.load_blocks = delete_before_layer_2
+            c.load_blocks = delete_after_layer_0
             try:
-                self.check(pc, p, "layerwise, block gone before layer 2")
+                self.check(pc, p, "layerwise, block gone after layer 0")
             finally:
                 del c.load_blocks
             self.assertEqual(pc.stats["layerwise_retries"], 1)
