@@ -204,7 +204,8 @@ def measure(args, model, runs, device, identity, bt):
                 half = pin is None
                 # full:pin and full:cuda load the same blocks: stored once (the second store finds them)
                 ident = "%s %s %s %d" % (identity, r.name, "half" if half else "full", n)
-                pc = khf.PrefixCache(r.mount, model, identity=ident, pin=bool(pin), layerwise=half)
+                # PrefixCache's defaults, as a user gets them: every hit layer by layer
+                pc = khf.PrefixCache(r.mount, model, identity=ident, pin=bool(pin))
                 try:
                     pc.store(prompt[:, :n // 2] if half else prompt, ref_cache)
                     pc.store = lambda *a, **k: 0  # the timed runs leave the store as it is
@@ -222,6 +223,8 @@ def measure(args, model, runs, device, identity, bt):
                                            % (col, pc.stats))
                         if loaded != want:
                             raise RuntimeError("%s: %d blocks loaded of %d (stats %s)" % (col, loaded, want, pc.stats))
+                        if pc.stats["layerwise_loads"] - before["layerwise_loads"] != 1:
+                            raise RuntimeError("%s: not loaded layer by layer (stats %s)" % (col, pc.stats))
                         if got != toks:
                             mismatches += 1
                             notes.append("%s at %d tokens: generated %s, recompute %s" % (col, n, got, toks))
