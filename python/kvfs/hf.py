@@ -61,7 +61,7 @@ uncached rest in one forward, the fastest.
 Layer by layer. generate() (layerwise=True, the default) loads layer 0 of
 the hit first (the model reads the cache's length from it) and the other
 layers on a thread while the model runs, layers_per_load layers (4) per
-LOAD_BLOCKS, the last loads halving down to one layer; a pre-forward hook
+LOAD_BLOCKS, the first and last loads fewer; a pre-forward hook
 on decoder layer i waits only for layer i's data. A full
 hit thus overlaps its load with the last block's prefill, a partial one
 with the prefill of the rest. A layer that loads fewer blocks than layer 0
@@ -258,7 +258,7 @@ class PrefixCache:
     prefill() (None: one forward for the uncached rest). layerwise: whether
     generate() loads a hit layer by layer while the model runs (one
     sequence; a batch loads every layer at once), layers_per_load layers a
-    LOAD_BLOCKS after layer 0 (the last few loads fewer). store_generated: whether
+    LOAD_BLOCKS after layer 0 (the first and last few fewer). store_generated: whether
     generate() also stores the whole blocks of the tokens it generated (a
     conversation's next turn then finds its last answer stored; not with
     beam search, whose cache rows are not the sequences it returns).
@@ -1027,19 +1027,27 @@ def _decoder_layers(model):
 
 def _layer_groups(layers, per):
     """The layer ranges (first, count) a layer-by-layer load fetches after
-    layer 0: per layers a LOAD_BLOCKS, the last ones fewer (..., 4, 2, 1:
-    halving), so that what the forward still waits for once the last load
-    is in is one layer. A call of one layer of many blocks moves them at
-    0.67-0.84x the rate of one call of every layer, of 4 layers at
+    layer 0: per layers a LOAD_BLOCKS, the first and the last loads fewer
+    (1, 2, 4, ... up to per, and back down to 1), so that the forward, which
+    starts once layer 0 is in, soon finds layer 1 in, and once the last load
+    is in waits for one layer only. A call of one layer of many blocks moves
+    them at 0.67-0.84x the rate of one call of every layer, of 4 layers at
     0.85-1.03x (docs/performance.md, "Layer by layer")."""
-    sizes, left, s = [], layers - 1, 1
-    while left > 0:
-        take = min(s, max(1, per), left)
-        sizes.append(take)
-        left -= take
+    left, head, tail = layers - 1, [], []
+    s = 1
+    while s < per and left > 0:
+        for side in (head, tail):
+            take = min(s, left)
+            if take:
+                side.append(take)
+                left -= take
         s *= 2
+    mid = []
+    while left > 0:
+        mid.append(min(per, left))
+        left -= mid[-1]
     out, first = [], 1
-    for n in reversed(sizes):
+    for n in head + mid + tail[::-1]:
         out.append((first, n))
         first += n
     return out

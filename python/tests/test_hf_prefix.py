@@ -101,6 +101,43 @@ class _Base(unittest.TestCase):
         with kvfs.Client(self.mnt) as c:
             return c.lookup([(k.block, k.tag) for k in pc.keys(p)]).run
 
+    def layerwise_case(self, seed, **kw):
+        """A prompt stored, then generated layer by layer (kw: PrefixCache's
+        settings): full and partial hits, and a block deleted after layer 0
+        loaded, which makes the forward start again."""
+        p = self.prompt(seed)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+            keys = pc.keys(p)
+        decoder = khf._decoder_layers(self.model)
+        with self.cache(layerwise=True, **kw) as pc:
+            self.check(pc, p, "layerwise")
+            self.assertEqual((pc.stats["layerwise_loads"], pc.stats["loaded_blocks"]), (1, BLOCKS))
+            self.assertEqual(pc.stats["layerwise_retries"], 0)
+            self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
+            if kw.get("pin"):
+                self.assertEqual(pc._ring.slots, min(khf._Ring.SLOTS, self.info.layers))
+            p2 = torch.cat([p[:, :2 * self.bt], self.prompt(seed + 1, 1, 9)], dim=1)
+            self.check(pc, p2, "layerwise partial")
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2)
+            c = pc._client
+            real = c.load_blocks
+
+            def delete_after_layer_0(target, entries, details=False):
+                if entries.layer_first > 0:  # a load after layer 0's (a BlockArray per load)
+                    delete_block(self.mnt, keys[3].block)
+                return real(target, entries, details)
+            c.load_blocks = delete_after_layer_0
+            try:
+                self.check(pc, p, "layerwise, block gone after layer 0")
+            finally:
+                del c.load_blocks
+            self.assertEqual(pc.stats["layerwise_retries"], 1)
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2 + 3)
+            self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
+            self.assertEqual(self.lookup_run(pc, p), BLOCKS)  # recomputed and stored again
+        return pc
+
 
 @unittest.skipUnless(torch is not None and MOUNT, "needs torch, transformers and KVFS_MOUNT")
 class SharedMountTest(_Base):
@@ -384,40 +421,6 @@ class SharedMountTest(_Base):
         finally:
             khf._Ring.SLOTS = slots
 
-    def layerwise_case(self, seed, **kw):
-        p = self.prompt(seed)
-        with self.cache() as pc:
-            self.check(pc, p, "cold")
-            keys = pc.keys(p)
-        decoder = khf._decoder_layers(self.model)
-        with self.cache(layerwise=True, **kw) as pc:
-            self.check(pc, p, "layerwise")
-            self.assertEqual((pc.stats["layerwise_loads"], pc.stats["loaded_blocks"]), (1, BLOCKS))
-            self.assertEqual(pc.stats["layerwise_retries"], 0)
-            self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
-            if kw.get("pin"):
-                self.assertEqual(pc._ring.slots, min(khf._Ring.SLOTS, self.info.layers))
-            p2 = torch.cat([p[:, :2 * self.bt], self.prompt(seed + 1, 1, 9)], dim=1)
-            self.check(pc, p2, "layerwise partial")
-            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2)
-            c = pc._client
-            real = c.load_blocks
-
-            def delete_after_layer_0(target, entries, details=False):
-                if entries.layer_first > 0:  # a load after layer 0's (a BlockArray per load)
-                    delete_block(self.mnt, keys[3].block)
-                return real(target, entries, details)
-            c.load_blocks = delete_after_layer_0
-            try:
-                self.check(pc, p, "layerwise, block gone after layer 0")
-            finally:
-                del c.load_blocks
-            self.assertEqual(pc.stats["layerwise_retries"], 1)
-            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS + 2 + 3)
-            self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
-            self.assertEqual(self.lookup_run(pc, p), BLOCKS)  # recomputed and stored again
-        return pc
-
     @unittest.skipIf(DEVICE != "cpu", "the GPU path runs on the GPU itself")
     def test_gpu_path_on_cpu_tensors(self):
         """kvfs.hf's GPU path (kvfs.torch, pin=True: the staging buffer) on
@@ -566,6 +569,37 @@ class OwnDaemonTest(_Base):
             self.check(pc, p, "corrupt")
             self.assertEqual(pc.stats["loaded_blocks"], 3)
             self.assertGreater(stats(d.mnt)["store_corrupt"], before)
+
+    def test_layerwise_groups(self):
+        """A 12-layer model loads layer 0, then 1, 2, 4, 1, 2 and 1 layers a
+        LOAD_BLOCKS: the same answers and the same retry as test_layerwise;
+        on the CPU also through the pinned ring on CPU tensors (8 slots: up
+        to 4 layers a load, slots reused)."""
+        import kvfs.torch as kt
+        import torch_on_cpu
+        self.daemon("32MiB", geometry=(12, 2, 32, 16, "bf16"))
+        self.assertEqual([n for _, n in khf._layer_groups(12, 4)], [1, 2, 4, 1, 2, 1])
+        loads = []
+        real = kvfs.Client.load_blocks
+
+        def counted(c, target, entries, details=False):
+            if isinstance(entries, kvfs.BlockArray):
+                loads.append(entries.layer_count)
+            return real(c, target, entries, details)
+        kvfs.Client.load_blocks = counted
+        try:
+            self.layerwise_case(95)
+            self.assertIn(4, loads)
+            if DEVICE == "cpu":
+                slots = khf._Ring.SLOTS
+                khf._Ring.SLOTS = 8
+                try:
+                    with torch_on_cpu.active(kt, torch):
+                        self.layerwise_case(97, pin=True)
+                finally:
+                    khf._Ring.SLOTS = slots
+        finally:
+            kvfs.Client.load_blocks = real
 
     def test_default_prefill_fp32(self):
         """The default PrefixCache (the uncached rest prefilled in one

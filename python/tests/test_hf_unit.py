@@ -145,18 +145,21 @@ class NoDaemonTest(unittest.TestCase):
             khf._token_raw(torch.zeros((1, 2, 3), dtype=torch.long))
 
     def test_layer_groups(self):
-        """After layer 0, layers_per_load layers a load, the last loads
-        halving down to one layer; every layer once, in order."""
-        self.assertEqual(khf._layer_groups(32, 4), [(1, 4), (5, 4), (9, 4), (13, 4), (17, 4), (21, 4), (25, 4),
-                                                    (29, 2), (31, 1)])
-        self.assertEqual(khf._layer_groups(4, 4), [(1, 2), (3, 1)])
+        """After layer 0, layers_per_load layers a load, the first loads
+        doubling up to it from one layer and the last halving down to one;
+        every layer once, in order."""
+        self.assertEqual([n for _, n in khf._layer_groups(32, 4)], [1, 2, 4, 4, 4, 4, 4, 4, 1, 2, 1])
+        self.assertEqual(khf._layer_groups(4, 4), [(1, 1), (2, 1), (3, 1)])
+        self.assertEqual(khf._layer_groups(8, 4), [(1, 1), (2, 2), (4, 1), (5, 2), (7, 1)])
         self.assertEqual(khf._layer_groups(5, 1), [(1, 1), (2, 1), (3, 1), (4, 1)])
         self.assertEqual(khf._layer_groups(1, 4), [])
         for layers in range(1, 90):
             for per in (1, 2, 3, 4, 8):
                 g = khf._layer_groups(layers, per)
                 self.assertEqual([l for f, n in g for l in range(f, f + n)], list(range(1, layers)), (layers, per))
-                self.assertTrue(all(1 <= n <= per for _, n in g) and (not g or g[-1][1] == 1), (layers, per, g))
+                self.assertTrue(all(1 <= n <= per for _, n in g), (layers, per, g))
+                if g:
+                    self.assertEqual((g[0][1], g[-1][1]), (1, 1), (layers, per, g))
 
     def test_left_pads(self):
         """Which masks are left padding (each row zeros, then ones): those
