@@ -89,6 +89,7 @@ DynamicLayer (no sliding window, no linear attention).
 import array
 import ctypes
 import errno
+import functools
 import hashlib
 import inspect
 import os
@@ -246,6 +247,22 @@ def cache_kwarg(model):
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _exclusive(method):
+    """A PrefixCache method that takes the cache's buffers: a call from a
+    second thread while one runs is refused (RuntimeError), not let to
+    load into memory the first call's model still reads."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("kvfs.hf: PrefixCache.%s while another thread is in this PrefixCache; "
+                               "use one PrefixCache per thread" % method.__name__)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._busy.release()
+    return call
+
+
 class PrefixCache:
     """Reuses stored prompt prefixes for one model (see the module doc).
 
@@ -263,7 +280,8 @@ class PrefixCache:
     conversation's next turn then finds its last answer stored; not with
     beam search, whose cache rows are not the sequences it returns).
 
-    One PrefixCache serves one thread at a time (one per engine worker).
+    One PrefixCache serves one thread at a time (one per engine worker): a
+    call from a second thread while one runs raises RuntimeError.
 
     .stats counts what happened: lookups, hit_blocks (the leading run
     LOOKUP reported), loaded_blocks (usable after the load), stored_blocks,
@@ -297,6 +315,7 @@ class PrefixCache:
         self._area = None      # _Area: where GPU loads land (_load_area)
         self._ring = None      # _Ring: pinned host slots of pin=True's layer-by-layer loads
         self._down = False
+        self._busy = threading.RLock()  # _exclusive: generate() calls load() and store() itself
         if self._client is not None:
             self._bind(self._client)
 
@@ -426,6 +445,7 @@ class PrefixCache:
 
     # -- the API ------------------------------------------------------------
 
+    @_exclusive
     def load(self, input_ids, device=None, expand=1, attention_mask=None):
         """A DynamicCache holding the stored leading blocks of input_ids, and
         how many tokens it holds (a multiple of block_tokens, at most
@@ -461,6 +481,7 @@ class PrefixCache:
                     _put(cache, l, k, v, copy=True)
         return cache, n * self.block_tokens
 
+    @_exclusive
     def cached_tokens(self, input_ids, attention_mask=None):
         """How many leading tokens of each sequence of input_ids the store
         holds KV for, in one LOOKUP, loading nothing: per sequence a
@@ -699,6 +720,7 @@ class PrefixCache:
         except (OSError, BufferError):
             pass
 
+    @_exclusive
     def store(self, input_ids, cache, expand=1, attention_mask=None):
         """Store the whole blocks of input_ids that cache holds (cache covers
         input_ids from token 0) and the store does not have yet, each with
@@ -779,6 +801,7 @@ class PrefixCache:
                           parents=[keys[j].parent for j in todo])
         return st.count(OK)
 
+    @_exclusive
     def prefill(self, input_ids, cache, n_cached, chunk_blocks=None):
         """Run the model over the uncached whole blocks of input_ids, up to
         but not including the block holding the last token, chunk_blocks
@@ -813,6 +836,7 @@ class PrefixCache:
             return None
         return self.block_tokens
 
+    @_exclusive
     def generate(self, input_ids, **kwargs):
         """model.generate(input_ids, **kwargs) from the stored prefix of
         input_ids (one sequence, or a batch: each sequence's stored prefix,

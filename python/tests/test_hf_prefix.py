@@ -290,6 +290,34 @@ class SharedMountTest(_Base):
                 if store_generated:
                     hf_model.assert_generated(self, got, want, what)
 
+    def test_one_thread_at_a_time(self):
+        """A PrefixCache's buffers serve one call at a time: a call from a
+        second thread while generate() runs is refused, and the first
+        call's answer is its own."""
+        import threading
+        p = self.prompt(29)
+        entered, release, out = threading.Event(), threading.Event(), []
+
+        def hold(module, args):
+            entered.set()
+            release.wait(30)
+        hook = khf._decoder_layers(self.model)[0].register_forward_pre_hook(hold)
+        try:
+            with self.cache() as pc:
+                t = threading.Thread(target=lambda: out.append(pc.generate(p, **hf_model.GEN)))
+                t.start()
+                self.assertTrue(entered.wait(30))
+                for call in (lambda: pc.load(p), lambda: pc.generate(p, **hf_model.GEN), lambda: pc.cached_tokens(p)):
+                    with self.assertRaisesRegex(RuntimeError, "one PrefixCache per thread"):
+                        call()
+                release.set()
+                t.join(30)
+                self.assertEqual(pc.cached_tokens(p), [BLOCKS * self.bt])  # free again
+        finally:
+            release.set()
+            hook.remove()
+        hf_model.assert_same(self, out[0], hf_model.reference(self.model, p, self.bt), "the first thread's")
+
     def test_mask_holes_and_no_cache_bypass_kvfs(self):
         """A mask that hides tokens amid the prompt makes KV the stored blocks
         do not hold, and use_cache=False recomputes every token at every
