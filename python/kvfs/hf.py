@@ -331,6 +331,14 @@ class PrefixCache:
         other = types - {"full_attention", "sliding_attention"}
         if other:
             raise ValueError("kvfs.hf caches attention layers only; this model has %s" % ", ".join(sorted(other)))
+        # A model spread over devices (accelerate's device_map) keeps each
+        # layer's cache on that layer's device; kvfs.hf loads every layer to
+        # one device.
+        devices = set(str(d) for d in (getattr(self.model, "hf_device_map", None) or {}).values())
+        if len(devices) > 1:
+            raise ValueError("kvfs.hf loads a cache onto one device; this model is spread over %s (device_map): "
+                             "load it onto one device, or give each pipeline stage its own PrefixCache "
+                             "(layer_first)" % ", ".join(sorted(devices)))
         self.layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -144,6 +144,17 @@ class NoDaemonTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             khf._token_raw(torch.zeros((1, 2, 3), dtype=torch.long))
 
+    def test_model_on_several_devices_refused(self):
+        """A model that accelerate spread over devices (hf_device_map naming
+        more than one) is refused when the PrefixCache is made, not when a
+        hit's cache meets a layer on another device."""
+        m = hf_model.tiny_llama(2, 2, 32, torch.float32)
+        m.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "lm_head": 1}
+        with self.assertRaisesRegex(ValueError, "spread over 0, 1"):
+            khf.PrefixCache("/nonexistent", m)
+        m.hf_device_map = {"": 0}
+        khf.PrefixCache("/nonexistent", m).close()
+
     def test_layer_groups(self):
         """After layer 0, layers_per_load layers a load, the first loads
         doubling up to it from one layer and the last halving down to one;
