@@ -975,6 +975,7 @@ class PrefixCache:
         d = getattr(self.model, "device", None)
         return d if isinstance(d, torch.device) else torch.device("cpu")
 
+    @_exclusive
     def close(self):
         """Drop the host buffer, the GPU load area and, when opened from a
         mountpoint, the control file."""

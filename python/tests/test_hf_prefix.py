@@ -307,7 +307,8 @@ class SharedMountTest(_Base):
                 t = threading.Thread(target=lambda: out.append(pc.generate(p, **hf_model.GEN)))
                 t.start()
                 self.assertTrue(entered.wait(30))
-                for call in (lambda: pc.load(p), lambda: pc.generate(p, **hf_model.GEN), lambda: pc.cached_tokens(p)):
+                for call in (lambda: pc.load(p), lambda: pc.generate(p, **hf_model.GEN), lambda: pc.cached_tokens(p),
+                             pc.close):
                     with self.assertRaisesRegex(RuntimeError, "one PrefixCache per thread"):
                         call()
                 release.set()
