@@ -497,9 +497,7 @@ class PrefixCache:
         load, were no block evicted meanwhile). attention_mask: of a
         left-padded batch (tokens counted after each row's pads). The
         daemon down: zeros, with load()'s warning."""
-        pads = _mask_pads(attention_mask)
-        raws = _token_raw(input_ids)
-        rows = raws if pads is None else [r[8 * p:] for r, p in zip(raws, pads)]
+        rows = _after_pads(_token_raw(input_ids), _mask_pads(attention_mask))
         try:
             c = self._connect()
             _, runs = self._lookup_runs(c, rows)
@@ -525,12 +523,7 @@ class PrefixCache:
         if not any(keys):
             return keys, [0] * len(rows)
         self.stats["lookups"] += 1
-        st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
-        runs, at = [], 0
-        for ks in keys:
-            runs.append(_leading(st[at:at + len(ks)], LOOKUP_PRESENT))
-            at += len(ks)
-        return keys, runs
+        return keys, [_leading(st, LOOKUP_PRESENT) for st in _lookup_each(c, keys)]
 
     def _load_padded(self, input_ids, pads, expand=1, device=None):
         """load() of a left-padded batch (pads: per sequence, the padding
@@ -542,7 +535,7 @@ class PrefixCache:
         from transformers import DynamicCache
         import torch
         device = device or self._model_device()
-        rows = [r[8 * p:] for r, p in zip(_token_raw(input_ids), pads)]
+        rows = _after_pads(_token_raw(input_ids), pads)
         end = input_ids.shape[1] - 1
         try:
             c = self._connect()
@@ -736,16 +729,12 @@ class PrefixCache:
         with the daemon down). expand: rows of the cache per sequence, as
         load's (sequence b in rows b·expand .. b·expand + expand - 1: row
         b·expand is stored). attention_mask: of a left-padded batch, as
-        load's (each sequence its tokens after its pads)."""
-        return self._store(_token_raw(input_ids), cache, expand, _mask_pads(attention_mask))
-
-    def _store(self, raws, cache, expand=1, pads=None):
-        """store() of sequences given as _token_raw's bytes; pads: per
-        sequence, the cache columns before its first token (left padding:
-        the sequence is its tokens after them, its KV in columns pads[b]..)."""
+        load's (each sequence its tokens after its pads, its KV in the
+        columns after them)."""
         from .torch import _hf_layers
-        pads = pads or [0] * len(raws)
-        rows = [r[8 * p:] for r, p in zip(raws, pads)]
+        pads = _mask_pads(attention_mask)
+        rows = _after_pads(_token_raw(input_ids), pads)
+        pads = pads or [0] * len(rows)
         layers = _hf_layers(cache)
         if not layers or layers[0][0] is None or layers[0][0].numel() == 0:
             return 0  # nothing computed yet
@@ -764,13 +753,10 @@ class PrefixCache:
                 return 0
             if k0.shape[1] != self.head_count:
                 raise ValueError("the cache holds %d kv-heads, this shard %d" % (k0.shape[1], self.head_count))
-            st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
-            at, n, queued = 0, 0, set()
-            for b, ks in enumerate(keys):
+            n, queued = 0, set()
+            for b, (ks, st) in enumerate(zip(keys, _lookup_each(c, keys))):
                 # a block two sequences share (a common prefix) is stored once, from the first
-                todo = [j for j, s in enumerate(st[at:at + len(ks)])
-                        if s != LOOKUP_PRESENT and ks[j].block not in queued]
-                at += len(ks)
+                todo = [j for j, s in enumerate(st) if s != LOOKUP_PRESENT and ks[j].block not in queued]
                 queued.update(ks[j].block for j in todo)
                 if todo:
                     n += self._store_blocks(ks, todo, layers, b * expand, pads[b])
@@ -877,15 +863,15 @@ class PrefixCache:
             # generate() hands model.generate takes its place (it keeps every
             # token, and the mask applies any sliding window)
             kwargs["cache_implementation"] = None
-        mask, pads = kwargs.get("attention_mask"), None
+        mask, pads, holes = kwargs.get("attention_mask"), None, False
         if mask is None and hasattr(input_ids, "dim"):
             # every token counts; without a mask, generate would take pad_token_id
             # tokens in the prompt for padding, which the stored blocks were not
             kwargs["attention_mask"] = torch.ones_like(input_ids)
         elif mask is not None and not bool(mask.all()):
             pads = _left_pads(mask)
-        if (pads is None and mask is not None and not bool(mask.all())) or \
-                not _generation_setting(self.model, kwargs, "use_cache"):
+            holes = pads is None
+        if holes or not _generation_setting(self.model, kwargs, "use_cache"):
             # a mask with holes or right padding: KV computed under it is not the
             # tokens' own; use_cache=False: every step recomputes all tokens, and
             # a cache given would be attended twice
@@ -1265,6 +1251,23 @@ def _leading(statuses, want):
 
 def _leading_ok(statuses):
     return _leading(statuses, OK)
+
+
+def _lookup_each(c, keys):
+    """One LOOKUP of every sequence's keys (lists of BlockKey): per sequence,
+    its statuses."""
+    st = c.lookup([(k.block, k.tag) for ks in keys for k in ks]).statuses
+    out, at = [], 0
+    for ks in keys:
+        out.append(st[at:at + len(ks)])
+        at += len(ks)
+    return out
+
+
+def _after_pads(raws, pads):
+    """_token_raw's sequences without their first pads[b] tokens (pads None:
+    as they are)."""
+    return raws if pads is None else [r[8 * p:] for r, p in zip(raws, pads)]
 
 
 def _mask_pads(mask):
