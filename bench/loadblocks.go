@@ -231,12 +231,11 @@ func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error)
 					es[i] = jb.t.WholeBlock(b, cache[i])
 				}
 			}
-			if layers < g.Layers {
-				count := min(layers, g.Layers-first)
+			if layers < g.Layers { // layers divides g.Layers (RunLoad checks)
 				for i := range es {
-					es[i].LayerFirst, es[i].LayerCount = uint16(first), uint16(count)
+					es[i].LayerFirst, es[i].LayerCount = uint16(first), uint16(layers)
 				}
-				if first += count; first == g.Layers {
+				if first += layers; first == g.Layers {
 					first = 0
 				}
 			}
