@@ -259,24 +259,17 @@ class SharedMountTest(_Base):
         that cache without kvfs. store_generated=False stores the prompt's
         blocks only."""
         from transformers import DynamicCache
-        bt, kw = self.bt, hf_model.cache_kw(self.model)
+        bt = self.bt
         new = 2 * bt + 8
         gen = dict(hf_model.GEN, max_new_tokens=new, min_new_tokens=new)
-
-        def turn(prompt, cache):
-            # prefill_blocks=1's computation: each uncached whole block in a forward, then generate
-            with torch.no_grad():
-                for j in range(cache.get_seq_length() // bt, (prompt.shape[1] - 1) // bt):
-                    self.model(input_ids=prompt[:, j * bt:(j + 1) * bt], use_cache=True, **{kw: cache})
-                return self.model.generate(prompt, attention_mask=torch.ones_like(prompt), **{kw: cache}, **gen)
         p1 = self.prompt(26, 3, 3)
         c1 = DynamicCache()
-        out1 = turn(p1, c1)
+        out1 = hf_model.reference(self.model, p1, bt, cache=c1, max_new_tokens=new, min_new_tokens=new)
         answered = out1.sequences.shape[1] - 1  # the last token's KV is not computed
         self.assertEqual(c1.get_seq_length(), answered)
         p2 = torch.cat([out1.sequences, self.prompt(27, 0, 20)], dim=1)
         c1.crop(-(answered % bt))  # whole blocks
-        want = turn(p2, c1)
+        want = hf_model.reference(self.model, p2, bt, cache=c1, max_new_tokens=new, min_new_tokens=new)
         for store_generated, loads in ((True, answered // bt), (False, (p1.shape[1] - 1) // bt)):
             what = "store_generated=%s" % store_generated
             ident = "%s %s" % (self.id(), os.urandom(8).hex())
