@@ -624,13 +624,14 @@ func (t *target) fillReads(reqs []store.ReadReq, k int, be *blockEnt, tag *store
 	return k
 }
 
-// storeSumWindow is how many bytes of tiles one goroutine copies and sums
+// storeSumWindow is how many bytes of groups one goroutine copies and sums
 // at a time in storeBlocks.
 const storeSumWindow = 4 << 20
 
 // storeBlocks copies the tiles of the valid entries out of the client's
-// memory into staging (so the checksum the store computes is of the bytes
-// it writes), then writes them, durable on return.
+// memory into staging, checksumming the bytes copied (so the checksum the
+// store records is of the bytes it writes, whatever the client does to
+// its memory meanwhile), then writes them, durable on return.
 func (ss *Session) storeBlocks(t *target, ents []blockEnt, metas entMetas, sc *blockScratch) error {
 	s := ss.srv
 	gb := s.gb
@@ -666,23 +667,16 @@ func (ss *Session) storeBlocks(t *target, ents []blockEnt, metas entMetas, sc *b
 				owner = append(owner, int32(i))
 			})
 		}
-		// Each tile is copied into staging (the snapshot the store writes,
-		// whatever the client does to its memory meanwhile) and summed
-		// there while it is still in cache, the tiles spread over the
-		// cores; the store then reads no payload to checksum it.
+		// Each group is copied into staging (the snapshot the store
+		// writes, whatever the client does to its memory meanwhile) and
+		// summed on the way, the groups spread over the cores; the store
+		// then reads no payload to checksum it.
+		if t.lay.Packed {
+			rows = 0
+		}
 		err = ss.guard(t.owns, func() error {
 			par.Pieces(len(reqs), max(1, storeSumWindow/gb), runtime.GOMAXPROCS(0), func(lo, hi int) {
-				for k := lo; k < hi; k++ {
-					q, src := &reqs[k], srcs[k]
-					if t.lay.Packed {
-						copy(q.Data, src)
-					} else {
-						for row := range rows {
-							copy(q.Data[row*rowBytes:(row+1)*rowBytes], src[row*pitch:row*pitch+rowBytes])
-						}
-					}
-					q.CRC, q.Summed = store.CRC32C(q.Data), true
-				}
+				s.st.GatherWrites(reqs[lo:hi], srcs[lo:hi], rows, rowBytes, pitch)
 			})
 			return nil
 		})

@@ -172,3 +172,90 @@ func (s *Store) CopyGroup(dst, src []byte, rows, rowBytes, pitch int) uint32 {
 	}
 	return c
 }
+
+// GatherWrites fills each request's Data, a whole group packed as stored,
+// from srcs[i]: contiguous (rows 0), or rows of rowBytes bytes pitch
+// apart, as in a caller's cache; and records its CRC32C (CRC, Summed), so
+// that Write reads no payload again. Where this store's group size and the
+// machine allow it, each source is read once, checksummed on the way, and
+// Data written with non-temporal stores: Data is staging that a write
+// hands to the kernel or a disk next, which the CPU has no use for in its
+// caches (and whose lines it need not read before writing them). Four
+// requests go in step (four checksum chains, one per group, their rows
+// read side by side) where their Data follow each other and their sources
+// are equally far apart (consecutive heads of a tile, in every cache
+// layout kvfs knows); the others one by one (a group's quarters in step).
+// Without the one-pass copy it copies, then checksums the copy. Either
+// way the checksum is of the bytes in Data, even when the source changes
+// under the copy (a client rewriting its cache during its own store).
+func (s *Store) GatherWrites(reqs []WriteReq, srcs [][]byte, rows, rowBytes, pitch int) {
+	n := s.geo.GroupBytes()
+	if rows == 0 { // contiguous: one row
+		rows, rowBytes, pitch = 1, n, n
+	}
+	span := (rows-1)*pitch + rowBytes
+	for i := 0; i < len(reqs); {
+		if i+4 <= len(reqs) && s.gather4(reqs[i:i+4], srcs[i:i+4], rows, rowBytes, pitch, span) {
+			i += 4
+			continue
+		}
+		q := &reqs[i]
+		q.CRC, q.Summed = s.gatherOne(q.Data[:n], srcs[i][:span], rows, rowBytes, pitch), true
+		i++
+	}
+}
+
+// gather4 is GatherWrites of four requests in step, and whether it did
+// it: their Data n apart, their sources d apart, each span long, and the
+// one-pass copy at hand.
+func (s *Store) gather4(reqs []WriteReq, srcs [][]byte, rows, rowBytes, pitch, span int) bool {
+	n := s.geo.GroupBytes()
+	if !s.onePass() || rowBytes%64 != 0 || rows*rowBytes != n {
+		return false
+	}
+	dst := unsafe.SliceData(reqs[0].Data)
+	src := unsafe.Pointer(unsafe.SliceData(srcs[0]))
+	d := uintptr(unsafe.Pointer(unsafe.SliceData(srcs[1]))) - uintptr(src)
+	for k := range 4 {
+		if len(reqs[k].Data) != n || len(srcs[k]) < span ||
+			unsafe.SliceData(reqs[k].Data) != (*byte)(unsafe.Add(unsafe.Pointer(dst), k*n)) ||
+			unsafe.Pointer(unsafe.SliceData(srcs[k])) != unsafe.Add(src, uintptr(k)*d) {
+			return false
+		}
+	}
+	// Prefetch the next row of the four, or, for one row each, the next
+	// four groups.
+	ahead := pitch
+	if rows == 1 {
+		ahead = 4 * int(d)
+	}
+	c := [4]uint32{0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}
+	crcGatherNT4(unsafe.Pointer(dst), src, int(d), n, rows, rowBytes, pitch-rowBytes, ahead, &c)
+	for k := range reqs {
+		reqs[k].CRC, reqs[k].Summed = ^c[k], true
+	}
+	return true
+}
+
+// gatherOne gathers one group from src to dst (n bytes) and returns its
+// CRC32C: a group's quarters in step where the one-pass copy fits, else a
+// copy, then the checksum of the copy.
+func (s *Store) gatherOne(dst, src []byte, rows, rowBytes, pitch int) uint32 {
+	n := len(dst)
+	// Each quarter's rows, prefetching its next row; a contiguous group's
+	// quarters are one row each, prefetching the next group.
+	r, rb, p, ahead := rows, rowBytes, pitch, pitch
+	if rows == 1 {
+		r, rb, p, ahead = 4, n/4, n/4, n
+	}
+	if s.onePass() && r%4 == 0 && rb%64 == 0 && r*rb == n {
+		c := [4]uint32{0xFFFFFFFF}
+		crcGatherNT4(unsafe.Pointer(unsafe.SliceData(dst)), unsafe.Pointer(unsafe.SliceData(src)),
+			r/4*p, n/4, r/4, rb, p-rb, ahead, &c)
+		return s.shift4.combine4(&c)
+	}
+	for row := range rows {
+		copy(dst[row*rowBytes:(row+1)*rowBytes], src[row*pitch:row*pitch+rowBytes])
+	}
+	return CRC32C(dst)
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"hash/crc32"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 )
@@ -91,6 +92,86 @@ func TestCRCCopyNT4Groups(t *testing.T) {
 	}
 }
 
+// TestCRCGatherNT4: the one-pass gather packs each segment's rows, read
+// at their pitch (the bytes between rows neither copied nor checksummed),
+// to its destination, writes nothing around the destinations, and returns
+// each segment's raw CRC32C; joined, the four are the group's CRC32C.
+func TestCRCGatherNT4(t *testing.T) {
+	if !haveNT || !haveCRCCopy {
+		t.Skip("skipping: no one-pass checksum copy on this machine")
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, c := range []struct{ rows, rb, pitch int }{
+		{16, 256, 2048}, // token-major rows of 8 heads (vLLM's cache)
+		{16, 256, 256},  // rows that follow each other
+		{4, 64, 80},     // short rows, a short gap
+		{32, 512, 8192}, // long rows far apart
+		{8, 128, 528},   // a pitch no multiple of 64
+	} {
+		src := make([]byte, c.rows*c.pitch+64)
+		for i := range src {
+			src[i] = byte(rng.Uint32())
+		}
+		n := c.rows * c.rb
+		want := make([]byte, 0, n)
+		for r := range c.rows {
+			want = append(want, src[r*c.pitch:r*c.pitch+c.rb]...)
+		}
+		mem := bytes.Repeat([]byte{0xA5}, 64+n+64)
+		base := 64 - int(uintptr(unsafe.Pointer(&mem[0]))%16)
+		crcs := [4]uint32{0xFFFFFFFF}
+		crcGatherNT4(unsafe.Pointer(&mem[base]), unsafe.Pointer(&src[0]), c.rows/4*c.pitch, n/4, c.rows/4, c.rb, c.pitch-c.rb, c.pitch, &crcs)
+		if got, w := newCRCShift(n/4).combine4(&crcs), CRC32C(want); got != w {
+			t.Fatalf("%+v: crc %08x, want %08x", c, got, w)
+		}
+		if !bytes.Equal(mem[base:base+n], want) {
+			t.Fatalf("%+v: gathered bytes differ", c)
+		}
+		if bytes.Count(mem[:base], []byte{0xA5}) != base || bytes.Count(mem[base+n:], []byte{0xA5}) != len(mem)-base-n {
+			t.Fatalf("%+v: memory around the destination written", c)
+		}
+	}
+}
+
+// TestCRCGatherNT4Racing: the checksums are of the bytes stored while
+// another thread rewrites the source under the copy (a client changing
+// its cache during its own STORE): the store must never record a
+// checksum that its bytes fail.
+func TestCRCGatherNT4Racing(t *testing.T) {
+	if !haveNT || !haveCRCCopy {
+		t.Skip("skipping: no one-pass checksum copy on this machine")
+	}
+	const rows, rb, pitch, n = 16, 256, 2048, 4096
+	src := make([]uint64, 16*pitch/8)
+	dst := MakeAligned(4*n, 4096)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for v := uint64(1); ; v++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for i := range src {
+				atomic.StoreUint64(&src[i], v*0x9E3779B97F4A7C15+uint64(i))
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	base := unsafe.Pointer(&src[0])
+	for it := range 3000 {
+		c := [4]uint32{0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}
+		crcGatherNT4(unsafe.Pointer(&dst[0]), base, rb, n, rows, rb, pitch-rb, pitch, &c)
+		for k := range 4 {
+			if got, want := ^c[k], CRC32C(dst[k*n:(k+1)*n]); got != want {
+				t.Fatalf("iteration %d, group %d: checksum %08x of bytes whose checksum is %08x", it, k, got, want)
+			}
+		}
+	}
+}
+
 // TestCRCShift: joining by table the checksums of consecutive segments
 // gives the checksum of the whole, for random segments of several lengths.
 func TestCRCShift(t *testing.T) {
@@ -116,6 +197,61 @@ func TestCRCShift(t *testing.T) {
 }
 
 func crc32Update(c uint32, p []byte) uint32 { return crc32.Update(c, castagnoli, p) }
+
+// BenchmarkGather: a store call's copy of 4 KiB groups out of a
+// token-major cache (16 rows of 256 bytes, 2 KiB apart: 8 heads' groups
+// per 32 KiB) into packed staging, with their checksums: the one-pass
+// non-temporal gather against row copies, then the checksum of the
+// copy; 256 MiB of groups from a source twice as large, not in cache.
+func BenchmarkGather(b *testing.B) {
+	if !haveNT || !haveCRCCopy {
+		b.Skip("skipping: no one-pass checksum copy on this machine")
+	}
+	const n, gb, rows, rb, pitch = 256 << 20, 4096, 16, 256, 2048
+	src, dst := MakeAligned(n, 4096), MakeAligned(n, 4096)
+	for i := 0; i < n; i += 64 {
+		src[i], dst[i] = byte(i>>6), 1
+	}
+	sh := newCRCShift(gb / 4)
+	// each: group g is head g%8 of the tile g/8 (32 KiB of src)
+	each := func(f func(d, s []byte)) {
+		for g := range n / gb {
+			o := g / 8 * 8 * gb
+			f(dst[g*gb:(g+1)*gb], src[o+g%8*rb:])
+		}
+	}
+	b.Run("one-pass", func(b *testing.B) {
+		b.SetBytes(n)
+		for range b.N {
+			each(func(d, s []byte) {
+				c := [4]uint32{0xFFFFFFFF}
+				crcGatherNT4(unsafe.Pointer(&d[0]), unsafe.Pointer(&s[0]), rows/4*pitch, gb/4, rows/4, rb, pitch-rb, pitch, &c)
+				sh.combine4(&c)
+			})
+		}
+	})
+	b.Run("four-groups", func(b *testing.B) {
+		b.SetBytes(n)
+		for range b.N {
+			for g := 0; g < n/gb; g += 4 {
+				o := g/8*8*gb + g%8*rb
+				c := [4]uint32{0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}
+				crcGatherNT4(unsafe.Pointer(&dst[g*gb]), unsafe.Pointer(&src[o]), rb, gb, rows, rb, pitch-rb, pitch, &c)
+			}
+		}
+	})
+	b.Run("copy-then-checksum", func(b *testing.B) {
+		b.SetBytes(n)
+		for range b.N {
+			each(func(d, s []byte) {
+				for r := range rows {
+					copy(d[r*rb:(r+1)*rb], s[r*pitch:r*pitch+rb])
+				}
+				CRC32C(d)
+			})
+		}
+	})
+}
 
 // BenchmarkCRCCopy: the one-pass checksum copy of 4 KiB groups, a group's
 // quarters in step (crcLand) or four groups in step (crcLand4), against

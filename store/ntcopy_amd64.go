@@ -34,5 +34,18 @@ const haveNT = true
 //go:noescape
 func crcCopyNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32)
 
-// haveCRCCopy: crcCopyNT4 runs here.
+// crcGatherNT4 is crcCopyNT4 the other way round: segment k is read from
+// src + k*seg as rows rows of rowBytes whose starts are rowBytes+skip
+// apart, and stored packed at dst + k*dseg, with non-temporal stores, its
+// raw CRC32C taken on the way (chain k from crcs[k] on, results back in
+// crcs). Each 8 bytes is read once, into a register that is both
+// checksummed and stored: the checksums are of the bytes stored even
+// while the source changes under the copy. It prefetches, per 64-byte
+// step, the line ahead bytes past each segment's current one. rowBytes
+// must be a multiple of 64. Needs SSE4.2. Ends with SFENCE.
+//
+//go:noescape
+func crcGatherNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32)
+
+// haveCRCCopy: crcCopyNT4 and crcGatherNT4 run here.
 var haveCRCCopy = cpu.X86.HasSSE42

@@ -144,3 +144,78 @@ out:
 	MOVL CX, 8(R12)
 	MOVL DX, 12(R12)
 	RET
+
+// GA..GD move the 8 bytes at offset o of crcGatherNT4's segments 0..3
+// (read at SI + k*R8, R10 = 3*R8; stored at DI + k*R9, R11 = 3*R9)
+// through R15 into checksums AX..DX: the checksum is of the bytes stored,
+// whatever changes at the source meanwhile.
+#define GA(o) MOVQ o(SI), R15; CRC32Q R15, AX; MOVNTIQ R15, o(DI)
+#define GB(o) MOVQ o(SI)(R8*1), R15; CRC32Q R15, BX; MOVNTIQ R15, o(DI)(R9*1)
+#define GC(o) MOVQ o(SI)(R8*2), R15; CRC32Q R15, CX; MOVNTIQ R15, o(DI)(R9*2)
+#define GD(o) MOVQ o(SI)(R10*1), R15; CRC32Q R15, DX; MOVNTIQ R15, o(DI)(R11*1)
+
+// func crcGatherNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32)
+// crcCopyNT4 the other way round: copies four segments, segment k read
+// from src+k*seg as rows rows of rowBytes (a multiple of 64) whose starts
+// are rowBytes+skip apart, packed to dst+k*dseg (a multiple of 8), with
+// non-temporal stores, while taking the raw CRC32C of each segment, chain
+// k from crcs[k] on, the results back in crcs. Each 8 bytes is read once
+// into a register, checksummed and stored from it, so the checksums are
+// of the bytes stored even when the source (a client's memory) changes
+// under the copy. Prefetches, per 64-byte step, the line ahead bytes past
+// each segment's current one (ahead = the rows' pitch: the next row's).
+// Each segment's line is stored whole before the next one's, as in
+// crcCopyNT4. Ends with SFENCE. Uses R14 and R15, scratch registers in
+// ABI0.
+TEXT ·crcGatherNT4(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ seg+16(FP), R8
+	MOVQ dseg+24(FP), R9
+	MOVQ rows+32(FP), R13
+	MOVQ ahead+56(FP), R14
+	ADDQ SI, R14
+	LEAQ (R8)(R8*2), R10
+	LEAQ (R9)(R9*2), R11
+	MOVQ crcs+64(FP), R12
+	MOVL 0(R12), AX
+	MOVL 4(R12), BX
+	MOVL 8(R12), CX
+	MOVL 12(R12), DX
+	TESTQ R13, R13
+	JZ gout
+
+grow:
+	MOVQ rowBytes+40(FP), R12
+	SHRQ $6, R12
+	JZ gnext
+
+gline:
+	PREFETCHT0 0(R14)
+	PREFETCHT0 0(R14)(R8*1)
+	PREFETCHT0 0(R14)(R8*2)
+	PREFETCHT0 0(R14)(R10*1)
+	GA(0); GA(8); GA(16); GA(24); GA(32); GA(40); GA(48); GA(56)
+	GB(0); GB(8); GB(16); GB(24); GB(32); GB(40); GB(48); GB(56)
+	GC(0); GC(8); GC(16); GC(24); GC(32); GC(40); GC(48); GC(56)
+	GD(0); GD(8); GD(16); GD(24); GD(32); GD(40); GD(48); GD(56)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	ADDQ $64, R14
+	DECQ R12
+	JNZ gline
+
+gnext:
+	ADDQ skip+48(FP), SI
+	ADDQ skip+48(FP), R14
+	DECQ R13
+	JNZ grow
+
+gout:
+	SFENCE
+	MOVQ crcs+64(FP), R12
+	MOVL AX, 0(R12)
+	MOVL BX, 4(R12)
+	MOVL CX, 8(R12)
+	MOVL DX, 12(R12)
+	RET

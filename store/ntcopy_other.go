@@ -14,4 +14,8 @@ func crcCopyNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead 
 	panic("store: crcCopyNT4 without amd64")
 }
 
+func crcGatherNT4(dst, src unsafe.Pointer, seg, dseg, rows, rowBytes, skip, ahead int, crcs *[4]uint32) {
+	panic("store: crcGatherNT4 without amd64")
+}
+
 const haveCRCCopy = false
