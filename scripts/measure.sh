@@ -15,6 +15,11 @@
 #   load-blocks  LOAD_BLOCKS of BPC whole blocks into host targets, HND and
 #                NHD, 8 callers, from a tmpfs store, against fio 8 jobs run
 #                right after each build
+#   stores       STORE_BLOCKS of STORE_BPC whole blocks per call from host
+#                targets, NHD and HND, STORE_JOBS callers, into a tmpfs store
+#                and a store on DISK, against fio random 2 MiB writes with as
+#                many jobs (on DISK O_DIRECT, an fdatasync per STORE_BPC
+#                writes, as each call is durable when it returns)
 #   sweep        LOAD_BLOCKS HND and NHD and v1 LOAD at 1, 2, 4, 8, 16
 #                callers, and fio at as many jobs (tmpfs)
 #   cold         the first loads after a mount against the same loads warm
@@ -71,7 +76,7 @@
 #   ROUNDS [3]  BENCH_SECONDS per kvfs bench run [3]  WARMUP calls per caller [1]
 #   SHM [/dev/shm]  DISK [/var/tmp]  directories of the tmpfs and disk stores
 #   SIZE [6GiB]  FILL blocks stored [2048]  BPC [128]  CALLS per caller [20]
-#   JOBS for load-v1 ["1 8"]  DISK_BPC [1000]  GPU_BPC [1024]  LAYER_BPC [1024]
+#   JOBS for load-v1 ["1 8"]  STORE_BPC [16]  STORE_JOBS ["1 4"]  DISK_BPC [1000]  GPU_BPC [1024]  LAYER_BPC [1024]
 #   DRAM_SIZE [768MiB]  DRAM_WS [192]  DRAM_BPC [16]  DRAM_ZIPF_WS [1536]
 #   MOUNT_FLAGS    extra flags of every kvfs mount (e.g. --cpuprofile F)
 #   TOKENS         ttft's token counts [4096,16384,32768; ttft-cpu: 256,1024]
@@ -108,6 +113,8 @@ FILL=${FILL:-2048}
 BPC=${BPC:-128}
 CALLS=${CALLS:-20}
 JOBS=${JOBS:-1 8}
+STORE_BPC=${STORE_BPC:-16}
+STORE_JOBS=${STORE_JOBS:-1 4}
 DISK_BPC=${DISK_BPC:-1000}
 GPU_BPC=${GPU_BPC:-1024}
 LAYER_BPC=${LAYER_BPC:-1024}
@@ -218,6 +225,19 @@ fio_gbps() {
 		--output-format=terse --terse-version=3 "$@")
 	[ "$FIO_WARMUP" -gt 0 ] && "$FIO" "${a[@]}" --runtime="$FIO_WARMUP" >/dev/null 2>&1
 	"$FIO" "${a[@]}" --runtime="$FIO_SECONDS" 2>/dev/null | awk -F';' 'NF > 7 { printf "%.2f", $7 * 1024 / 1e9; exit }'
+}
+
+# fio_write_gbps FILE JOBS DIRECT [FLAGS...]: random 2 MiB writes of FILE,
+# QD 16 per job, GB/s; FIO_WARMUP seconds first, unmeasured.
+fio_write_gbps() {
+	[ -n "$FIO" ] || return 0
+	local f=$1 j=$2 direct=$3
+	shift 3
+	local a=(--name=w --filename="$f" --rw=randwrite --bs=2M --ioengine=io_uring --iodepth=16 --numjobs="$j"
+		--direct="$direct" --time_based --group_reporting --randrepeat=0 --norandommap
+		--output-format=terse --terse-version=3 "$@")
+	[ "$FIO_WARMUP" -gt 0 ] && "$FIO" "${a[@]}" --runtime="$FIO_WARMUP" >/dev/null 2>&1
+	"$FIO" "${a[@]}" --runtime="$FIO_SECONDS" 2>/dev/null | awk -F';' 'NF > 48 { printf "%.2f", $48 * 1024 / 1e9; exit }'
 }
 
 # fresh NAME DIR: format the store DIR/kvfs-measure-NAME.kvfs (S) --zero and
@@ -381,6 +401,38 @@ s_layers() {
 			done
 			umnt
 		done
+	done
+}
+
+s_stores() {
+	local dir
+	for dir in "$SHM" "$DISK"; do
+		fresh "stores" "$dir"
+		# fio writes a file of its own beside the store, as large
+		local ff=$dir/kvfs-measure-stores.fio direct=0 sync=()
+		STORES+=("$ff")
+		[ "$dir" = "$DISK" ] && direct=1 sync=(--fdatasync="$STORE_BPC")
+		header "STORE_BLOCKS of $STORE_BPC whole blocks per call from host targets, store in $dir" round build callers "NHD GB/s (core-s/GB)" "HND GB/s (core-s/GB)" "fio 2 MiB writes, jobs = callers" "NHD ÷ fio"
+		for r in $(seq "$ROUNDS"); do
+			for b in $BUILDS; do
+				local line=()
+				mnt "$D/$b" || return 1
+				for j in $STORE_JOBS; do
+					bl --store --blocks-per-call "$STORE_BPC" --layout nhd --calls "$CALLS" --jobs "$j" --warmup "$WARMUP"
+					local n=$GBPS nc=$CPU
+					bl --store --blocks-per-call "$STORE_BPC" --layout hnd --calls "$CALLS" --jobs "$j" --warmup "$WARMUP"
+					line+=("$j:$n:$nc:$GBPS:$CPU")
+				done
+				umnt
+				for x in "${line[@]}"; do
+					IFS=: read -r j n nc h hc <<<"$x"
+					local f
+					f=$(fio_write_gbps "$ff" "$j" "$direct" --size="$SIZE" "${sync[@]}")
+					row "$r" "$b" "$j" "$(fmt "$n") ($(fmt3 "$nc"))" "$(fmt "$h") ($(fmt3 "$hc"))" "${f:--}" "$(ratio "$n" "$f")"
+				done
+			done
+		done
+		rm -f "$S" "$ff"
 	done
 }
 
@@ -626,6 +678,7 @@ run() {
 	load-v1) s_load_v1 ;;
 	load-blocks) s_load_blocks ;;
 	layers) s_layers ;;
+	stores) s_stores ;;
 	sweep) s_sweep ;;
 	cold) s_cold ;;
 	disk) s_disk ;;
@@ -636,7 +689,7 @@ run() {
 	ttft-cpu) s_ttft_cpu ;;
 	peers) s_peers ;;
 	control) s_control ;;
-	all) for s in engine store load-v1 load-blocks layers sweep cold disk load-gpu dram dram-zipf control ttft ttft-cpu peers; do run $s; done ;;
+	all) for s in engine store load-v1 load-blocks layers stores sweep cold disk load-gpu dram dram-zipf control ttft ttft-cpu peers; do run $s; done ;;
 	*)
 		echo "measure.sh: unknown scenario $1" >&2
 		usage
