@@ -412,6 +412,9 @@ s_stores() {
 		local ff=$dir/kvfs-measure-stores.fio direct=0 sync=()
 		STORES+=("$ff")
 		[ "$dir" = "$DISK" ] && direct=1 sync=(--fdatasync="$STORE_BPC")
+		# written whole first, as the store is: a first write of a page
+		# (tmpfs) or an extent (a disk) costs more than the next ones
+		[ -n "$FIO" ] && "$FIO" --name=lay --filename="$ff" --rw=write --bs=2M --size="$SIZE" --direct="$direct" >/dev/null 2>&1
 		header "STORE_BLOCKS of $STORE_BPC whole blocks per call from host targets, store in $dir" round build callers "NHD GB/s (core-s/GB)" "HND GB/s (core-s/GB)" "fio 2 MiB writes, jobs = callers" "NHD ÷ fio"
 		for r in $(seq "$ROUNDS"); do
 			for b in $BUILDS; do
