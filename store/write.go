@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"sort"
 	"time"
 
 	"go.uber.org/zap"
@@ -54,11 +53,11 @@ type WriteReq struct {
 type plan struct {
 	block  uint64
 	reqs   []*WriteReq
-	groups map[int][]byte // group index → data (the last request wins)
-	crcs   map[int]uint32 // group index → CRC32C of its data
-	base   *Header        // header the new one starts from (nil: new block)
-	meta   *BlockMeta     // the block's new tag and parent; nil keeps the stored ones
-	tag    Tag            // the tag the plan's groups are written under, once tagKnown
+	groups groupSet   // the groups written (the last request wins)
+	crcs   []uint32   // group index → CRC32C of its data, where groups has it
+	base   *Header    // header the new one starts from (nil: new block)
+	meta   *BlockMeta // the block's new tag and parent; nil keeps the stored ones
+	tag    Tag        // the tag the plan's groups are written under, once tagKnown
 	// tagKnown: tag is set (by the first request with Meta, or looked up
 	// when one follows groups queued without).
 	tagKnown bool
@@ -68,7 +67,31 @@ type plan struct {
 	hdr      *Header // header to commit
 	copy     int     // header copy to write
 	err      error
-	carry    map[int][]byte // groups copied from the old slot (copy-on-write)
+	carry    groupSet // groups copied from the old slot (copy-on-write)
+}
+
+// groupSet is a block's groups by index, each group's bytes or nil: a
+// slice as long as the block's groups, walked in index order (the order
+// of the slot's payload runs), with no hashing or sorting on the way.
+type groupSet struct {
+	data [][]byte
+	n    int // groups present
+}
+
+func newGroupSet(groups int) groupSet { return groupSet{data: make([][]byte, groups)} }
+
+func (g *groupSet) put(idx int, d []byte) {
+	if g.data[idx] == nil {
+		g.n++
+	}
+	g.data[idx] = d
+}
+
+func (g *groupSet) has(idx int) bool { return g.data != nil && g.data[idx] != nil }
+
+func (g *groupSet) reset() {
+	clear(g.data)
+	g.n = 0
 }
 
 func (p *plan) fail(err error) {
@@ -201,14 +224,8 @@ func (s *Store) commit(calls []*writeCall) {
 			}
 			p := byBlock[r.Key.Block]
 			if p == nil {
-				// Sized for the block's requests that follow (a batch
-				// of whole blocks names each block's groups together):
-				// the maps do not grow group by group.
-				n := 1
-				for n < len(c.reqs)-i && c.reqs[i+n].Key.Block == r.Key.Block {
-					n++
-				}
-				p = &plan{block: r.Key.Block, groups: make(map[int][]byte, n), crcs: make(map[int]uint32, n), old: -1, target: -1}
+				g := s.geo.GroupsPerBlock()
+				p = &plan{block: r.Key.Block, groups: newGroupSet(g), crcs: make([]uint32, g), old: -1, target: -1}
 				byBlock[r.Key.Block] = p
 				plans = append(plans, p)
 			}
@@ -218,15 +235,14 @@ func (s *Store) commit(calls []*writeCall) {
 					// stored tag; with none queued there is nothing to
 					// replace.
 					p.tag, p.tagKnown = m.Tag, true
-					if len(p.groups) > 0 {
+					if p.groups.n > 0 {
 						p.tag = s.storedTag(p.block)
 					}
 				}
 				if m.Tag != p.tag {
 					// A call queued later replaces the block: the
 					// groups queued before it under the old tag go.
-					clear(p.groups)
-					clear(p.crcs)
+					p.groups.reset()
 					p.tag = m.Tag
 				}
 				mc := *m
@@ -234,7 +250,8 @@ func (s *Store) commit(calls []*writeCall) {
 			}
 			idx := s.geo.Index(r.Key)
 			p.reqs = append(p.reqs, r)
-			p.groups[idx], p.crcs[idx] = r.Data, c.crcs[i]
+			p.groups.put(idx, r.Data)
+			p.crcs[idx] = c.crcs[i]
 		}
 	}
 	err = s.writePlans(plans)
@@ -244,7 +261,7 @@ func (s *Store) commit(calls []*writeCall) {
 			r.Err = p.err
 			if p.err == nil {
 				n++
-				if d := p.groups[s.geo.Index(r.Key)]; len(d) > 0 && &d[0] == &r.Data[0] {
+				if d := p.groups.data[s.geo.Index(r.Key)]; len(d) > 0 && &d[0] == &r.Data[0] {
 					r.Gen = p.hdr.Gen
 				}
 			}
@@ -319,8 +336,8 @@ func (s *Store) placePlans(plans []*plan) (victims, evicted, writerPins []int64)
 			p.base = st.hdr.clone()
 		}
 		overlap := false
-		for idx := range p.groups {
-			if st.hdr.Has(idx) {
+		for idx, d := range p.groups.data {
+			if d != nil && st.hdr.Has(idx) {
 				overlap = true
 				break
 			}
@@ -450,12 +467,16 @@ func (s *Store) writeHeaders(plans []*plan) error {
 			if p.target == p.old || p.old < 0 {
 				h = p.base.clone()
 			}
-			for idx := range p.carry {
-				h.set(idx, p.base.CRC[idx], p.base.MTime[idx])
+			for idx, d := range p.carry.data {
+				if d != nil {
+					h.set(idx, p.base.CRC[idx], p.base.MTime[idx])
+				}
 			}
 		}
-		for idx := range p.groups {
-			h.set(idx, p.crcs[idx], now) // computed before wmu
+		for idx, d := range p.groups.data {
+			if d != nil {
+				h.set(idx, p.crcs[idx], now) // computed before wmu
+			}
 		}
 		switch {
 		case p.meta != nil:
@@ -655,9 +676,8 @@ func (s *Store) carryGroups(plans []*plan) {
 		if p.err != nil || p.old < 0 || p.old == p.target || p.base == nil {
 			continue
 		}
-		p.carry = map[int][]byte{}
 		for idx := range s.geo.GroupsPerBlock() {
-			if _, replaced := p.groups[idx]; replaced || !p.base.Has(idx) {
+			if p.groups.has(idx) || !p.base.Has(idx) {
 				continue
 			}
 			reqs = append(reqs, ReadReq{Key: s.geo.KeyAt(p.block, idx), Buf: make([]byte, s.geo.GroupBytes())})
@@ -677,7 +697,10 @@ func (s *Store) carryGroups(plans []*plan) {
 		p := owners[i]
 		switch {
 		case r.Err == nil:
-			p.carry[s.geo.Index(r.Key)] = r.Buf
+			if p.carry.data == nil {
+				p.carry = newGroupSet(s.geo.GroupsPerBlock())
+			}
+			p.carry.put(s.geo.Index(r.Key), r.Buf)
 		case errors.Is(r.Err, ErrCorrupt):
 			s.log.Warn("store: dropping corrupt group on copy-on-write", zap.Error(r.Err))
 		default:
@@ -713,19 +736,20 @@ func (s *Store) writePayloads(plans []*plan) error {
 		}
 	}()
 	var cur []byte // the unused rest of the last bounce buffer
+	var idxs []int
+	var all [][]byte
 	for _, p := range livePlans(plans) {
-		all := make(map[int][]byte, len(p.carry)+len(p.groups))
-		for idx, d := range p.carry {
-			all[idx] = d
+		// The plan's groups, written and carried (never both), in index
+		// order; all[k] is group idxs[k]'s data.
+		idxs, all = idxs[:0], all[:0]
+		for idx, d := range p.groups.data {
+			if d == nil && p.carry.data != nil {
+				d = p.carry.data[idx]
+			}
+			if d != nil {
+				idxs, all = append(idxs, idx), append(all, d)
+			}
 		}
-		for idx, d := range p.groups {
-			all[idx] = d
-		}
-		idxs := make([]int, 0, len(all))
-		for idx := range all {
-			idxs = append(idxs, idx)
-		}
-		sort.Ints(idxs)
 		s.mu.Lock()
 		stream := s.mu.slots[p.target].stream
 		s.mu.Unlock()
@@ -740,7 +764,7 @@ func (s *Store) writePayloads(plans []*plan) error {
 			// checksums were computed from this memory, which the caller
 			// leaves unchanged until Write returns.
 			need := (hi - lo) * stride
-			if d := all[idxs[lo]]; stride == gb && cap(d) >= need && Aligned(d[:need], align) && followsAll(all, idxs[lo:hi]) {
+			if d := all[lo]; stride == gb && cap(d) >= need && Aligned(d[:need], align) && followsAll(all[lo:hi]) {
 				ios = append(ios, IO{Op: OpWrite, Off: s.groupOffset(p.target, idxs[lo]), Buf: d[:need:need], Stream: stream})
 				owners = append(owners, p)
 				lo = hi
@@ -760,7 +784,7 @@ func (s *Store) writePayloads(plans []*plan) error {
 			buf, cur = cur[:need:need], cur[need:]
 			clear(buf)
 			for k := lo; k < hi; k++ {
-				copy(buf[(k-lo)*stride:], all[idxs[k]])
+				copy(buf[(k-lo)*stride:], all[k])
 			}
 			s.m.writeBounced.Add(uint64((hi - lo) * gb))
 			ios = append(ios, IO{Op: OpWrite, Off: s.groupOffset(p.target, idxs[lo]), Buf: buf, Stream: stream})
@@ -776,11 +800,11 @@ func (s *Store) writePayloads(plans []*plan) error {
 	return nil
 }
 
-// followsAll reports whether the data of groups idxs follow each other in
-// memory, in order.
-func followsAll(all map[int][]byte, idxs []int) bool {
-	for k := 1; k < len(idxs); k++ {
-		if !follows(all[idxs[k-1]], all[idxs[k]]) {
+// followsAll reports whether the data follow each other in memory, in
+// order.
+func followsAll(data [][]byte) bool {
+	for k := 1; k < len(data); k++ {
+		if !follows(data[k-1], data[k]) {
 			return false
 		}
 	}
