@@ -1,5 +1,34 @@
 #include "textflag.h"
 
+// NT4_ENTER and NT4_EXIT open and close crcCopyNT4 and crcGatherNT4,
+// whose arguments are alike: DI dst, SI src, R8 seg, R9 dseg, R10 3*seg,
+// R11 3*dseg, R13 rows, R14 src+ahead (the prefetch pointer), and the
+// four checksums in AX, BX, CX, DX, stored back to crcs after an SFENCE.
+#define NT4_ENTER \
+	MOVQ dst+0(FP), DI; \
+	MOVQ src+8(FP), SI; \
+	MOVQ seg+16(FP), R8; \
+	MOVQ dseg+24(FP), R9; \
+	MOVQ rows+32(FP), R13; \
+	MOVQ ahead+56(FP), R14; \
+	ADDQ SI, R14; \
+	LEAQ (R8)(R8*2), R10; \
+	LEAQ (R9)(R9*2), R11; \
+	MOVQ crcs+64(FP), R12; \
+	MOVL 0(R12), AX; \
+	MOVL 4(R12), BX; \
+	MOVL 8(R12), CX; \
+	MOVL 12(R12), DX
+
+#define NT4_EXIT \
+	SFENCE; \
+	MOVQ crcs+64(FP), R12; \
+	MOVL AX, 0(R12); \
+	MOVL BX, 4(R12); \
+	MOVL CX, 8(R12); \
+	MOVL DX, 12(R12); \
+	RET
+
 // func copyRowsNT(dst, src unsafe.Pointer, rows, rowBytes, pitch int)
 // Copies rows of rowBytes (a multiple of 64) from src (packed) to dst (row r
 // at dst+r*pitch; dst and pitch multiples of 16) with non-temporal stores,
@@ -57,21 +86,8 @@ done:
 // X15, scratch registers in ABI0 (the wrapper that calls it restores
 // them).
 TEXT ·crcCopyNT4(SB), NOSPLIT, $0-72
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ seg+16(FP), R8
-	MOVQ dseg+24(FP), R9
-	MOVQ rows+32(FP), R13
+	NT4_ENTER
 	MOVQ skip+48(FP), R15
-	MOVQ ahead+56(FP), R14
-	ADDQ SI, R14
-	LEAQ (R8)(R8*2), R10
-	LEAQ (R9)(R9*2), R11
-	MOVQ crcs+64(FP), R12
-	MOVL 0(R12), AX
-	MOVL 4(R12), BX
-	MOVL 8(R12), CX
-	MOVL 12(R12), DX
 	TESTQ R13, R13
 	JZ out
 
@@ -137,13 +153,7 @@ next:
 	JNZ row
 
 out:
-	SFENCE
-	MOVQ crcs+64(FP), R12
-	MOVL AX, 0(R12)
-	MOVL BX, 4(R12)
-	MOVL CX, 8(R12)
-	MOVL DX, 12(R12)
-	RET
+	NT4_EXIT
 
 // GA..GD move the 8 bytes at offset o of crcGatherNT4's segments 0..3
 // (read at SI + k*R8, R10 = 3*R8; stored at DI + k*R9, R11 = 3*R9)
@@ -168,20 +178,7 @@ out:
 // crcCopyNT4. Ends with SFENCE. Uses R14 and R15, scratch registers in
 // ABI0.
 TEXT ·crcGatherNT4(SB), NOSPLIT, $0-72
-	MOVQ dst+0(FP), DI
-	MOVQ src+8(FP), SI
-	MOVQ seg+16(FP), R8
-	MOVQ dseg+24(FP), R9
-	MOVQ rows+32(FP), R13
-	MOVQ ahead+56(FP), R14
-	ADDQ SI, R14
-	LEAQ (R8)(R8*2), R10
-	LEAQ (R9)(R9*2), R11
-	MOVQ crcs+64(FP), R12
-	MOVL 0(R12), AX
-	MOVL 4(R12), BX
-	MOVL 8(R12), CX
-	MOVL 12(R12), DX
+	NT4_ENTER
 	TESTQ R13, R13
 	JZ gout
 
@@ -212,10 +209,4 @@ gnext:
 	JNZ grow
 
 gout:
-	SFENCE
-	MOVQ crcs+64(FP), R12
-	MOVL AX, 0(R12)
-	MOVL BX, 4(R12)
-	MOVL CX, 8(R12)
-	MOVL DX, 12(R12)
-	RET
+	NT4_EXIT
