@@ -26,6 +26,8 @@ type scratch struct {
 	ents  []ent
 	rreqs []store.ReadReq
 	wreqs []store.WriteReq
+	srcs  [][]byte // per write request: its tile in client memory
+	pitch []int    // per write request: its rows' pitch (0: packed)
 	idx   []int
 	// markOverlaps
 	order, active []int32
@@ -202,8 +204,9 @@ func (ss *Session) load(ents []ent, sc *scratch) error {
 }
 
 // store copies the valid entries' tiles out of the registered memory into
-// staging (so the checksum the store computes is of the bytes it writes) and
-// writes them with one store.Write.
+// staging, checksumming the bytes copied (so the checksum the store records
+// is of the bytes it writes, whatever the client does to its memory
+// meanwhile), and writes them with one store.Write.
 func (ss *Session) store(ents []ent, stageBytes int, sc *scratch) error {
 	s := ss.srv
 	if stageBytes == 0 {
@@ -214,35 +217,44 @@ func (ss *Session) store(ents []ent, stageBytes int, sc *scratch) error {
 		return err
 	}
 	defer s.stage.put(stage)
-	reqs, idx := sc.wreqs[:0], sc.idx[:0]
+	reqs, srcs, pitches, idx := sc.wreqs[:0], sc.srcs[:0], sc.pitch[:0], sc.idx[:0]
 	defer func() {
 		clear(reqs)
-		sc.wreqs, sc.idx = reqs[:0], idx[:0]
+		clear(srcs) // no reference to client memory outlives the call
+		sc.wreqs, sc.srcs, sc.pitch, sc.idx = reqs[:0], srcs[:0], pitches[:0], idx[:0]
 	}()
 	rows, rowBytes := int(s.tile.Rows), int(s.tile.RowBytes)
+	off := 0
+	for i := range ents {
+		e := &ents[i]
+		if !e.valid || e.b.cuda != nil {
+			continue
+		}
+		// Capacity to the end of staging: tiles of a block in slot order
+		// are adjacent there, and the store writes such a run straight
+		// from staging (store.WriteReq).
+		reqs = append(reqs, store.WriteReq{Key: e.key(), Data: stage[off : off+s.gb]})
+		off += s.gb
+		pitch := 0
+		if e.pitched {
+			pitch = int(e.e.Pitch)
+		}
+		srcs, pitches = append(srcs, e.tile(max(s.gb, (rows-1)*pitch+rowBytes))), append(pitches, pitch)
+		idx = append(idx, i)
+	}
+	// Runs of entries of one pitch are gathered together.
 	err = ss.guard(batchEnts(ents).owns, func() error {
-		off := 0
-		for i := range ents {
-			e := &ents[i]
-			if !e.valid || e.b.cuda != nil {
-				continue
+		for lo := 0; lo < len(reqs); {
+			hi := lo + 1
+			for hi < len(reqs) && pitches[hi] == pitches[lo] {
+				hi++
 			}
-			// Capacity to the end of staging: tiles of a block in slot
-			// order are adjacent there, and the store writes such a run
-			// straight from staging (store.WriteReq).
-			dst := stage[off : off+s.gb]
-			off += s.gb
-			if e.pitched {
-				pitch := int(e.e.Pitch)
-				src := e.tile((rows-1)*pitch + rowBytes)
-				for r := range rows {
-					copy(dst[r*rowBytes:(r+1)*rowBytes], src[r*pitch:r*pitch+rowBytes])
-				}
-			} else {
-				copy(dst, e.tile(s.gb))
+			r := rows
+			if pitches[lo] == 0 {
+				r = 0 // packed
 			}
-			reqs = append(reqs, store.WriteReq{Key: e.key(), Data: dst})
-			idx = append(idx, i)
+			s.st.GatherWrites(reqs[lo:hi], srcs[lo:hi], r, rowBytes, pitches[lo])
+			lo = hi
 		}
 		return nil
 	})
