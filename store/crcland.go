@@ -175,19 +175,21 @@ func (s *Store) CopyGroup(dst, src []byte, rows, rowBytes, pitch int) uint32 {
 
 // GatherWrites fills each request's Data, a whole group packed as stored,
 // from srcs[i]: contiguous (rows 0), or rows of rowBytes bytes pitch
-// apart, as in a caller's cache; and records its CRC32C (CRC, Summed), so
-// that Write reads no payload again. Where this store's group size and the
-// machine allow it, each source is read once, checksummed on the way, and
-// Data written with non-temporal stores: Data is staging that a write
-// hands to the kernel or a disk next, which the CPU has no use for in its
-// caches (and whose lines it need not read before writing them). Four
-// requests go in step (four checksum chains, one per group, their rows
-// read side by side) where their Data follow each other and their sources
-// are equally far apart (consecutive heads of a tile, in every cache
-// layout kvfs knows); the others one by one (a group's quarters in step).
-// Without the one-pass copy it copies, then checksums the copy. Either
-// way the checksum is of the bytes in Data, even when the source changes
-// under the copy (a client rewriting its cache during its own store).
+// apart, as in a caller's cache (srcs[i] spans them: at least a group, or
+// (rows-1)*pitch+rowBytes bytes); and records its CRC32C (CRC, Summed),
+// so that Write reads no payload again. Where this store's group size
+// and the machine allow it, each source is read once, checksummed on the
+// way, and Data written with non-temporal stores: Data is staging that a
+// write hands to the kernel or a disk next, which the CPU has no use for
+// in its caches (and whose lines it need not read before writing them).
+// Four requests go in step (four checksum chains, one per group, their
+// rows read side by side) where their Data follow each other and their
+// sources are equally far apart (consecutive heads of a tile, in every
+// cache layout kvfs knows); the others one by one (a group's quarters in
+// step). Without the one-pass copy it copies, then checksums the copy.
+// Either way the checksum is of the bytes in Data, even when the source
+// changes under the copy (a client rewriting its cache during its own
+// store).
 func (s *Store) GatherWrites(reqs []WriteReq, srcs [][]byte, rows, rowBytes, pitch int) {
 	n := s.geo.GroupBytes()
 	if rows == 0 { // contiguous: one row
