@@ -99,8 +99,9 @@ func (s *Store) copyOnePass(dst, b []byte, rows, rb, pitch int) (uint32, bool) {
 // and the caller lands the groups one by one where it did not. Four whole
 // groups in step, each read from start to end, move more than a group's
 // quarters in step, most into head-major tiles (see docs/performance.md,
-// 'Store batched reads'). Their checksums go to got.
-func (s *Store) crcLand4(ws []want, b *[4][]byte, got *[4]uint32) bool {
+// 'Store batched reads'). Their checksums go to got; the copy prefetches
+// from ahead bytes past the first group's source on (crcCopyNT4).
+func (s *Store) crcLand4(ws []want, b *[4][]byte, got *[4]uint32, ahead int) bool {
 	if !s.onePass() {
 		return false
 	}
@@ -133,7 +134,7 @@ func (s *Store) crcLand4(ws []want, b *[4][]byte, got *[4]uint32) bool {
 		return false
 	}
 	*got = [4]uint32{0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF}
-	crcCopyNT4(d[0], unsafe.Pointer(src), stride, int(dseg), rows, rb, pitch-rb, 4*stride, got)
+	crcCopyNT4(d[0], unsafe.Pointer(src), stride, int(dseg), rows, rb, pitch-rb, ahead, got)
 	for k := range got {
 		got[k] = ^got[k]
 	}
