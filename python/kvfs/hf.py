@@ -1050,8 +1050,8 @@ def _layer_groups(layers, per):
     (1, 2, 4, ... up to per, and back down to 1), so that the forward, which
     starts once layer 0 is in, soon finds layer 1 in, and once the last load
     is in waits for one layer only. A call of one layer of many blocks moves
-    them at 0.67-0.84x the rate of one call of every layer, of 4 layers at
-    0.85-1.03x (docs/performance.md, "Layer by layer")."""
+    them at 0.81-0.88x the rate of one call of every layer, of 4 layers at
+    0.88-1.02x on the VM (docs/performance.md, "Layer by layer")."""
     left, head, tail = layers - 1, [], []
     s = 1
     while s < per and left > 0:
