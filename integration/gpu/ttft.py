@@ -205,7 +205,8 @@ def measure(args, model, runs, device, identity, bt):
                 # full:pin and full:cuda load the same blocks: stored once (the second store finds them)
                 ident = "%s %s %s %d" % (identity, r.name, "half" if half else "full", n)
                 # PrefixCache's defaults, as a user gets them: every hit layer by layer
-                pc = khf.PrefixCache(r.mount, model, identity=ident, pin=bool(pin))
+                extra = {"layers_per_load": args.layers_per_load} if args.layers_per_load else {}
+                pc = khf.PrefixCache(r.mount, model, identity=ident, pin=bool(pin), **extra)
                 try:
                     pc.store(prompt[:, :n // 2] if half else prompt, ref_cache)
                     pc.store = lambda *a, **k: 0  # the timed runs leave the store as it is
@@ -344,6 +345,8 @@ def main():
                    "(the default with --tiny)")
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--geometry", action="store_true", help="print the kvfs format flags and exit")
+    p.add_argument("--layers-per-load", type=int, default=0,
+                   help="PrefixCache's layers_per_load for the hits (0: its default)")
     p.add_argument("--phases", action="store_true", help="also time the steps of a full hit loaded in one call "
                    "(through the first store given)")
     args = p.parse_args()

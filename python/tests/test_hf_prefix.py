@@ -611,7 +611,9 @@ class OwnDaemonTest(_Base):
         kvfs.Client.load_blocks = counted
         try:
             self.layerwise_case(95)
-            self.assertIn(4, loads)
+            # through the pinned ring (pin=True on a GPU) a load takes at
+            # most half its slots
+            self.assertIn(min(4, khf._Ring.SLOTS // 2) if PIN else 4, loads)
             if DEVICE == "cpu":
                 slots = khf._Ring.SLOTS
                 khf._Ring.SLOTS = 8
