@@ -677,7 +677,11 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, metas entMetas, load bo
 				continue
 			}
 			if load {
-				e.tally(ss.loadOutcome(it.Err, t.dev))
+				n := 1
+				if tl := it.Tile; tl != nil && tl.Failed > 0 {
+					n = tl.Failed // the tile's failed heads
+				}
+				e.tally(ss.loadOutcomeN(it.Err, t.dev, n))
 			} else {
 				e.tally(storeStatus(it.Err))
 			}

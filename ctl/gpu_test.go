@@ -743,7 +743,13 @@ func TestLoadCUDAVerifyOnGPU(t *testing.T) {
 	}
 	rowBytes := uint64(testGeo.RowBytes())
 	es = append(es, entry(bad, id, n/2, uint32(2*rowBytes))) // pitched, corrupt
+	corrupt := f.st.Metrics().Corrupt
 	got := mustBatch(t, ss, true, es)
+	// the store handed the groups out unchecked; the two the device found
+	// corrupt are in its corrupt count, as those it checks itself are
+	if c := f.st.Metrics().Corrupt - corrupt; c != 2 {
+		t.Errorf("store's corrupt count rose by %d, want 2", c)
+	}
 	for i, k := range keys {
 		tile := dev.Mem(gputest.Base+uint64(i)*gb, int(gb))
 		if k == bad {

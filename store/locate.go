@@ -56,7 +56,7 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 	}
 	first := len(pins)
 	bp := blockPinner{slot: -1}
-	misses, mismatches := 0, 0
+	hits, misses, mismatches := 0, 0, 0
 	for i := range reqs {
 		r := &reqs[i]
 		r.Off, r.CRC = 0, 0
@@ -83,9 +83,18 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 			continue
 		}
 		r.Off, r.CRC = s.groupOffset(bp.slot, idx), bp.hdr.CRC[idx]
+		hits++
 	}
 	if len(pins) > first {
 		s.mu.readers++
+	}
+	// A located group counts as a read and a hit, as one Read finds
+	// (its bytes are read, by whoever copies them from the host view);
+	// one found corrupt there is the caller's to count (NoteCorrupt).
+	if hits > 0 {
+		s.m.reads.Add(uint64(hits))
+		s.m.hits.Add(uint64(hits))
+		s.m.bytesRead.Add(uint64(hits) * uint64(s.geo.GroupBytes()))
 	}
 	if misses > 0 {
 		s.m.misses.Add(uint64(misses))
@@ -94,6 +103,16 @@ func (s *Store) Locate(reqs []LocateReq, pins []int64) ([]int64, error) {
 		s.m.tagMismatch.Add(uint64(mismatches))
 	}
 	return pins, nil
+}
+
+// NoteCorrupt counts n groups found corrupt by a caller that checked them
+// itself: groups it located, or read as Unverified requests (a GPU's
+// checksums), which the store hands out unchecked. Metrics.Corrupt then
+// counts every group found corrupt, whoever checked it.
+func (s *Store) NoteCorrupt(n int) {
+	if n > 0 {
+		s.m.corrupt.Add(uint64(n))
+	}
 }
 
 // Unpin drops the pins one Locate call appended (pass exactly those; an

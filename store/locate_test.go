@@ -35,9 +35,16 @@ func TestLocate(t *testing.T) {
 		}
 	}
 	reqs = append(reqs, store.LocateReq{Key: layout.Key{Block: 7}}, store.LocateReq{Key: layout.Key{Block: 1, Layer: geo.Layers}})
+	before := s.Metrics()
 	pins, err := s.Locate(reqs, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// located groups count as read and found, absent ones as misses
+	found := uint64(geo.GroupsPerBlock() + 2)
+	if m := s.Metrics(); m.Hits-before.Hits != found || m.Reads-before.Reads != found || m.Misses-before.Misses != uint64(geo.GroupsPerBlock()-2+1) {
+		t.Errorf("metrics after Locate: %d hits, %d reads, %d misses; want %d, %d, %d",
+			m.Hits-before.Hits, m.Reads-before.Reads, m.Misses-before.Misses, found, found, geo.GroupsPerBlock()-2+1)
 	}
 	if len(pins) != 2 {
 		t.Fatalf("%d pins for two blocks present", len(pins))
