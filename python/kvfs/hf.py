@@ -58,7 +58,9 @@ before it came from the store or not: generation with and without kvfs is
 then identical. The default (None) lets model.generate prefill the
 uncached rest in one forward, the fastest.
 
-Layer by layer. generate() (layerwise=True, the default) loads layer 0 of
+Layer by layer. generate() (layerwise=True, the default but with pin=True,
+whose layer-by-layer path through pinned host slots is slower than its one
+call: docs/performance.md, "TTFT with a real model") loads layer 0 of
 the hit first (the model reads the cache's length from it) and the other
 layers on a thread while the model runs, layers_per_load layers (4) per
 LOAD_BLOCKS, the first and last loads fewer; a pre-forward hook
@@ -274,7 +276,8 @@ class PrefixCache:
     kvfs.torch. prefill_blocks: blocks per prefill forward in generate() and
     prefill() (None: one forward for the uncached rest). layerwise: whether
     generate() loads a hit layer by layer while the model runs (one
-    sequence; a batch loads every layer at once), layers_per_load layers a
+    sequence; a batch loads every layer at once; None, the default: unless
+    pin, whose layer-by-layer path is slower than its one call), layers_per_load layers a
     LOAD_BLOCKS after layer 0 (the first and last few fewer). store_generated: whether
     generate() also stores the whole blocks of the tokens it generated (a
     conversation's next turn then finds its last answer stored; not with
@@ -291,14 +294,17 @@ class PrefixCache:
     sequences have, times their number)."""
 
     def __init__(self, client, model, tp_rank=0, tp_size=1, layer_first=0, identity=None, pin=False,
-                 prefill_blocks=None, weights_salt=True, layerwise=True, store_generated=True, layers_per_load=4):
+                 prefill_blocks=None, weights_salt=True, layerwise=None, store_generated=True, layers_per_load=4):
         self.model = model
         self.tp_rank, self.tp_size, self.layer_first = tp_rank, tp_size, layer_first
         self.identity = identity
         self.pin = pin
         self.prefill_blocks = prefill_blocks
         self.weights_salt = weights_salt
-        self.layerwise = layerwise
+        # pin=True's layer-by-layer path (pinned ring slots, a copy each)
+        # measured slower on an H200 than its one call: 1.36 s against
+        # 0.41 s for a 32K full hit (docs/performance.md)
+        self.layerwise = (not pin) if layerwise is None else layerwise
         self.store_generated = store_generated
         if layers_per_load < 1:
             raise ValueError("layers_per_load %d: want 1 or more" % layers_per_load)
