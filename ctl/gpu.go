@@ -176,6 +176,9 @@ type gpus struct {
 	// nil result: none). host is its registration with the GPUs.
 	hostView func() []byte
 	host     hostReg
+	// noteCorrupt counts groups a device's checks found corrupt in the
+	// store's corrupt count (store.Store.NoteCorrupt).
+	noteCorrupt func(n int)
 	// cache is what GPU loads read from when it is a cache in host memory
 	// (the DRAM tier, gpuSource; nil otherwise), and arena the
 	// registration of its memory with the GPUs.
@@ -353,6 +356,7 @@ func (g *gpus) device(ordinal int) (*gpuDev, error) {
 				zap.Int("device", ordinal), zap.Error(err))
 		default:
 			d.pipe.Verify, d.pipe.Sum, d.vclose = chk.Verify, chk.Sum, chk.Close
+			d.pipe.Corrupt = g.noteCorrupt
 			if l, ok := chk.(gpu.Lander); ok {
 				d.pipe.Land = l.Land
 			}
@@ -677,11 +681,7 @@ func (ss *Session) gpuBlocks(t *target, ents []blockEnt, metas entMetas, load bo
 				continue
 			}
 			if load {
-				n := 1
-				if tl := it.Tile; tl != nil && tl.Failed > 0 {
-					n = tl.Failed // the tile's failed heads
-				}
-				e.tally(ss.loadOutcomeN(it.Err, t.dev, n))
+				e.tally(ss.loadOutcome(it.Err, t.dev))
 			} else {
 				e.tally(storeStatus(it.Err))
 			}

@@ -142,20 +142,8 @@ func (s *Server) gpuSource() gpu.Reader {
 // memory only the daemon writes before calling it corrupt. d is the
 // device of a GPU load, nil for host memory.
 func (ss *Session) loadOutcome(err error, d *gpuDev) (abi.Status, abi.Detail) {
-	return ss.loadOutcomeN(err, d, 1)
-}
-
-// loadOutcomeN is loadOutcome for an outcome that stands for n groups (a
-// tile's failed heads). Groups a device checked itself (its pipeline
-// verifies on the device: the store handed them out unchecked) and found
-// corrupt are counted in the store's corrupt count, as the store counts
-// those it checks.
-func (ss *Session) loadOutcomeN(err error, d *gpuDev, n int) (abi.Status, abi.Detail) {
 	st, det := loadStatus(err)
 	if st == abi.Corrupt {
-		if d != nil && d.pipe != nil && d.pipe.Verify != nil {
-			ss.srv.st.NoteCorrupt(n)
-		}
 		if d != nil {
 			ss.srv.log.Warn("ctl: load found a corrupt group", zap.Uint64("session", ss.id), zap.Int("device", d.ordinal), zap.Error(err))
 		} else {

@@ -181,6 +181,7 @@ func NewServer(s *store.Store, o Options) *Server {
 	srv.gpus.opts, srv.gpus.log = o.GPU, o.Logger
 	srv.gpus.geo = gpu.Geometry{GroupBytes: srv.gb, Rows: g.BlockTokens, RowBytes: g.RowBytes()}
 	srv.gpus.hostView = s.HostView
+	srv.gpus.noteCorrupt = s.NoteCorrupt
 	srv.gpus.setSource(srv.gpuSource())
 	if srv.reg != nil {
 		srv.gpus.reg = srv.reg

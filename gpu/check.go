@@ -36,10 +36,39 @@ func (p *Pipeline) checksOnDevice() bool { return p.Verify != nil }
 // error (their tiles are undefined).
 func (p *Pipeline) check(inPlace []*Item, landed []*Item, srcs []uint64) {
 	if len(inPlace) > 0 {
-		failUnset(inPlace, p.Verify(inPlace))
+		before := failedGroups(inPlace)
+		err := p.Verify(inPlace)
+		p.noteCorrupt(failedGroups(inPlace) - before)
+		failUnset(inPlace, err)
 	}
 	if len(landed) > 0 {
-		failUnset(landed, p.Land(landed, srcs))
+		before := failedGroups(landed)
+		err := p.Land(landed, srcs)
+		p.noteCorrupt(failedGroups(landed) - before)
+		failUnset(landed, err)
+	}
+}
+
+// failedGroups is how many groups of items have failed: a checker fails
+// only the groups it finds corrupt (FailHead), so what it adds to this
+// count is its corrupt groups.
+func failedGroups(items []*Item) int {
+	n := 0
+	for _, it := range items {
+		switch {
+		case it.Tile != nil:
+			n += it.Tile.Failed
+		case it.Err != nil:
+			n++
+		}
+	}
+	return n
+}
+
+// noteCorrupt tells Corrupt of n groups a check found corrupt.
+func (p *Pipeline) noteCorrupt(n int) {
+	if n > 0 && p.Corrupt != nil {
+		p.Corrupt(n)
 	}
 }
 

@@ -96,6 +96,10 @@ type Pipeline struct {
 	// zeros them, setting Err) in one pass (GPUVerifier.Land). The device
 	// must be a DeviceAllocator.
 	Land func(items []*Item, srcs []uint64) error
+	// Corrupt, when set, is told how many groups the device's checks
+	// (Verify, Land) found corrupt: the store handed them out unchecked,
+	// and counts them with those it found itself (store.Store.NoteCorrupt).
+	Corrupt func(n int)
 	// Sum, when set, checksums the groups Store staged, where they lie in
 	// the pinned staging buffer (which the device reads directly: the
 	// CRC32C kernel), once their copies completed: crcs[i] for staged[i].
