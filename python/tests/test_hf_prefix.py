@@ -340,7 +340,10 @@ class SharedMountTest(_Base):
             self.check(pc, p, "cold")
             self.check(pc, p, "warm")
             self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
-            mm = pc._host[0].mm if DEVICE == "cpu" else pc._ring.buf.mm if PIN else None
+            if DEVICE == "cpu":
+                mm = pc._host[0].mm
+            else:  # pin=True: the pinned staging of the one-call load's cache
+                mm = pc._area.kcs[0]._host.mm if PIN else None
             pc.close()
             self.assertTrue(mm is None or mm.closed)
             self.assertEqual(c._owned, {c._entry_array} if hasattr(c, "_entry_array") else set())
