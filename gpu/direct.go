@@ -356,6 +356,9 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 			c.copied[k] = true
 			runs = addRun(runs, run{src: int(q.Off), dst: dst, n: gb, m: m})
 		}
+		if tiles && c2 != nil {
+			runs = p.acrossBlocks(items[lo:hi], c.reqs, runs)
+		}
 		c.runs = runs
 		p.bind(dev, func(q Device) {
 			if err := p.copyRuns(q, host, &c.batch, runs, c2, true); err != nil {
@@ -428,6 +431,80 @@ func (p *Pipeline) locatedTile(it *Item, heads []store.LocateReq, host []byte, r
 		}
 	}
 	return runs, ok
+}
+
+// acrossBlocks returns a direct chunk's runs ordered so that they make
+// fewer 2D copies, where they do. In item order (runs as located), a
+// block's tiles follow one another in the file, and where the target's
+// tensors are evenly spaced every block is one 2D copy of its heads: a
+// load of few layers of many blocks (layer by layer) then makes one short
+// copy per block, and each copy costs the driver and the copy engines
+// microseconds whatever its size. Across blocks, head j of a (layer, kind)
+// of consecutive blocks lies a slot apart in the file and, in a Hugging
+// Face cache, next to each other on the device: where the chunk's blocks
+// lie at a constant stride in the file (a prefix stored in one piece into
+// consecutive slots) and on the device, that head of all of them is one 2D
+// copy. The chunk's items must be packed tiles of the same heads, block by
+// block, each block the same (layer, kind) tiles in the same order, with
+// every head located (locatedTile); the order across blocks is taken only
+// when its copies (tiles per block × heads × runs of evenly spaced blocks)
+// are fewer than the blocks, which is the fewest item order can make.
+func (p *Pipeline) acrossBlocks(items []Item, reqs []store.LocateReq, runs []run) []run {
+	gb := p.Geo.GroupBytes
+	n := len(items)
+	t0 := items[0].Tile
+	if n < 2 || t0 == nil || t0.HeadStride <= gb || len(reqs) != n*t0.Heads {
+		return runs
+	}
+	h, hs := t0.Heads, t0.HeadStride
+	per := 1 // tiles per block
+	for per < n && items[per].Key.Block == items[0].Key.Block {
+		per++
+	}
+	if n%per != 0 || n/per < 2 {
+		return runs
+	}
+	blocks := n / per
+	for k := range items {
+		it, f, b := &items[k], &items[k%per], &items[k-k%per]
+		if it.Tile == nil || it.Tile.Heads != h || it.Tile.HeadStride != hs || it.Tile.Bad != 0 || it.Err != nil ||
+			it.Mapping != f.Mapping || it.Key.Block != b.Key.Block || it.Key.Layer != f.Key.Layer ||
+			it.Key.Kind != f.Key.Kind || it.Key.Head != f.Key.Head || it.Dst-f.Dst != b.Dst-items[0].Dst {
+			return runs
+		}
+	}
+	// Runs of blocks at a constant stride, ascending, in the file and on
+	// the device (a 2D copy's pitches), as copyRuns finds them.
+	src := func(j int) int64 { return reqs[j*per*h].Off }
+	dst := func(j int) int64 { return int64(items[j*per].Dst) }
+	spans := 0
+	for j := 0; j < blocks; {
+		spans++
+		e := j + 1
+		if e < blocks {
+			ss, ds := src(e)-src(j), dst(e)-dst(j)
+			if ss >= int64(gb) && ss <= maxPitch && ds >= int64(gb) && ds <= maxPitch {
+				for e < blocks && src(e)-src(e-1) == ss && dst(e)-dst(e-1) == ds {
+					e++
+				}
+			}
+		}
+		j = e
+	}
+	if per*h*spans >= blocks {
+		return runs
+	}
+	runs = runs[:0]
+	for t := range per {
+		for j := range h {
+			for b := range blocks {
+				k := b*per + t
+				it := &items[k]
+				runs = addRun(runs, run{src: int(reqs[k*h+j].Off), dst: it.Dst + uint64(j*hs), n: gb, m: it.Mapping})
+			}
+		}
+	}
+	return runs
 }
 
 // recordDirect records the chunk's event after its copies; when it cannot

@@ -343,6 +343,108 @@ func TestHFCopies(t *testing.T) {
 	}
 }
 
+// TestHFLayerCopies counts the copy calls of direct loads of a few layers
+// of many blocks (a layer-by-layer load) into a Hugging Face cache, from a
+// store whose blocks were written in order (consecutive slots) or in
+// another order: with the blocks in consecutive slots, one layer of each
+// head of a (layer, kind) moves with one 2D copy across the blocks (16 for
+// one layer of the 8B shape), not one per block; from scattered slots,
+// and for a load of whole blocks, one per block as before. Every load
+// lands the bytes a staged load does.
+func TestHFLayerCopies(t *testing.T) {
+	geo := llama8B
+	const nb = 64
+	gbytes := geo.GroupBytes()
+	h := newHFTarget(geo, nb)
+	blocks, cb := make([]uint64, nb), make([]int, nb)
+	for i := range blocks {
+		blocks[i], cb[i] = uint64(i), i
+	}
+	for _, order := range []string{"in order", "scattered"} {
+		m := storetest.Formatted(t, geo, int64(nb), 512)
+		st := storetest.Open(t, m, store.Options{})
+		for i := range uint64(nb) {
+			b := i
+			if order == "scattered" {
+				b = (i * 37) % nb // 37 is prime to 64: every block once
+			}
+			w := make([]store.WriteReq, geo.GroupsPerBlock())
+			for g := range w {
+				d := bytes.Repeat([]byte{byte(b), byte(g), byte(g >> 8), 0x5a}, gbytes/4)
+				w[g] = store.WriteReq{Key: geo.KeyAt(b, g), Data: d}
+			}
+			if err := st.Write([]store.WriteReq{w[0]}); err != nil { // the block's slot, in this order
+				t.Fatal(err)
+			}
+			if err := st.Write(w[1:]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, layers := range []int{1, 4, geo.Layers} {
+			load := func(direct bool) (calls int, sum uint32) {
+				dev := gputest.NewDevice(h.size())
+				defer dev.Close()
+				dev.Enable2D, dev.EnableBatch = true, true
+				pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 16, Size: 4 << 20})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer pool.Close()
+				p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: geo.BlockTokens, RowBytes: geo.RowBytes()}, Depth: 8}
+				p.Verify = func(items []*gpu.Item) error {
+					for _, it := range items {
+						for j := range it.Groups() {
+							if dst, crc := it.Group(j); !it.Skip(j) && store.CRC32C(dev.Mem(dst, gbytes)) != crc {
+								it.FailHead(j, store.ErrCorrupt)
+							}
+						}
+					}
+					return nil
+				}
+				if direct {
+					m.SetHostView(true)
+					defer m.SetHostView(false)
+					p.SetHost(st.HostView())
+				}
+				var its []gpu.Item
+				for _, it := range h.items(blocks, cb, true) {
+					if it.Key.Layer < layers {
+						its = append(its, it)
+					}
+				}
+				if err := p.Load(st, its, true); err != nil {
+					t.Fatal(err)
+				}
+				for _, it := range its {
+					if it.Err != nil {
+						t.Fatalf("%s, %d layers: %v: %v", order, layers, it.Key, it.Err)
+					}
+				}
+				if direct != (p.Direct() > 0) {
+					t.Fatalf("%s, %d layers: %d groups loaded direct", order, layers, p.Direct())
+				}
+				return dev.Calls(), store.CRC32C(dev.Mem(gputest.Base, h.size()))
+			}
+			staged, want := load(false)
+			calls, got := load(true)
+			if got != want {
+				t.Fatalf("%s, %d layers: the direct load landed other bytes than the staged one", order, layers)
+			}
+			t.Logf("%s, %d layers of %d blocks: %d copy calls direct, %d staged", order, layers, nb, calls, staged)
+			// A direct chunk carries 2,048 groups (two 4 MiB staging buffers).
+			chunks := (nb*layers*2*geo.KVHeads + 2047) / 2048
+			switch {
+			case order == "in order" && layers == 1:
+				if want := 2 * geo.KVHeads * chunks; calls != want {
+					t.Fatalf("in order, 1 layer: %d copy calls, want one per head of each (layer, kind): %d", calls, want)
+				}
+			case calls > nb:
+				t.Fatalf("%s, %d layers: %d copy calls for %d blocks", order, layers, calls, nb)
+			}
+		}
+	}
+}
+
 // TestHFStoreCopies: storing whole blocks of a Hugging Face cache (one
 // group per item, heads a sequence apart on the device) copies each
 // block's groups to staging with one 2D copy where the cache's tensors are
