@@ -127,3 +127,46 @@ func TestLocateAllocs(t *testing.T) {
 		t.Errorf("%v allocations per Locate of %d groups", a, len(reqs))
 	}
 }
+
+// TestBatchSlotsAscend: the new blocks of one write take their slots in
+// ascending order, in the order the write names them, whatever order the
+// free list holds the slots in (here freed in an order of its own): a
+// prefix stored in one call lies in the file in its order.
+func TestBatchSlotsAscend(t *testing.T) {
+	geo := testGeo
+	s, m := newMemStore(t, 8, geo)
+	m.SetHostView(true)
+	writeBlocks(t, s, geo, 8, 1)
+	for _, b := range []uint64{3, 7, 1, 6, 2} {
+		if err := s.DeleteBlock(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	order := []uint64{40, 10, 30, 50, 20} // block ids in the write's order, not ascending
+	var w []store.WriteReq
+	for _, b := range order {
+		for i := range geo.GroupsPerBlock() {
+			w = append(w, store.WriteReq{Key: geo.KeyAt(b, i), Data: bytes.Repeat([]byte{byte(b)}, geo.GroupBytes())})
+		}
+	}
+	if err := s.Write(w); err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]store.LocateReq, len(order))
+	for i, b := range order {
+		reqs[i] = store.LocateReq{Key: geo.KeyAt(b, 0)}
+	}
+	pins, err := s.Locate(reqs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Unpin(pins)
+	for i, r := range reqs {
+		if r.Err != nil {
+			t.Fatalf("block %d: %v", order[i], r.Err)
+		}
+		if i > 0 && r.Off <= reqs[i-1].Off {
+			t.Fatalf("block %d at %d, after block %d at %d: the write's blocks do not ascend in the file", order[i], r.Off, order[i-1], reqs[i-1].Off)
+		}
+	}
+}

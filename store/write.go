@@ -372,6 +372,7 @@ func (s *Store) placePlans(plans []*plan) (victims, evicted, writerPins []int64)
 		need--
 	}
 	evicted = append([]int64(nil), victims...)
+	var fresh []int64
 	for _, p := range plans {
 		if p.target >= 0 || p.err != nil {
 			continue
@@ -379,16 +380,27 @@ func (s *Store) placePlans(plans []*plan) (victims, evicted, writerPins []int64)
 		if len(s.mu.free) == 0 {
 			if len(victims) > 0 {
 				// Reuse an evicted slot once its tombstone is durable.
-				p.target, victims = victims[len(victims)-1], victims[:len(victims)-1]
+				fresh, victims = append(fresh, victims[len(victims)-1]), victims[:len(victims)-1]
 				p.fresh = true
 				continue
 			}
 			p.fail(fmt.Errorf("%w: %d slots, all in use", ErrFull, s.sb.Slots))
 			continue
 		}
-		p.target = s.mu.free[len(s.mu.free)-1]
+		fresh = append(fresh, s.mu.free[len(s.mu.free)-1])
 		s.mu.free = s.mu.free[:len(s.mu.free)-1]
 		p.fresh = true
+	}
+	// The batch's blocks take its fresh slots in ascending order: blocks
+	// stored in one call (a prefix) lie in the file in their order, a
+	// constant stride apart where the slots are consecutive, so a direct
+	// GPU load copies a head of theirs with one 2D copy (gpu's
+	// acrossBlocks), and a disk writes and reads them in one direction.
+	slices.Sort(fresh)
+	for _, p := range plans {
+		if p.fresh {
+			p.target, fresh = fresh[0], fresh[1:]
+		}
 	}
 	// Streams: slots allocated around the same time are evicted around the
 	// same time, so they share a placement stream.
