@@ -89,7 +89,19 @@ type LoadConfig struct {
 	// cache block i: tiles of neighbouring blocks are then not neighbours
 	// on the device.
 	Scatter bool
+	// StoredPrefixes, with LayersPerCall, has each job first store that
+	// many prefixes of BlocksPerCall blocks of its own (PrefixBlock), each
+	// with one STORE_BLOCKS from its target, as an engine stores a prefix
+	// it computed: a prefix's blocks then lie in consecutive slots (or in
+	// the slots eviction freed, in its order), where the fill's random
+	// blocks lie anywhere. Its loads take these prefixes in turn instead of
+	// blocks of the fill (this writes to the store).
+	StoredPrefixes int
 }
+
+// PrefixBlock is the block id a StoredPrefixes measurement gives block i
+// of prefix k of job j: apart from the fill's blocks and StoreBlock's.
+func PrefixBlock(j, k, i int) uint64 { return 2<<56 | uint64(j)<<40 | uint64(k)<<24 | uint64(i) }
 
 // StoreBlock is the block id a --store measurement gives cache block i of
 // job j: apart from the blocks a fill stores, and the same in every call,
@@ -145,6 +157,9 @@ type LoadResult struct {
 	Layout        string  `json:"layout,omitempty"`
 	UsPerBlock    float64 `json:"us_per_block,omitempty"`
 	NotOKBlocks   int     `json:"not_ok_blocks,omitempty"`
+	// StoredPrefixes: the loads took prefixes each job stored in one
+	// STORE_BLOCKS (LoadConfig.StoredPrefixes), not blocks of the fill.
+	StoredPrefixes int `json:"stored_prefixes,omitempty"`
 	// Op is "store" for STORE_BLOCKS runs (LoadConfig.Store).
 	Op string `json:"op,omitempty"`
 	// Evicting is set when the blocks a STORE run writes (twice that in
@@ -197,6 +212,8 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return LoadResult{}, fmt.Errorf("%w: a working set and Zipf popularity choose the blocks of loads; stores write blocks of their own", ErrConfig)
 	case c.LayersPerCall != 0 && (c.BlocksPerCall == 0 || c.Store):
 		return LoadResult{}, fmt.Errorf("%w: layers per call are for loads of --blocks-per-call", ErrConfig)
+	case c.StoredPrefixes < 0 || c.StoredPrefixes > 0 && (c.LayersPerCall == 0 || !info.Has(abi.CapStore)):
+		return LoadResult{}, fmt.Errorf("%w: %d stored prefixes (for loads of --layers-per-call, from a store that takes STORE)", ErrConfig, c.StoredPrefixes)
 	case c.LayersPerCall < 0 || c.LayersPerCall > 0 && info.Geometry.Layers%c.LayersPerCall != 0:
 		return LoadResult{}, fmt.Errorf("%w: %d layers per call (want a divisor of the store's %d)", ErrConfig, c.LayersPerCall, info.Geometry.Layers)
 	}
@@ -216,7 +233,7 @@ func RunLoad(c LoadConfig) (LoadResult, error) {
 		return LoadResult{}, err
 	}
 	if c.BlocksPerCall > 0 {
-		if len(pk.blocks) == 0 && !c.Store {
+		if len(pk.blocks) == 0 && !c.Store && c.StoredPrefixes == 0 {
 			return LoadResult{}, fmt.Errorf("%w: %s holds no blocks", ErrFewBlocks, c.Mountpoint)
 		}
 		return runLoadBlocks(c, blocks, pk)

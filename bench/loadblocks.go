@@ -142,7 +142,7 @@ func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error)
 	layers := g.Layers
 	if c.LayersPerCall > 0 {
 		layers = c.LayersPerCall
-		if n > len(pk.blocks) {
+		if c.StoredPrefixes == 0 && n > len(pk.blocks) {
 			return LoadResult{}, fmt.Errorf("%w: %d different blocks per call from a working set of %d", ErrFewBlocks, n, len(pk.blocks))
 		}
 	}
@@ -199,6 +199,14 @@ func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error)
 		}
 	}
 
+	for j := range jobs {
+		if err := storePrefixes(c, j, jobs[j].id, jobs[j].t, jobs[j].arr); err != nil {
+			return LoadResult{}, err
+		}
+	}
+	if err := checkPrefixes(c); err != nil {
+		return LoadResult{}, err
+	}
 	m, err := runCallers(c, func(j int) func() (int, error) {
 		rng := rand.New(rand.NewPCG(c.Seed, uint64(j)))
 		jb := &jobs[j]
@@ -209,6 +217,7 @@ func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error)
 		}
 		first := 0 // the first layer of this call (LayersPerCall)
 		var prefix []uint64
+		round := 0 // prefixes begun (StoredPrefixes)
 		if c.LayersPerCall > 0 {
 			prefix = make([]uint64, n)
 		}
@@ -217,7 +226,13 @@ func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error)
 				if c.Scatter {
 					rng.Shuffle(n, func(a, b int) { cache[a], cache[b] = cache[b], cache[a] })
 				}
-				if prefix != nil {
+				switch {
+				case c.StoredPrefixes > 0: // the job's own, in turn
+					for i := range prefix {
+						prefix[i] = PrefixBlock(j, round%c.StoredPrefixes, i)
+					}
+					round++
+				case prefix != nil:
 					pk.pickDistinct(rng, prefix) // one prefix's blocks, each once
 				}
 				for i := range es {
@@ -259,7 +274,7 @@ func runLoadBlocks(c LoadConfig, blocks []uint64, pk picker) (LoadResult, error)
 		return LoadResult{}, err
 	}
 	res := LoadResult{Mountpoint: c.Mountpoint, Engine: info.Engine, GroupBytes: gb, GroupsPerCall: int(callBytes) / gb,
-		BlocksPerCall: n, LayersPerCall: c.LayersPerCall, Layout: c.Layout, Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks),
+		BlocksPerCall: n, LayersPerCall: c.LayersPerCall, StoredPrefixes: c.StoredPrefixes, Layout: c.Layout, Calls: c.Calls, Jobs: c.Jobs, Blocks: len(blocks),
 		NotOKBlocks: m.notOK}
 	if !c.Store {
 		res.WorkingSet, res.Zipf = len(pk.blocks), c.Zipf
@@ -366,4 +381,63 @@ func SweepTable(rs []LoadResult) string {
 		}
 	}
 	return strings.TrimRight(b.String(), "\n")
+}
+
+// storePrefixes stores job j's c.StoredPrefixes prefixes of
+// c.BlocksPerCall blocks (PrefixBlock), each with one STORE_BLOCKS from
+// the job's target t (id; through arr when the entries do not go
+// inline): the bytes the target holds, under the checksums the daemon
+// computes.
+func storePrefixes(c LoadConfig, j int, id client.TargetID, t client.Target, arr *client.HostBuffer) error {
+	n := c.BlocksPerCall
+	if c.StoredPrefixes == 0 {
+		return nil
+	}
+	es := make([]client.BlockEntry, n)
+	for k := range c.StoredPrefixes {
+		for i := range es {
+			es[i] = t.WholeBlock(PrefixBlock(j, k, i), i)
+		}
+		var nok int
+		var err error
+		if arr != nil {
+			nok, err = c.Client.BlocksIn(false, id, arr, 0, es)
+		} else {
+			nok, err = c.Client.StoreBlocks(id, es)
+		}
+		if err != nil {
+			return fmt.Errorf("bench: storing prefix %d of job %d: %w", k, j, err)
+		}
+		if nok != n {
+			return fmt.Errorf("bench: storing prefix %d of job %d: %d of %d blocks stored", k, j, nok, n)
+		}
+	}
+	return nil
+}
+
+// checkPrefixes fails when a prefix storePrefixes stored is no longer
+// whole once every job's are (LOOKUP): a store too small for them all
+// evicts the first ones, and the loads would miss.
+func checkPrefixes(c LoadConfig) error {
+	if c.StoredPrefixes == 0 || !c.Client.HasLookup() {
+		return nil
+	}
+	n := c.BlocksPerCall
+	ps := make([]client.LookupPair, n)
+	for j := range c.Jobs {
+		for k := range c.StoredPrefixes {
+			for i := range ps {
+				ps[i] = client.LookupPair{Block: PrefixBlock(j, k, i)}
+			}
+			r, err := c.Client.Lookup(ps)
+			if err != nil {
+				return fmt.Errorf("bench: looking up prefix %d of job %d: %w", k, j, err)
+			}
+			if r.Present != n {
+				return fmt.Errorf("%w: prefix %d of job %d: %d of its %d blocks stored once all prefixes were (the store is too small for %d jobs × %d prefixes)",
+					ErrFewBlocks, k, j, r.Present, n, c.Jobs, c.StoredPrefixes)
+			}
+		}
+	}
+	return nil
 }

@@ -85,6 +85,9 @@ func (p picker) pickDistinct(rng *rand.Rand, out []uint64) {
 
 // describeDraw is the report's line on how the blocks were drawn.
 func describeDraw(r LoadResult) string {
+	if r.StoredPrefixes > 0 {
+		return fmt.Sprintf("each caller's %d prefixes, each stored with one STORE_BLOCKS first, in turn", r.StoredPrefixes)
+	}
 	how := "uniformly"
 	if r.Zipf > 0 {
 		how = fmt.Sprintf("with Zipf(%g) popularity", r.Zipf)

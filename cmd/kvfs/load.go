@@ -252,6 +252,7 @@ type benchLoadOptions struct {
 	h2dChunk      string
 	store         bool
 	scatter       bool
+	prefixes      int
 }
 
 func init() {
@@ -286,6 +287,11 @@ the entries go inline up to 509, else through a registered entry array.
 next K each call, new blocks drawn at layer 0 without repeats (one
 prefix's blocks): the calls of a layer-by-layer loader (kvfs.hf's); K =
 the store's layers is one call of every layer, drawn the same way.
+--stored-prefixes P with it has each caller first store P prefixes of its
+own, each with one STORE_BLOCKS, and load those in turn: a prefix stored
+in one piece lies in consecutive slots, where the fill's random blocks lie
+anywhere, and a direct GPU load copies each head of a (layer, kind) across
+such blocks at once.
 --into cuda[:N[,M…]] puts each caller's target in GPU memory this process
 allocates (callers round-robin over the devices) and registers it with
 REGISTER_CUDA: the daemon reads into its pinned staging buffers and copies
@@ -337,6 +343,7 @@ measured calls that landed from the tier (dram_hit_ratio, from .kvfs/stats).`,
 	f.IntVar(&o.daemonPID, "daemon-pid", 0, "read the daemon's CPU time from /proc/PID/stat instead of the mount's .kvfs/stats")
 	f.StringVar(&o.into, "into", "host", "where the targets live: host (/dev/shm), cuda (device 0), cuda:N or cuda:N,M (jobs round-robin over the devices; per-device and aggregate GB/s, with the pinned H2D rate measured in the same run), or pinned[:N,…] (host targets pinned for CUDA, the client copies to the GPU after each call); needs --blocks-per-call")
 	f.StringVar(&o.h2dChunk, "h2d-chunk", "4MiB", "bytes per copy of the pinned H2D measurement of --into cuda")
+	f.IntVar(&o.prefixes, "stored-prefixes", 0, "with --layers-per-call: each caller first stores N prefixes of --blocks-per-call blocks of its own, each with one STORE_BLOCKS (consecutive slots, as an engine stores a prefix it computed), and loads them in turn instead of the fill's blocks (writes to the store)")
 	f.BoolVar(&o.scatter, "scatter", false, "with --blocks-per-call: land each call's blocks in the target's cache blocks in a random order, drawn per call (as a paged cache's free list hands them out)")
 	f.BoolVar(&o.store, "store", false, "with --blocks-per-call: measure STORE_BLOCKS of each caller's whole target (as blocks of its own, replaced call after call; writes to the store)")
 	addCommand(c)
@@ -378,6 +385,9 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	if o.scatter && o.blocksPerCall == 0 {
 		return usageErrorf("--scatter needs --blocks-per-call")
 	}
+	if o.prefixes < 0 || o.prefixes > 0 && o.layersPerCall == 0 {
+		return usageErrorf("--stored-prefixes %d: a count of prefixes for loads of --layers-per-call", o.prefixes)
+	}
 	if o.layersPerCall != 0 && (o.blocksPerCall == 0 || o.store || o.layersPerCall < 0) {
 		return usageErrorf("--layers-per-call %d: a count of layers for loads of --blocks-per-call", o.layersPerCall)
 	}
@@ -396,7 +406,7 @@ func (o *benchLoadOptions) run(cmd *cobra.Command, mountpoint string) error {
 	cfg := bench.LoadConfig{Devices: devs, Pinned: pinned, H2DChunk: int(chunk), Client: c, Mountpoint: mountpoint, GroupsPerCall: o.groupsPerCall,
 		Calls: o.calls, Jobs: o.jobs, Warmup: o.warmup, Fill: o.fill, Seed: o.seed, WorkingSet: o.workingSet, Zipf: o.zipf,
 		BlocksPerCall: o.blocksPerCall, LayersPerCall: o.layersPerCall, Layout: o.layout, DaemonPID: o.daemonPID, Store: o.store,
-		Scatter: o.scatter}
+		Scatter: o.scatter, StoredPrefixes: o.prefixes}
 	// The fill's progress line ends when the fill does, before measuring.
 	fill := progress.New(cmd.ErrOrStderr(), "fill", "blocks", progress.Count, int64(o.fill))
 	defer fill.Done()

@@ -256,6 +256,30 @@ func TestBenchLoad(t *testing.T) {
 		rep.Bytes != int64(4*3*gpl*512) || rep.NotOKBlocks != 0 || rep.GBps <= 0 {
 		t.Fatalf("--layers-per-call: report %+v", rep)
 	}
+	// Stored prefixes: the caller stores 2 prefixes of 3 blocks of its own
+	// first, and its layer-by-layer loads take them in turn (every block
+	// found: none not OK). Two callers' would not fit the 16 slots.
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--layers-per-call", "1", "--layout", "hf", "--calls", "8",
+		"--warmup", "0", "--jobs", "2", "--stored-prefixes", "2").want(t, 1, "too small")
+	r = kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--layers-per-call", "1", "--layout", "hf", "--calls", "8",
+		"--warmup", "0", "--stored-prefixes", "2", "--json")
+	r.want(t, 0)
+	rep = bench.LoadResult{}
+	if err := json.Unmarshal(r.stdout, &rep); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	if gpl := testGeo.GroupsPerBlock() / testGeo.Layers; rep.StoredPrefixes != 2 || rep.Bytes != int64(8*3*gpl*512) || rep.NotOKBlocks != 0 {
+		t.Fatalf("--stored-prefixes: report %+v", rep)
+	}
+	if listed, err = bench.ListBlocks(mnt, testGeo); err != nil {
+		t.Fatal(err)
+	}
+	for k := range 2 {
+		if b := bench.PrefixBlock(0, k, 2); !slices.Contains(listed, b) {
+			t.Fatalf("--stored-prefixes: block %#x (prefix %d) not in the store", b, k)
+		}
+	}
+	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--stored-prefixes", "2").want(t, 2, "--stored-prefixes")
 	kvfs(t, nil, "bench-load", mnt, "--layers-per-call", "1").want(t, 2, "--layers-per-call")
 	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--layers-per-call", "1", "--store").want(t, 2, "--layers-per-call")
 	kvfs(t, nil, "bench-load", mnt, "--blocks-per-call", "3", "--layers-per-call", "3").want(t, 2, "divisor")
