@@ -33,7 +33,9 @@
 #                caller layer by layer (K layers per LOAD_BLOCKS, K = 1, 2,
 #                4, 8, then all in one call) into an HF target: host memory
 #                and, with a GPU, REGISTER_CUDA; what kvfs.hf's layer-by-
-#                layer loader pays for its calls
+#                layer loader pays for its calls; blocks of the fill
+#                (random slots) and prefixes the caller stored first
+#                (bench-load --stored-prefixes: consecutive slots)
 #   dram         LOAD_BLOCKS of DRAM_BPC blocks, HND, 8 callers, from a
 #                store on DISK without and with a DRAM tier of DRAM_SIZE
 #                (kvfs mount --dram; DRAM_WS blocks stored, read once before
@@ -384,20 +386,23 @@ s_layers() {
 	local into=host
 	have_gpu && into="host cuda"
 	fresh layers "$SHM"
-	header "One prefix of $LAYER_BPC blocks loaded layer by layer into an HF target, one caller, tmpfs store" round build into "1 layer per call GB/s (core-s/GB)" "2" "4" "8" "all 32 in one call" "1 ÷ all"
+	header "One prefix of $LAYER_BPC blocks loaded layer by layer into an HF target, one caller, tmpfs store: blocks of the fill (random slots), or prefixes the caller stored first, each with one STORE_BLOCKS (consecutive slots)" round build into blocks "1 layer per call GB/s (core-s/GB)" "2" "4" "8" "all 32 in one call" "1 ÷ all"
 	for r in $(seq "$ROUNDS"); do
 		for b in $BUILDS; do
 			mnt "$D/$b" || return 1
 			for i in $into; do
-				local cols=() g1="" a=(--into "$i")
-				[ "$i" = host ] && a=()
-				for k in 1 2 4 8 32; do
-					# the same bytes at each K: CALLS prefixes of 32 layers
-					bl --blocks-per-call "$LAYER_BPC" --layout hf --layers-per-call "$k" --calls $((CALLS * 32 / k)) --jobs 1 --warmup $((32 / k)) "${a[@]}"
-					cols+=("$(fmt "$GBPS") ($(fmt3 "$CPU"))")
-					[ "$k" = 1 ] && g1=$GBPS
+				for how in fill stored; do
+					local cols=() g1="" a=(--into "$i")
+					[ "$i" = host ] && a=()
+					[ "$how" = stored ] && a+=(--stored-prefixes 2)
+					for k in 1 2 4 8 32; do
+						# the same bytes at each K: CALLS prefixes of 32 layers
+						bl --blocks-per-call "$LAYER_BPC" --layout hf --layers-per-call "$k" --calls $((CALLS * 32 / k)) --jobs 1 --warmup $((32 / k)) "${a[@]}"
+						cols+=("$(fmt "$GBPS") ($(fmt3 "$CPU"))")
+						[ "$k" = 1 ] && g1=$GBPS
+					done
+					row "$r" "$b" "$i" "$how" "${cols[@]}" "$(ratio "$g1" "$GBPS")"
 				done
-				row "$r" "$b" "$i" "${cols[@]}" "$(ratio "$g1" "$GBPS")"
 			done
 			umnt
 		done
