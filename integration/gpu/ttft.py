@@ -210,13 +210,15 @@ def measure(args, model, runs, device, identity, bt):
                 try:
                     pc.store(prompt[:, :n // 2] if half else prompt, ref_cache)
                     pc.store = lambda *a, **k: 0  # the timed runs leave the store as it is
-                    times, dropped = [], True
+                    times, dropped, waits, loads = [], True, [], []
                     for _ in range(args.repeat):
                         if r.drop:
                             dropped = drop_caches() and dropped
                         before = dict(pc.stats)
                         t, got, _ = generate(model, prompt, args.new_tokens, pc=pc)
                         times.append(t)
+                        waits.append(pc.stats["layerwise_wait_s"] - before["layerwise_wait_s"])
+                        loads.append(pc.stats["layerwise_load_s"] - before["layerwise_load_s"])
                         loaded = pc.stats["loaded_blocks"] - before["loaded_blocks"]
                         want = (n // 2) // pc.block_tokens if half else (n - 1) // pc.block_tokens
                         if pc.stats["fallbacks"] != before["fallbacks"]:
@@ -233,6 +235,10 @@ def measure(args, model, runs, device, identity, bt):
                     if r.drop and not dropped:
                         notes.append("%s: page cache not dropped (no permission): loads may be cached" % col)
                     row[col + "_ms"] = statistics.median(times) * 1e3
+                    if pc.layerwise:
+                        # the loader's time after layer 0, and the forward's wait for it
+                        row.setdefault("layerwise", {})[col] = {"load_ms": statistics.median(loads) * 1e3,
+                                                                "wait_ms": statistics.median(waits) * 1e3}
                 except (Unserved, OSError) as e:
                     # REGISTER_CUDA is optional in a daemon: its column says n/a
                     if device == "cuda" and pin is False:
@@ -384,6 +390,15 @@ def main():
     print(table(rows, cols, args.repeat, info.block_tokens))
     for note in notes:
         print("note: " + note)
+    lw = [(r["tokens"], col, v) for r in rows for col, v in r.get("layerwise", {}).items()]
+    if lw:
+        print()
+        print("Layer-by-layer hits: ms the loader took after layer 0, and the forward waited for it (median of %d):"
+              % args.repeat)
+        print("| tokens | hit | loads | waits |")
+        print("|---|---|---|---|")
+        for n, col, v in lw:
+            print("| %d | %s | %.1f | %.1f |" % (n, col, v["load_ms"], v["wait_ms"]))
     if args.phases:
         print()
         print("A full hit loaded in one call, step by step (%s store, ms, median of %d):" % (runs[0].name, args.repeat))

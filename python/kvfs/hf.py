@@ -97,6 +97,7 @@ import inspect
 import os
 import sys
 import threading
+import time
 import warnings
 
 from . import abi
@@ -310,7 +311,7 @@ class PrefixCache:
             raise ValueError("layers_per_load %d: want 1 or more" % layers_per_load)
         self.layers_per_load = layers_per_load
         self.stats = dict(lookups=0, hit_blocks=0, loaded_blocks=0, stored_blocks=0, failed_blocks=0, fallbacks=0,
-                          layerwise_loads=0, layerwise_retries=0)
+                          layerwise_loads=0, layerwise_retries=0, layerwise_load_s=0.0, layerwise_wait_s=0.0)
         self._check_model()
         self._own_client = not isinstance(client, Client)
         self._mount = None if not self._own_client else os.fspath(client)
@@ -1104,6 +1105,7 @@ class _LayerLoader:
         self.kv = [None] * self.n_layers
         self.events = [None] * self.n_layers
         self.error = None
+        self.load_s = 0.0  # the thread's loads, from its start to its last load's end
         self.ready = [threading.Event() for _ in range(self.n_layers)]
         self.cache = DynamicCache()
         self._hooks = []
@@ -1186,10 +1188,12 @@ class _LayerLoader:
         _put(self.cache, i, k[:, :, :t].expand(*e), v[:, :, :t].expand(*e), copy=False)
 
     def _run(self):
+        t0 = time.perf_counter()
         for first, count in self.groups:
             try:
                 if self.error is None:
                     self._load(first, count)
+                    self.load_s = time.perf_counter() - t0
             except BaseException as e:  # the hooks report it in the caller's thread
                 self.error = e
             finally:
@@ -1200,7 +1204,9 @@ class _LayerLoader:
         def hook(module, args):
             if len(self.cache.layers) > i:
                 return None  # a later forward: layer i is in
+            t0 = time.perf_counter()
             self.ready[i].wait()
+            self.pc.stats["layerwise_wait_s"] += time.perf_counter() - t0
             if self.error is not None or self.ok[i] < self.blocks:
                 raise _Shrunk()
             self._put(i)
@@ -1230,6 +1236,7 @@ class _LayerLoader:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+            self.pc.stats["layerwise_load_s"] += self.load_s
 
     def close(self, cache=None):
         """Stop, and give cache (one this loader filled) copies of the layers

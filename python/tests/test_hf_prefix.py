@@ -114,6 +114,9 @@ class _Base(unittest.TestCase):
             self.check(pc, p, "layerwise")
             self.assertEqual((pc.stats["layerwise_loads"], pc.stats["loaded_blocks"]), (1, BLOCKS))
             self.assertEqual(pc.stats["layerwise_retries"], 0)
+            # the loader's thread loaded layers after layer 0, and the hooks timed their waits
+            self.assertGreater(pc.stats["layerwise_load_s"], 0)
+            self.assertGreaterEqual(pc.stats["layerwise_wait_s"], 0)
             self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
             if kw.get("pin"):
                 self.assertEqual(pc._ring.slots, min(khf._Ring.SLOTS, self.info.layers))

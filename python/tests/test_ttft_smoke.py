@@ -48,6 +48,12 @@ class TTFTSmokeTest(unittest.TestCase):
             self.assertIsNotNone(row.get(col), col)
             self.assertGreater(row[col], 0, col)
         self.assertIn("| 256 |", p.stdout)
+        # the layer-by-layer hits report their loader's time and the forward's wait for it
+        self.assertEqual(sorted(row["layerwise"]), ["mount:full", "mount:half:layerwise"])
+        for col, v in row["layerwise"].items():
+            self.assertGreater(v["load_ms"], 0, col)
+            self.assertGreaterEqual(v["wait_ms"], 0, col)
+        self.assertIn("| 256 | mount:full |", p.stdout)
         self.assertEqual(sorted(row["phases"]), sorted(["ids+names", "lookup", "load_blocks", "cache",
                                                            "first_token"]))
         self.assertTrue(all(v >= 0 for v in row["phases"].values()), row["phases"])
