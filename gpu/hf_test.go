@@ -60,6 +60,44 @@ func (h hfTarget) items(blocks []uint64, cb []int, tiles bool) []gpu.Item {
 	return its
 }
 
+// hfPipeline is a pipeline for loads into h on a fake device of its size
+// with 2D and batched copies, the default staging (16 buffers of 4 MiB,
+// depth 8) and the checksums checked on the device; direct: with the
+// store's file in memory (m) as its host view. done releases them.
+func hfPipeline(t *testing.T, h hfTarget, st *store.Store, m *storetest.Mem, direct bool) (*gpu.Pipeline, *gputest.Device, func()) {
+	t.Helper()
+	gbytes := h.geo.GroupBytes()
+	dev := gputest.NewDevice(h.size())
+	dev.Enable2D, dev.EnableBatch = true, true
+	pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 16, Size: 4 << 20})
+	if err != nil {
+		dev.Close()
+		t.Fatal(err)
+	}
+	p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: h.geo.BlockTokens, RowBytes: h.geo.RowBytes()}, Depth: 8}
+	p.Verify = func(items []*gpu.Item) error {
+		for _, it := range items {
+			for j := range it.Groups() {
+				if dst, crc := it.Group(j); !it.Skip(j) && store.CRC32C(dev.Mem(dst, gbytes)) != crc {
+					it.FailHead(j, store.ErrCorrupt)
+				}
+			}
+		}
+		return nil
+	}
+	if direct {
+		m.SetHostView(true)
+		p.SetHost(st.HostView())
+	}
+	return p, dev, func() {
+		if direct {
+			m.SetHostView(false)
+		}
+		pool.Close()
+		dev.Close()
+	}
+}
+
 // groupErrs is each group's outcome of items (a tile's heads one by one:
 // nil, or the tile's error for a head in Bad).
 func groupErrs(its []gpu.Item) []error {
@@ -247,32 +285,10 @@ func TestHFCopies(t *testing.T) {
 		blocks[i], cb[i] = uint64(i), i
 	}
 	load := func(route string) (int, uint32) {
-		dev := gputest.NewDevice(h.size())
-		defer dev.Close()
-		dev.Enable2D, dev.EnableBatch = true, true
-		pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 16, Size: 4 << 20})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: geo.BlockTokens, RowBytes: geo.RowBytes()}, Depth: 8}
-		p.Verify = func(items []*gpu.Item) error {
-			for _, it := range items {
-				for j := range it.Groups() {
-					if dst, crc := it.Group(j); !it.Skip(j) && store.CRC32C(dev.Mem(dst, gbytes)) != crc {
-						it.FailHead(j, store.ErrCorrupt)
-					}
-				}
-			}
-			return nil
-		}
 		direct := strings.HasPrefix(route, "direct")
+		p, dev, done := hfPipeline(t, h, st, m, direct)
+		defer done()
 		tiled := strings.HasSuffix(route, "tiles")
-		if direct {
-			m.SetHostView(true)
-			defer m.SetHostView(false)
-			p.SetHost(st.HostView())
-		}
 		its := h.items(blocks, cb, tiled)
 		if err := p.Load(st, its, tiled); err != nil {
 			t.Fatal(err)
@@ -382,30 +398,8 @@ func TestHFLayerCopies(t *testing.T) {
 		}
 		for _, layers := range []int{1, 4, geo.Layers} {
 			load := func(direct bool) (calls int, sum uint32) {
-				dev := gputest.NewDevice(h.size())
-				defer dev.Close()
-				dev.Enable2D, dev.EnableBatch = true, true
-				pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 16, Size: 4 << 20})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer pool.Close()
-				p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: geo.BlockTokens, RowBytes: geo.RowBytes()}, Depth: 8}
-				p.Verify = func(items []*gpu.Item) error {
-					for _, it := range items {
-						for j := range it.Groups() {
-							if dst, crc := it.Group(j); !it.Skip(j) && store.CRC32C(dev.Mem(dst, gbytes)) != crc {
-								it.FailHead(j, store.ErrCorrupt)
-							}
-						}
-					}
-					return nil
-				}
-				if direct {
-					m.SetHostView(true)
-					defer m.SetHostView(false)
-					p.SetHost(st.HostView())
-				}
+				p, dev, done := hfPipeline(t, h, st, m, direct)
+				defer done()
 				var its []gpu.Item
 				for _, it := range h.items(blocks, cb, true) {
 					if it.Key.Layer < layers {
