@@ -79,6 +79,7 @@
 #   SHM [/dev/shm]  DISK [/var/tmp]  directories of the tmpfs and disk stores
 #   SIZE [6GiB]  FILL blocks stored [2048]  BPC [128]  CALLS per caller [20]
 #   JOBS for load-v1 ["1 8"]  STORE_BPC [16]  STORE_JOBS ["1 4"]  DISK_BPC [1000]  GPU_BPC [1024]  LAYER_BPC [1024]
+#   LAYER_SIZE: the layers store [10GiB: the fill and two prefixes of LAYER_BPC blocks]
 #   DRAM_SIZE [768MiB]  DRAM_WS [192]  DRAM_BPC [16]  DRAM_ZIPF_WS [1536]
 #   MOUNT_FLAGS    extra flags of every kvfs mount (e.g. --cpuprofile F)
 #   TOKENS         ttft's token counts [4096,16384,32768; ttft-cpu: 256,1024]
@@ -120,6 +121,7 @@ STORE_JOBS=${STORE_JOBS:-1 4}
 DISK_BPC=${DISK_BPC:-1000}
 GPU_BPC=${GPU_BPC:-1024}
 LAYER_BPC=${LAYER_BPC:-1024}
+LAYER_SIZE=${LAYER_SIZE:-10GiB}
 DRAM_SIZE=${DRAM_SIZE:-768MiB}
 DRAM_WS=${DRAM_WS:-192}
 DRAM_BPC=${DRAM_BPC:-16}
@@ -383,7 +385,7 @@ s_load_blocks() {
 }
 
 s_layers() {
-	local into=host
+	local into=host SIZE=$LAYER_SIZE
 	have_gpu && into="host cuda"
 	fresh layers "$SHM"
 	header "One prefix of $LAYER_BPC blocks loaded layer by layer into an HF target, one caller, tmpfs store: blocks of the fill (random slots), or prefixes the caller stored first, each with one STORE_BLOCKS (consecutive slots)" round build into blocks "1 layer per call GB/s (core-s/GB)" "2" "4" "8" "all 32 in one call" "1 ÷ all"
