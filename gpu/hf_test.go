@@ -62,7 +62,8 @@ func (h hfTarget) items(blocks []uint64, cb []int, tiles bool) []gpu.Item {
 
 // hfPipeline is a pipeline for loads into h on a fake device of its size
 // with 2D and batched copies, the default staging (16 buffers of 4 MiB,
-// depth 8) and the checksums checked on the device; direct: with the
+// depth 8) and the checksums checked on the device (a group that fails is
+// zeroed where it landed, as the CRC32C kernel does); direct: with the
 // store's file in memory (m) as its host view. done releases them.
 func hfPipeline(t *testing.T, h hfTarget, st *store.Store, m *storetest.Mem, direct bool) (*gpu.Pipeline, *gputest.Device, func()) {
 	t.Helper()
@@ -79,6 +80,7 @@ func hfPipeline(t *testing.T, h hfTarget, st *store.Store, m *storetest.Mem, dir
 		for _, it := range items {
 			for j := range it.Groups() {
 				if dst, crc := it.Group(j); !it.Skip(j) && store.CRC32C(dev.Mem(dst, gbytes)) != crc {
+					dev.Fill(dst, make([]byte, gbytes))
 					it.FailHead(j, store.ErrCorrupt)
 				}
 			}
@@ -370,32 +372,13 @@ func TestHFCopies(t *testing.T) {
 func TestHFLayerCopies(t *testing.T) {
 	geo := llama8B
 	const nb = 64
-	gbytes := geo.GroupBytes()
 	h := newHFTarget(geo, nb)
 	blocks, cb := make([]uint64, nb), make([]int, nb)
 	for i := range blocks {
 		blocks[i], cb[i] = uint64(i), i
 	}
 	for _, order := range []string{"in order", "scattered"} {
-		m := storetest.Formatted(t, geo, int64(nb), 512)
-		st := storetest.Open(t, m, store.Options{})
-		for i := range uint64(nb) {
-			b := i
-			if order == "scattered" {
-				b = (i * 37) % nb // 37 is prime to 64: every block once
-			}
-			w := make([]store.WriteReq, geo.GroupsPerBlock())
-			for g := range w {
-				d := bytes.Repeat([]byte{byte(b), byte(g), byte(g >> 8), 0x5a}, gbytes/4)
-				w[g] = store.WriteReq{Key: geo.KeyAt(b, g), Data: d}
-			}
-			if err := st.Write([]store.WriteReq{w[0]}); err != nil { // the block's slot, in this order
-				t.Fatal(err)
-			}
-			if err := st.Write(w[1:]); err != nil {
-				t.Fatal(err)
-			}
-		}
+		st, m := hfBlocksStore(t, geo, nb, order == "scattered")
 		for _, layers := range []int{1, 4, geo.Layers} {
 			load := func(direct bool) (calls int, sum uint32) {
 				p, dev, done := hfPipeline(t, h, st, m, direct)
@@ -435,6 +418,121 @@ func TestHFLayerCopies(t *testing.T) {
 			case calls > nb:
 				t.Fatalf("%s, %d layers: %d copy calls for %d blocks", order, layers, calls, nb)
 			}
+		}
+	}
+}
+
+// hfBlocksStore is a store of geo holding blocks 0..nb-1 whole (group g
+// of block b filled with b, g), each block's slot taken in block order,
+// or with scattered in another order (block 37i mod nb i-th; nb a power
+// of two), so that consecutive blocks do not lie in consecutive slots.
+func hfBlocksStore(t *testing.T, geo layout.Geometry, nb int, scattered bool) (*store.Store, *storetest.Mem) {
+	t.Helper()
+	gbytes := geo.GroupBytes()
+	m := storetest.Formatted(t, geo, int64(nb), 512)
+	st := storetest.Open(t, m, store.Options{})
+	for i := range uint64(nb) {
+		b := i
+		if scattered {
+			b = (i * 37) % uint64(nb)
+		}
+		w := make([]store.WriteReq, geo.GroupsPerBlock())
+		for g := range w {
+			d := bytes.Repeat([]byte{byte(b), byte(g), byte(g >> 8), 0x5a}, gbytes/4)
+			w[g] = store.WriteReq{Key: geo.KeyAt(b, g), Data: d}
+		}
+		if err := st.Write([]store.WriteReq{w[0]}); err != nil { // the block's slot, in this order
+			t.Fatal(err)
+		}
+		if err := st.Write(w[1:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st, m
+}
+
+// TestHFLayerCopiesFailures: direct loads of one layer of blocks in
+// consecutive slots. With a group whose bytes were corrupted in the file
+// the load still copies across blocks (16 copies), lands every other
+// group, zeroes that one where it landed and reports it corrupt. With a
+// head missing from the store its chunk copies block by block, fails that
+// head alone and leaves its destination as it was. The staged load of the
+// same items lands the same bytes and outcomes.
+func TestHFLayerCopiesFailures(t *testing.T) {
+	geo := llama8B
+	const nb = 64
+	gbytes := geo.GroupBytes()
+	h := newHFTarget(geo, nb)
+	blocks, cb := make([]uint64, nb), make([]int, nb)
+	for i := range blocks {
+		blocks[i], cb[i] = uint64(i), i
+	}
+	st, m := hfBlocksStore(t, geo, nb, false)
+	corrupt := layout.Key{Block: 9, Layer: 0, Kind: layout.V, Head: 3}
+	missing := layout.Key{Block: 40, Layer: 1, Kind: layout.K, Head: 5}
+	m.SetHostView(true)
+	reqs := []store.LocateReq{{Key: corrupt}}
+	pins, err := st.Locate(reqs, nil)
+	if err != nil || reqs[0].Err != nil {
+		t.Fatal(err, reqs[0].Err)
+	}
+	st.HostView()[reqs[0].Off+100] ^= 0x40
+	st.Unpin(pins)
+	m.SetHostView(false)
+	if err := st.Delete([]layout.Key{missing}); err != nil {
+		t.Fatal(err)
+	}
+	old := bytes.Repeat([]byte{0xee}, gbytes)
+	for _, bad := range []layout.Key{corrupt, missing} {
+		for _, direct := range []bool{false, true} {
+			what := fmt.Sprintf("layer %d, direct %v", bad.Layer, direct)
+			p, dev, done := hfPipeline(t, h, st, m, direct)
+			var its []gpu.Item
+			for _, it := range h.items(blocks, cb, true) {
+				if it.Key.Layer == bad.Layer {
+					its = append(its, it)
+				}
+			}
+			dev.Fill(h.dst(2*missing.Layer+int(missing.Kind), missing.Head, int(missing.Block)), old)
+			if err := p.Load(st, its, true); err != nil {
+				t.Fatal(err)
+			}
+			for _, it := range its {
+				k := it.Key
+				if k.Block == bad.Block && k.Kind == bad.Kind {
+					want := store.ErrCorrupt
+					if bad == missing {
+						want = store.ErrNotFound
+					}
+					if !errors.Is(it.Err, want) || it.Tile.Bad != 1<<bad.Head {
+						t.Fatalf("%s: the tile with a failed head: %v, bad %b", what, it.Err, it.Tile.Bad)
+					}
+					dst, _ := it.Group(bad.Head)
+					if got := dev.Mem(dst, gbytes); bad == corrupt && !bytes.Equal(got, make([]byte, gbytes)) ||
+						bad == missing && !bytes.Equal(got, old) {
+						t.Fatalf("%s: the failed head's destination holds other bytes than zeros (corrupt) or what it held (missing)", what)
+					}
+				} else if it.Err != nil {
+					t.Fatalf("%s: %v: %v", what, k, it.Err)
+				}
+				for j := range it.Groups() {
+					if it.Skip(j) {
+						continue
+					}
+					dst, _ := it.Group(j)
+					g := geo.Index(layout.Key{Block: k.Block, Layer: k.Layer, Kind: k.Kind, Head: j})
+					if !bytes.Equal(dev.Mem(dst, gbytes), bytes.Repeat([]byte{byte(k.Block), byte(g), byte(g >> 8), 0x5a}, gbytes/4)) {
+						t.Fatalf("%s: %v head %d: other bytes than stored", what, k, j)
+					}
+				}
+			}
+			if direct != (p.Direct() > 0) {
+				t.Fatalf("%s: %d groups loaded direct", what, p.Direct())
+			}
+			if across := dev.Calls() == 2*geo.KVHeads; direct && across != (bad == corrupt) {
+				t.Fatalf("%s: %d copy calls", what, dev.Calls())
+			}
+			done()
 		}
 	}
 }
