@@ -267,20 +267,7 @@ func TestHFCopies(t *testing.T) {
 		nb = n
 	}
 	gbytes := geo.GroupBytes()
-	m := storetest.Formatted(t, geo, int64(nb), 512)
-	st := storetest.Open(t, m, store.Options{})
-	pattern := bytes.Repeat([]byte("kvfs hf tiles 8B"), gbytes/16)
-	for b := range uint64(nb) {
-		w := make([]store.WriteReq, geo.GroupsPerBlock())
-		for i := range w {
-			d := append([]byte(nil), pattern...)
-			d[0], d[1], d[2] = byte(b), byte(i), byte(i>>8)
-			w[i] = store.WriteReq{Key: geo.KeyAt(b, i), Data: d}
-		}
-		if err := st.Write(w); err != nil {
-			t.Fatal(err)
-		}
-	}
+	st, m := hfBlocksStore(t, geo, nb, false)
 	h := newHFTarget(geo, nb)
 	blocks, cb := make([]uint64, nb), make([]int, nb)
 	for i := range blocks {
@@ -428,7 +415,6 @@ func TestHFLayerCopies(t *testing.T) {
 // of two), so that consecutive blocks do not lie in consecutive slots.
 func hfBlocksStore(t *testing.T, geo layout.Geometry, nb int, scattered bool) (*store.Store, *storetest.Mem) {
 	t.Helper()
-	gbytes := geo.GroupBytes()
 	m := storetest.Formatted(t, geo, int64(nb), 512)
 	st := storetest.Open(t, m, store.Options{})
 	for i := range uint64(nb) {
@@ -438,8 +424,7 @@ func hfBlocksStore(t *testing.T, geo layout.Geometry, nb int, scattered bool) (*
 		}
 		w := make([]store.WriteReq, geo.GroupsPerBlock())
 		for g := range w {
-			d := bytes.Repeat([]byte{byte(b), byte(g), byte(g >> 8), 0x5a}, gbytes/4)
-			w[g] = store.WriteReq{Key: geo.KeyAt(b, g), Data: d}
+			w[g] = store.WriteReq{Key: geo.KeyAt(b, g), Data: hfGroup(geo, b, g)}
 		}
 		if err := st.Write([]store.WriteReq{w[0]}); err != nil { // the block's slot, in this order
 			t.Fatal(err)
@@ -449,6 +434,11 @@ func hfBlocksStore(t *testing.T, geo layout.Geometry, nb int, scattered bool) (*
 		}
 	}
 	return st, m
+}
+
+// hfGroup is what hfBlocksStore stores as group g of block b.
+func hfGroup(geo layout.Geometry, b uint64, g int) []byte {
+	return bytes.Repeat([]byte{byte(b), byte(g), byte(g >> 8), 0x5a}, geo.GroupBytes()/4)
 }
 
 // TestHFLayerCopiesFailures: direct loads of one layer of blocks in
@@ -521,7 +511,7 @@ func TestHFLayerCopiesFailures(t *testing.T) {
 					}
 					dst, _ := it.Group(j)
 					g := geo.Index(layout.Key{Block: k.Block, Layer: k.Layer, Kind: k.Kind, Head: j})
-					if !bytes.Equal(dev.Mem(dst, gbytes), bytes.Repeat([]byte{byte(k.Block), byte(g), byte(g >> 8), 0x5a}, gbytes/4)) {
+					if !bytes.Equal(dev.Mem(dst, gbytes), hfGroup(geo, k.Block, g)) {
 						t.Fatalf("%s: %v head %d: other bytes than stored", what, k, j)
 					}
 				}
