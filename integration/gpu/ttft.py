@@ -206,6 +206,8 @@ def measure(args, model, runs, device, identity, bt):
                 ident = "%s %s %s %d" % (identity, r.name, "half" if half else "full", n)
                 # PrefixCache's defaults, as a user gets them: layer by layer through REGISTER_CUDA, one call with pin
                 extra = {"layers_per_load": args.layers_per_load} if args.layers_per_load else {}
+                if args.loads_in_flight:
+                    extra["loads_in_flight"] = args.loads_in_flight
                 pc = khf.PrefixCache(r.mount, model, identity=ident, pin=bool(pin), **extra)
                 try:
                     pc.store(prompt[:, :n // 2] if half else prompt, ref_cache)
@@ -354,6 +356,8 @@ def main():
     p.add_argument("--geometry", action="store_true", help="print the kvfs format flags and exit")
     p.add_argument("--layers-per-load", type=int, default=0,
                    help="PrefixCache's layers_per_load for the hits (0: its default)")
+    p.add_argument("--loads-in-flight", type=int, default=0,
+                   help="PrefixCache's loads_in_flight for the hits (0: its default)")
     p.add_argument("--phases", action="store_true", help="also time the steps of a full hit loaded in one call "
                    "(through the first store given)")
     args = p.parse_args()

@@ -24,6 +24,7 @@ as it is registered), so a killed client leaves nothing behind.
 
 import array
 import collections
+import contextlib
 import errno as _errno
 import fcntl
 import mmap
@@ -128,6 +129,13 @@ class BlockArray:
             h.release()
         self.layer_first, self.layer_count = layer_first, layer_count
         return self
+
+    def copy(self):
+        """Another BlockArray of the same entries, whose layers change apart."""
+        c = object.__new__(BlockArray)
+        c.buf, c.count, c.tagged = bytearray(self.buf), self.count, self.tagged
+        c.layer_first, c.layer_count = self.layer_first, self.layer_count
+        return c
 
 
 _LAYER_FIRST_OFF = 12  # of layer_first (u16) and then layer_count in a block entry
@@ -265,7 +273,7 @@ class Client:
         self._local = threading.local()
         self._owned = set()
         self._owned_lock = threading.RLock()
-        self._entry_lock = threading.Lock()
+        self._free_arrays = []  # registered entry arrays no call holds (_entry_array)
         self._targets = set()
         try:
             self._info = self._read_info()
@@ -556,9 +564,8 @@ class Client:
                 pack(b, abi.BLOCKS.size + i * esz, p)
             self.ioctl(abi.IOC_LOAD_BLOCKS_INLINE if load else abi.IOC_STORE_BLOCKS_INLINE, b, op)
             return self._block_results(b, abi.BLOCKS.size, len(packed), details, esz)
-        arr = self._array()
-        per = min(abi.BLOCKS_MAX, arr.size // esz)
-        with self._entry_lock:
+        with self._entry_array() as arr:
+            per = min(abi.BLOCKS_MAX, arr.size // esz)
             for lo in range(0, len(packed), per):
                 chunk = packed[lo:lo + per]
                 for i, p in enumerate(chunk):
@@ -586,10 +593,9 @@ class Client:
             b[abi.BLOCKS.size:abi.BLOCKS.size + len(data)] = data
             self.ioctl(abi.IOC_LOAD_BLOCKS_INLINE if load else abi.IOC_STORE_BLOCKS_INLINE, b, op)
             return self._block_results(b, abi.BLOCKS.size, ba.count, details, esz)
-        arr = self._array()
-        per = min(abi.BLOCKS_MAX, arr.size // esz)
         out = []
-        with self._entry_lock:
+        with self._entry_array() as arr:
+            per = min(abi.BLOCKS_MAX, arr.size // esz)
             for lo in range(0, ba.count, per):
                 n = min(per, ba.count - lo)
                 arr.mm[:n * esz] = data[lo * esz:(lo + n) * esz]
@@ -598,15 +604,26 @@ class Client:
                 out.extend(self._block_results(arr.mm, 0, n, details, esz))
         return out
 
-    def _array(self):
-        """The registered buffer that carries entry and pair arrays too long
-        for an inline call (one per client, made on first use)."""
+    @contextlib.contextmanager
+    def _entry_array(self):
+        """A registered buffer that carries entry and pair arrays too long for
+        an inline call, held by one call at a time: a free one, or one made
+        now. Each call holding its own, calls from several threads run at
+        once (a layer-by-layer load keeps two in flight)."""
+        arr = None
         with self._owned_lock:
-            arr = getattr(self, "_entry_array", None)
-            if arr is None or arr.mm is None:
-                arr = self._entry_array = self.create_host_buffer(abi.BLOCKS_MAX * abi.BLOCK_ENTRY.size,
-                                                                  "kvfs-block-entries")
-            return arr
+            while self._free_arrays and arr is None:
+                arr = self._free_arrays.pop()
+                if arr.mm is None:  # closed with the client's buffers
+                    arr = None
+        if arr is None:
+            arr = self.create_host_buffer(abi.BLOCKS_MAX * abi.BLOCK_ENTRY.size, "kvfs-block-entries")
+        try:
+            yield arr
+        finally:
+            with self._owned_lock:
+                if arr.mm is not None:
+                    self._free_arrays.append(arr)
 
     def lookup(self, pairs):
         """LOOKUP (minor 3): which blocks of a sequence are stored whole under
@@ -638,9 +655,8 @@ class Client:
                 o = abi.LOOKUP.size + so
                 statuses = list(b[o:o + (len(ps) - 1) * psz + 1:psz])
         else:
-            arr = self._array()
-            per = min(abi.LOOKUP_MAX, arr.size // psz)
-            with self._entry_lock:
+            with self._entry_array() as arr:
+                per = min(abi.LOOKUP_MAX, arr.size // psz)
                 for lo in range(0, len(ps), per):
                     n = min(per, len(ps) - lo)
                     arr.mm[:n * psz] = packed[lo * psz:(lo + n) * psz]

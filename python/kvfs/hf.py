@@ -279,7 +279,8 @@ class PrefixCache:
     generate() loads a hit layer by layer while the model runs (one
     sequence; a batch loads every layer at once; None, the default: unless
     pin, whose layer-by-layer path is slower than its one call), layers_per_load layers a
-    LOAD_BLOCKS after layer 0 (the first and last few fewer). store_generated: whether
+    LOAD_BLOCKS after layer 0 (the first and last few fewer), loads_in_flight of those
+    LOAD_BLOCKS at once (pin's layer-by-layer path: one). store_generated: whether
     generate() also stores the whole blocks of the tokens it generated (a
     conversation's next turn then finds its last answer stored; not with
     beam search, whose cache rows are not the sequences it returns).
@@ -295,7 +296,8 @@ class PrefixCache:
     sequences have, times their number)."""
 
     def __init__(self, client, model, tp_rank=0, tp_size=1, layer_first=0, identity=None, pin=False,
-                 prefill_blocks=None, weights_salt=True, layerwise=None, store_generated=True, layers_per_load=4):
+                 prefill_blocks=None, weights_salt=True, layerwise=None, store_generated=True, layers_per_load=4,
+                 loads_in_flight=2):
         self.model = model
         self.tp_rank, self.tp_size, self.layer_first = tp_rank, tp_size, layer_first
         self.identity = identity
@@ -310,6 +312,9 @@ class PrefixCache:
         if layers_per_load < 1:
             raise ValueError("layers_per_load %d: want 1 or more" % layers_per_load)
         self.layers_per_load = layers_per_load
+        if loads_in_flight < 1:
+            raise ValueError("loads_in_flight %d: want 1 or more" % loads_in_flight)
+        self.loads_in_flight = loads_in_flight
         self.stats = dict(lookups=0, hit_blocks=0, loaded_blocks=0, stored_blocks=0, failed_blocks=0, fallbacks=0,
                           layerwise_loads=0, layerwise_retries=0, layerwise_load_s=0.0, layerwise_wait_s=0.0)
         self._check_model()
@@ -1082,8 +1087,11 @@ def _layer_groups(layers, per):
 class _LayerLoader:
     """Loads a prefix layer by layer (a BlockArray packed once): layer 0 at
     once (the model reads the cache's length from it before the first layer
-    runs), the others on a thread, PrefixCache.layers_per_load layers per
-    LOAD_BLOCKS (_layer_groups). A forward pre-hook on decoder layer i waits
+    runs), the others on PrefixCache.loads_in_flight threads, each taking
+    the next PrefixCache.layers_per_load layers (_layer_groups) in order, one
+    LOAD_BLOCKS each: while one call's first and last steps run in the
+    daemon (locating blocks, checking what landed), another's copies move
+    (docs/performance.md, "Layer by layer"). A forward pre-hook on decoder layer i waits
     for layer i and puts it into the cache; a layer with fewer blocks than
     layer 0 raises _Shrunk there, and generate() starts again from settle().
 
@@ -1105,11 +1113,11 @@ class _LayerLoader:
         self.kv = [None] * self.n_layers
         self.events = [None] * self.n_layers
         self.error = None
-        self.load_s = 0.0  # the thread's loads, from its start to its last load's end
+        self.load_s = 0.0  # the threads' loads, from their start to the last load's end
         self.ready = [threading.Event() for _ in range(self.n_layers)]
         self.cache = DynamicCache()
         self._hooks = []
-        self._thread = None
+        self._threads = []
         n, bt = len(keys), pc.block_tokens
         self.mode = "host" if not pc._gpu(device) else ("ring" if pc.pin else "area")
         if self.mode == "host":
@@ -1141,14 +1149,23 @@ class _LayerLoader:
         self._put(0)
         for i in range(1, self.n_layers):
             self._hooks.append(decoder_layers[i].register_forward_pre_hook(self._hook(i)))
-        self._thread = threading.Thread(target=self._run, name="kvfs.hf layers", daemon=True)
-        self._thread.start()
+        # the ring's slots are reused in load order: one load at a time there
+        threads = 1 if self.mode == "ring" else min(pc.loads_in_flight, len(self.groups))
+        self._next = 0
+        self._lock = threading.Lock()
+        self._t0 = time.perf_counter()
+        for j in range(threads):
+            es = self.entries if j == 0 else self.entries.copy()
+            t = threading.Thread(target=self._run, args=(es,), name="kvfs.hf layers %d" % j, daemon=True)
+            self._threads.append(t)
+            t.start()
 
-    def _load(self, first, count):
-        """Load layers first .. first + count - 1 in one LOAD_BLOCKS."""
+    def _load(self, first, count, entries=None):
+        """Load layers first .. first + count - 1 in one LOAD_BLOCKS (of
+        entries, the loader's own unless a thread gives its copy)."""
         pc, torch = self.pc, self.torch
         layers = range(first, first + count)
-        es = self.entries.set_layers(pc.layer_first + first, count)
+        es = (entries or self.entries).set_layers(pc.layer_first + first, count)
         if self.mode == "ring":
             slots = self.ring.slots
             for l in layers:
@@ -1187,13 +1204,20 @@ class _LayerLoader:
         e = (self.expand, -1, -1, -1)
         _put(self.cache, i, k[:, :, :t].expand(*e), v[:, :, :t].expand(*e), copy=False)
 
-    def _run(self):
-        t0 = time.perf_counter()
-        for first, count in self.groups:
+    def _run(self, entries):
+        """One loading thread: the next layer group not yet taken, until none
+        is left (after an error, the rest are only marked ready)."""
+        while True:
+            with self._lock:
+                if self._next >= len(self.groups):
+                    return
+                first, count = self.groups[self._next]
+                self._next += 1
             try:
                 if self.error is None:
-                    self._load(first, count)
-                    self.load_s = time.perf_counter() - t0
+                    self._load(first, count, entries)
+                    with self._lock:
+                        self.load_s = max(self.load_s, time.perf_counter() - self._t0)
             except BaseException as e:  # the hooks report it in the caller's thread
                 self.error = e
             finally:
@@ -1233,9 +1257,10 @@ class _LayerLoader:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._threads:
+            for t in self._threads:
+                t.join()
+            self._threads = []
             self.pc.stats["layerwise_load_s"] += self.load_s
 
     def close(self, cache=None):

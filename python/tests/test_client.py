@@ -5,6 +5,7 @@ PYTHONPATH pointing at python/. KVFS_CORRUPT names one damaged group as
 "block layer head kind" (hex block). Pure stdlib; numpy tests skip without it.
 """
 
+import concurrent.futures
 import errno
 import mmap
 import os
@@ -389,6 +390,19 @@ class ClientTest(unittest.TestCase):
             for r, (_, off) in enumerate(regions):  # layer l's regions are in, later layers' untouched
                 got = bytes(buf.view[off + (n - 2) * tile:off + (n - 1) * tile])
                 self.assertEqual(got, want[(r, (n - 2) % 4)] if r // 2 <= l else bytes(tile), (l, r))
+        # one layer per call from a thread each, at once (each call holds an
+        # entry array of its own: one held here does not hold them up)
+        buf.view[:] = bytes(len(buf.view))
+        with self.c._entry_array() as held:
+            with concurrent.futures.ThreadPoolExecutor(L) as ex:
+                got = list(ex.map(lambda l: self.c.load_blocks(tid, ba.copy().set_layers(l, 1)), range(L)))
+            self.assertNotIn(held, self.c._free_arrays)
+        self.assertIn(held, self.c._free_arrays)
+        self.assertEqual(got, [[kvfs.OK] * (n - 1) + [kvfs.ABSENT]] * L)
+        self.assertEqual(ba.layer_first, L - 1)  # the copies' layers changed apart from ba's
+        for r, (_, off) in enumerate(regions):
+            for c in (0, n - 2):
+                self.assertEqual(bytes(buf.view[off + c * tile:off + (c + 1) * tile]), want[(r, c % 4)], (r, c))
         small = kvfs.BlockArray(ids[:2], [0, 1], 0, L, 0, H, tags=[tags[0], b"x" * 16])  # inline
         self.assertEqual([r[:2] for r in self.c.load_blocks(tid, small, details=True)],
                          [(kvfs.OK, 0), (kvfs.ABSENT, kvfs.TAG_MISMATCH)])

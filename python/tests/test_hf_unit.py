@@ -164,6 +164,10 @@ class NoDaemonTest(unittest.TestCase):
         self.assertEqual(khf._layer_groups(8, 4), [(1, 1), (2, 2), (4, 1), (5, 2), (7, 1)])
         self.assertEqual(khf._layer_groups(5, 1), [(1, 1), (2, 1), (3, 1), (4, 1)])
         self.assertEqual(khf._layer_groups(1, 4), [])
+        m = hf_model.tiny_llama(2, 2, 32, torch.float32)
+        for bad in (dict(layers_per_load=0), dict(loads_in_flight=0)):
+            with self.assertRaisesRegex(ValueError, "want 1 or more"):
+                khf.PrefixCache("/nonexistent", m, **bad)
         for layers in range(1, 90):
             for per in (1, 2, 3, 4, 8):
                 g = khf._layer_groups(layers, per)
