@@ -297,7 +297,7 @@ class PrefixCache:
 
     def __init__(self, client, model, tp_rank=0, tp_size=1, layer_first=0, identity=None, pin=False,
                  prefill_blocks=None, weights_salt=True, layerwise=None, store_generated=True, layers_per_load=4,
-                 loads_in_flight=2):
+                 loads_in_flight=1):
         self.model = model
         self.tp_rank, self.tp_size, self.layer_first = tp_rank, tp_size, layer_first
         self.identity = identity
@@ -1089,9 +1089,9 @@ class _LayerLoader:
     once (the model reads the cache's length from it before the first layer
     runs), the others on PrefixCache.loads_in_flight threads, each taking
     the next PrefixCache.layers_per_load layers (_layer_groups) in order, one
-    LOAD_BLOCKS each: while one call's first and last steps run in the
-    daemon (locating blocks, checking what landed), another's copies move
-    (docs/performance.md, "Layer by layer"). A forward pre-hook on decoder layer i waits
+    LOAD_BLOCKS each: with more than one, while the daemon locates one
+    call's blocks and checks what landed, another call's copies can move
+    (docs/abi.md, "Layer by layer"). A forward pre-hook on decoder layer i waits
     for layer i and puts it into the cache; a layer with fewer blocks than
     layer 0 raises _Shrunk there, and generate() starts again from settle().
 

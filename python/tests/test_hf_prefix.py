@@ -429,8 +429,8 @@ class SharedMountTest(_Base):
 
     def test_layerwise(self):
         """Layer 0 loaded first, the others on threads while the model runs
-        (several layers a load, and one; loads in flight at once: the
-        default two, one, three): the same answers; a block gone by the time
+        (several layers a load, and one; loads in flight at once: two, the
+        default one, three): the same answers; a block gone by the time
         a later layer loads (after layer 0 found it) makes the forward start
         again from the blocks every layer has."""
         for per, flight in ((4, 2), (1, 1), (1, 3)):
