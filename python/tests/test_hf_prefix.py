@@ -436,6 +436,40 @@ class SharedMountTest(_Base):
         for per, flight in ((4, 2), (1, 1), (1, 3)):
             self.layerwise_case(81 + 2 * per + flight, layers_per_load=per, loads_in_flight=flight)
 
+    def test_layerwise_load_fails_after_layer_0(self):
+        """A LOAD_BLOCKS after layer 0's fails (the daemon gone mid-hit), with
+        one load in flight and with two: generation recomputes, gives the
+        recompute's tokens and warns once; no hook stays on the model, and the
+        next call finds the prefix again."""
+        import errno
+        p = self.prompt(121)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+        decoder = khf._decoder_layers(self.model)
+        for flight in (1, 2):
+            with self.cache(layerwise=True, loads_in_flight=flight) as pc:
+                c = pc._connect()
+                real = c.load_blocks
+
+                def fail_after_layer_0(target, entries, details=False):
+                    if entries.layer_first > 0:
+                        raise kvfs.KvfsError("load-blocks", errno.ENOTCONN)
+                    return real(target, entries, details)
+                c.load_blocks = fail_after_layer_0
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    self.check(pc, p, "load failed after layer 0, %d in flight" % flight)
+                msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
+                self.assertEqual(len(msgs), 1, msgs)
+                self.assertIn("load failed", msgs[0])
+                self.assertEqual((pc.stats["fallbacks"], pc.stats["layerwise_retries"]), (1, 1))
+                self.assertEqual(pc.stats["loaded_blocks"], 0)
+                self.assertTrue(all(len(layer._forward_pre_hooks) == 0 for layer in decoder))
+                # the failing client was closed with the outage; a new one serves the hit
+                self.assertIsNot(pc._connect(), c)
+                self.check(pc, p, "after the outage, %d in flight" % flight)
+                self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
+
     @unittest.skipIf(DEVICE != "cpu", "the GPU path runs on the GPU itself")
     def test_layerwise_pinned_ring_on_cpu_tensors(self):
         """pin=True's layer-by-layer path (layers through pinned host slots,
