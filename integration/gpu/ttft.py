@@ -16,7 +16,9 @@ block_tokens), each timed from the call to the first generated token
 * resident:full, resident:half: model.generate given a cache already in
   the model's memory holding the first N − 16 (N/2) tokens, a copy of the
   recompute's: what a hit costs with no load at all, the floor of the
-  columns below;
+  columns below (run, as the hits are, with kvfs.hf.suffix_attention:
+  fused attention kernels over the cache; --stock-attention runs the
+  resident columns and the hits with transformers' sdpa as it is);
 * full: kvfs.hf.PrefixCache.generate with every whole block but the last
   stored before (from the recompute's cache): LOOKUP, the load of N − 16
   tokens' KV layer by layer (layer 0 first, the others on a thread while
@@ -188,7 +190,8 @@ def measure(args, model, runs, device, identity, bt):
             times = []
             for _ in range(args.repeat):
                 c = _prefix_cache(ref_cache, keep)
-                t, got, _ = generate(model, prompt, args.new_tokens, cache=c)
+                with khf.suffix_attention(model, not args.stock_attention):
+                    t, got, _ = generate(model, prompt, args.new_tokens, cache=c)
                 times.append(t)
                 del c
                 if got != toks:
@@ -206,6 +209,7 @@ def measure(args, model, runs, device, identity, bt):
                 ident = "%s %s %s %d" % (identity, r.name, "half" if half else "full", n)
                 # PrefixCache's defaults, as a user gets them: layer by layer through REGISTER_CUDA, one call with pin
                 extra = {"layers_per_load": args.layers_per_load} if args.layers_per_load else {}
+                extra["suffix_attention"] = not args.stock_attention
                 if args.loads_in_flight:
                     extra["loads_in_flight"] = args.loads_in_flight
                 pc = khf.PrefixCache(r.mount, model, identity=ident, pin=bool(pin), **extra)
@@ -296,7 +300,7 @@ def phases(model, run, prompt, args, identity, ref_cache, device):
             sync()
             t.append(time.perf_counter())
             st = FirstToken()
-            with torch.no_grad():
+            with torch.no_grad(), khf.suffix_attention(model, not args.stock_attention):
                 model.generate(prompt, **{khf.cache_kwarg(model): cache}, do_sample=False, max_new_tokens=1,
                                streamer=st, attention_mask=torch.ones_like(prompt))
             t.append(st.at)
@@ -358,6 +362,8 @@ def main():
                    help="PrefixCache's layers_per_load for the hits (0: its default)")
     p.add_argument("--loads-in-flight", type=int, default=0,
                    help="PrefixCache's loads_in_flight for the hits (0: its default)")
+    p.add_argument("--stock-attention", action="store_true",
+                   help="hits and resident columns with transformers' sdpa as it is (PrefixCache(suffix_attention=False))")
     p.add_argument("--phases", action="store_true", help="also time the steps of a full hit loaded in one call "
                    "(through the first store given)")
     args = p.parse_args()

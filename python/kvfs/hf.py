@@ -62,7 +62,7 @@ Layer by layer. generate() (layerwise=True, the default but with pin=True,
 whose layer-by-layer path through pinned host slots is slower than its one
 call: docs/performance.md, "TTFT with a real model") loads layer 0 of
 the hit first (the model reads the cache's length from it) and the other
-layers on a thread while the model runs, layers_per_load layers (4) per
+layers on threads while the model runs, layers_per_load layers (8) per
 LOAD_BLOCKS, the first and last loads fewer; a pre-forward hook
 on decoder layer i waits only for layer i's data. A full
 hit thus overlaps its load with the last block's prefill, a partial one
@@ -103,7 +103,7 @@ import warnings
 from . import abi
 from . import BlockArray, BlockEntry, Client, OK, LOOKUP_PRESENT
 
-__all__ = ["PrefixCache", "model_salt", "block_keys", "BlockKey"]
+__all__ = ["PrefixCache", "model_salt", "block_keys", "BlockKey", "suffix_attention"]
 
 TORCH_DTYPES = {1: "bfloat16", 2: "float16", 3: "float32"}
 
@@ -280,7 +280,11 @@ class PrefixCache:
     sequence; a batch loads every layer at once; None, the default: unless
     pin, whose layer-by-layer path is slower than its one call), layers_per_load layers a
     LOAD_BLOCKS after layer 0 (the first and last few fewer), loads_in_flight of those
-    LOAD_BLOCKS at once (pin's layer-by-layer path: one). store_generated: whether
+    LOAD_BLOCKS at once (pin's layer-by-layer path: one; 8 and 2 gave the
+    shortest 32K hit on an H100, docs/performance.md). suffix_attention:
+    whether the model's forwards run kvfs.hf.suffix_attention (fused
+    attention of the prompt's rest over the loaded prefix; a model of
+    sdpa attention). store_generated: whether
     generate() also stores the whole blocks of the tokens it generated (a
     conversation's next turn then finds its last answer stored; not with
     beam search, whose cache rows are not the sequences it returns).
@@ -296,8 +300,8 @@ class PrefixCache:
     sequences have, times their number)."""
 
     def __init__(self, client, model, tp_rank=0, tp_size=1, layer_first=0, identity=None, pin=False,
-                 prefill_blocks=None, weights_salt=True, layerwise=None, store_generated=True, layers_per_load=4,
-                 loads_in_flight=1):
+                 prefill_blocks=None, weights_salt=True, layerwise=None, store_generated=True, layers_per_load=8,
+                 loads_in_flight=2, suffix_attention=True):
         self.model = model
         self.tp_rank, self.tp_size, self.layer_first = tp_rank, tp_size, layer_first
         self.identity = identity
@@ -315,6 +319,7 @@ class PrefixCache:
         if loads_in_flight < 1:
             raise ValueError("loads_in_flight %d: want 1 or more" % loads_in_flight)
         self.loads_in_flight = loads_in_flight
+        self.suffix_attention = suffix_attention
         self.stats = dict(lookups=0, hit_blocks=0, loaded_blocks=0, stored_blocks=0, failed_blocks=0, fallbacks=0,
                           layerwise_loads=0, layerwise_retries=0, layerwise_load_s=0.0, layerwise_wait_s=0.0)
         self._check_model()
@@ -824,7 +829,7 @@ class PrefixCache:
         end = ((ids.shape[1] - 1) // bt) * bt
         step = chunk_blocks * bt if chunk_blocks else max(end - n_cached, 1)
         kw = cache_kwarg(self.model)
-        with torch.no_grad():
+        with torch.no_grad(), suffix_attention(self.model, self.suffix_attention):
             for a in range(n_cached, end, step):
                 b = min(a + step, end)
                 self.model(input_ids=ids[:, a:b].to(self._model_device()), use_cache=True, **{kw: cache})
@@ -906,7 +911,7 @@ class PrefixCache:
             try:
                 if prefill:
                     n = self.prefill(ids, cache, n)
-                with torch.no_grad():
+                with torch.no_grad(), suffix_attention(self.model, self.suffix_attention):
                     out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
             except _Shrunk:
                 # a layer loaded fewer blocks than layer 0 (evicted, corrupt,
@@ -915,7 +920,7 @@ class PrefixCache:
                 self.stats["layerwise_retries"] += 1
                 if prefill:
                     n = self.prefill(ids, cache, n)
-                with torch.no_grad():
+                with torch.no_grad(), suffix_attention(self.model, self.suffix_attention):
                     out = self.model.generate(input_ids, **{kw: cache}, **kwargs)
         finally:
             if loader is not None:
@@ -1371,3 +1376,86 @@ def _batched(input_ids):
         return input_ids.dim() == 2 and input_ids.shape[0] != 1
     ids = list(input_ids)
     return bool(ids) and isinstance(ids[0], (list, tuple)) and len(ids) != 1
+
+
+# -- attention over a stored prefix ------------------------------------------
+
+SUFFIX_ATTENTION = "kvfs_sdpa"
+_suffix_registered = False
+
+
+def _suffix_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                 attention_mask=None, local_size=None, allow_is_causal_skip=True, device="cpu", **kwargs):
+    """The mask of SUFFIX_ATTENTION: None where the queries are the last
+    q_length of kv_length keys, causal and unpadded (_suffix_sdpa then
+    gives SDPA a lower-right causal bias, fused kernels on a GPU);
+    otherwise transformers' sdpa mask, materialized whenever a query run
+    shorter than its keys would otherwise be left to sdpa's upper-left
+    is_causal."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    lower_right = 1 < q_length < kv_length
+    if (lower_right and allow_is_causal_skip and mask_function is causal_mask_function and local_size is None
+            and kv_offset == 0 and isinstance(q_offset, int) and q_offset + q_length == kv_length
+            and (attention_mask is None or (attention_mask.shape[-1] == kv_length and bool(attention_mask.all())))):
+        return None
+    if lower_right:
+        allow_is_causal_skip = False
+        kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, mask_function=mask_function or causal_mask_function,
+                     attention_mask=attention_mask, local_size=local_size,
+                     allow_is_causal_skip=allow_is_causal_skip, device=device, **kwargs)
+
+
+def _suffix_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' sdpa attention, but for queries that follow cached keys
+    (no mask: _suffix_mask left it out): SDPA with a lower-right causal
+    bias, which runs FlashAttention's kernel with grouped kv-heads as they
+    are, instead of a materialized [q, kv] mask over kv-heads repeated for
+    every query head."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    q, kv = query.shape[2], key.shape[2]
+    if (attention_mask is None and 1 < q < kv and is_causal is not False and getattr(module, "is_causal", True)
+            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None):
+        import torch
+        from torch.nn.attention.bias import causal_lower_right
+        groups = getattr(module, "num_key_value_groups", 1)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=causal_lower_right(q, kv), dropout_p=dropout, scale=scaling,
+            enable_gqa=groups > 1)
+        return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=is_causal, **kwargs)
+
+
+def _register_suffix_attention():
+    global _suffix_registered
+    if not _suffix_registered:
+        from transformers import AttentionInterface, AttentionMaskInterface
+        AttentionInterface.register(SUFFIX_ATTENTION, _suffix_sdpa)
+        AttentionMaskInterface.register(SUFFIX_ATTENTION, _suffix_mask)
+        _suffix_registered = True
+
+
+class suffix_attention:
+    """with suffix_attention(model): a model of transformers' sdpa attention
+    runs SUFFIX_ATTENTION while inside: the same computation, but a forward
+    over a cache that holds earlier tokens (the rest of a prompt after its
+    loaded prefix) runs SDPA's fused kernels on the GPU instead of a masked
+    attention over repeated kv-heads. Its own implementation is back on
+    exit. PrefixCache(suffix_attention=True), the default, runs its
+    forwards so; on=False, or a model of another implementation, changes
+    nothing."""
+
+    def __init__(self, model, on=True):
+        self.config = model.config if on and getattr(model.config, "_attn_implementation", None) == "sdpa" else None
+
+    def __enter__(self):
+        if self.config is not None:
+            _register_suffix_attention()
+            self.config._attn_implementation = SUFFIX_ATTENTION
+        return self
+
+    def __exit__(self, *exc):
+        if self.config is not None:
+            self.config._attn_implementation = "sdpa"

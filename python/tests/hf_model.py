@@ -43,17 +43,19 @@ GEN = dict(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS
            return_dict_in_generate=True)
 
 
-def reference(model, prompt, block_tokens, seed=None, cache=None, **gen):
+def reference(model, prompt, block_tokens, seed=None, cache=None, suffix=True, **gen):
     """Generation without kvfs, prefilled block by block as PrefixCache(prefill_blocks=1) does.
     gen: GEN's settings changed (num_beams, sampling); seed: torch.manual_seed before generating;
-    cache: a DynamicCache holding the prompt's first whole blocks already (default: an empty one)."""
+    cache: a DynamicCache holding the prompt's first whole blocks already (default: an empty one);
+    suffix: with the attention PrefixCache(suffix_attention=True) runs (kvfs.hf.suffix_attention)."""
     from transformers import DynamicCache
+    from kvfs.hf import suffix_attention
     gen = dict(GEN, cache_implementation=None, **gen)  # the cache is the DynamicCache given
     # generate runs max(num_beams, num_return_sequences) rows per sequence: the cache has them all
     rows = prompt.repeat_interleave(max(gen.get("num_beams", 1), gen.get("num_return_sequences", 1)), 0)
     cache = DynamicCache() if cache is None else cache
     kw = cache_kw(model)
-    with torch.no_grad():
+    with torch.no_grad(), suffix_attention(model, suffix):
         for j in range(cache.get_seq_length() // block_tokens, (prompt.shape[1] - 1) // block_tokens):
             model(input_ids=rows[:, j * block_tokens:(j + 1) * block_tokens], use_cache=True, **{kw: cache})
         if seed is not None:

@@ -4,6 +4,7 @@ generation that falls back to recomputing when there is no kvfs mount.
 Needs torch and transformers; skips otherwise (an error in CI, see conftest.py).
 """
 
+import functools
 import os
 import struct
 import tempfile
@@ -185,6 +186,69 @@ class NoDaemonTest(unittest.TestCase):
         for what, m in (("a hole", [[1, 0, 1]]), ("right padding", [[1, 1, 0]]), ("a row of pads", [[0, 0], [1, 1]]),
                         ("one dimension", [0, 1])):
             self.assertIsNone(khf._left_pads(t(m)), what)
+
+
+class SuffixAttentionTest(unittest.TestCase):
+    """kvfs.hf.suffix_attention: the rest of a prompt attends its cached
+    prefix through a lower-right causal bias instead of transformers'
+    materialized mask; the logits are transformers' own, and the model's
+    attention implementation is back afterwards."""
+
+    def rest_logits(self, m, p, cached, mask=None, on=True):
+        from transformers import DynamicCache
+        kw = hf_model.cache_kw(m)
+        c = DynamicCache()
+        with torch.no_grad():
+            if cached:
+                m(input_ids=p[:, :cached], use_cache=True, attention_mask=None if mask is None else mask[:, :cached],
+                  **{kw: c})
+            with khf.suffix_attention(m, on):
+                self.assertEqual(m.config._attn_implementation, khf.SUFFIX_ATTENTION if on else "sdpa")
+                return m(input_ids=p[:, cached:], use_cache=True, attention_mask=mask, **{kw: c}).logits
+
+    def test_logits_as_transformers(self):
+        # KVFS_TEST_DEVICE=cuda: in bf16 on the GPU, where the bias runs FlashAttention's kernel
+        dev = os.environ.get("KVFS_TEST_DEVICE", "cpu")
+        tol = 1e-5 if dev == "cpu" else 2e-2
+        m = hf_model.tiny_llama(2, 2, 32, torch.float32 if dev == "cpu" else torch.bfloat16).to(dev)
+        p = hf_model.prompt(56, 7).to(dev)
+        # the rest over a prefix (the bias), one token (decoding), no prefix (plain causal)
+        for cached in (32, 55, 0):
+            got, want = self.rest_logits(m, p, cached).float(), self.rest_logits(m, p, cached, on=False).float()
+            self.assertTrue(torch.allclose(got, want, rtol=tol, atol=tol),
+                            "%d cached: max |diff| %g" % (cached, (got - want).abs().max().item()))
+        # a left-padded batch: transformers' mask, as it is
+        batch = torch.cat([p, hf_model.prompt(56, 8).to(dev)])
+        mask = torch.ones_like(batch)
+        mask[1, :5] = 0
+        got, want = self.rest_logits(m, batch, 32, mask), self.rest_logits(m, batch, 32, mask, on=False)
+        self.assertTrue(torch.equal(got, want), (got.float() - want.float()).abs().max().item())
+        self.assertEqual(m.config._attn_implementation, "sdpa")
+
+    def test_mask(self):
+        """None (the bias) only for unpadded causal queries that end the keys."""
+        from transformers.masking_utils import causal_mask_function
+        f = functools.partial(khf._suffix_mask, batch_size=1, mask_function=causal_mask_function)
+        self.assertIsNone(f(q_length=24, kv_length=56, q_offset=32))
+        self.assertIsNone(f(q_length=24, kv_length=56, q_offset=32, attention_mask=torch.ones(1, 56, dtype=torch.bool)))
+        for what, kw in (("padded", dict(attention_mask=torch.tensor([[False] + [True] * 55]))),
+                         ("queries before the keys' end", dict(q_offset=0)),
+                         ("no skip allowed", dict(q_offset=32, allow_is_causal_skip=False)),
+                         ("a sliding window", dict(q_offset=32, local_size=8))):
+            got = f(q_length=24, kv_length=56, **kw)
+            self.assertIsNotNone(got, what)
+            self.assertEqual(tuple(got.shape), (1, 1, 24, 56), what)
+
+    def test_restored(self):
+        m = hf_model.tiny_llama(2, 2, 32, torch.float32)
+        with self.assertRaises(KeyError):
+            with khf.suffix_attention(m):
+                raise KeyError("inside")
+        self.assertEqual(m.config._attn_implementation, "sdpa")
+        m.config._attn_implementation = "eager"
+        with khf.suffix_attention(m):
+            self.assertEqual(m.config._attn_implementation, "eager")
+        self.assertEqual(m.config._attn_implementation, "eager")
 
 
 if __name__ == "__main__":
