@@ -55,8 +55,16 @@ lowest bits from KV computed block by block (the matmuls and attention run
 with other shapes). prefill_blocks=1 computes every uncached block in its
 own forward, so the KV of block i is the same computation whether blocks
 before it came from the store or not: generation with and without kvfs is
-then identical. The default (None) lets model.generate prefill the
-uncached rest in one forward, the fastest.
+then identical (without kvfs under suffix_attention, the attention
+PrefixCache runs: see below). The default (None) lets model.generate
+prefill the uncached rest in one forward, the fastest.
+
+Attention. PrefixCache runs its forwards under suffix_attention(model)
+(suffix_attention=True; a model of transformers' sdpa attention): the
+rest of a prompt attends its loaded prefix through SDPA with a
+lower-right causal bias and grouped kv-heads (FlashAttention's kernel on
+a GPU) instead of transformers' materialized mask over repeated kv-heads;
+every other forward is transformers' sdpa as it is.
 
 Layer by layer. generate() (layerwise=True, the default but with pin=True,
 whose layer-by-layer path through pinned host slots is slower than its one
