@@ -1,6 +1,6 @@
 """Python client of the kvfs control ioctls (docs/abi.md).
 
-Pure standard library (fcntl, mmap, struct). Open a kvfs mount's control
+Pure standard library (ctypes, mmap, struct). Open a kvfs mount's control
 file, register host memory (a memfd, or a file of /dev/shm, mapped by both
 sides), and load or store many KV-cache groups per ioctl straight between
 the store and that memory::
@@ -25,8 +25,8 @@ as it is registered), so a killed client leaves nothing behind.
 import array
 import collections
 import contextlib
+import ctypes
 import errno as _errno
-import fcntl
 import mmap
 import os
 import secrets
@@ -141,6 +141,12 @@ class BlockArray:
 _LAYER_FIRST_OFF = 12  # of layer_first (u16) and then layer_count in a block entry
 
 
+
+# ioctl(2) through ctypes: the GIL is released for the call (Client.ioctl)
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc_ioctl = _libc.ioctl
+_libc_ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+_libc_ioctl.restype = ctypes.c_int
 
 def status_name(s):
     return abi.STATUS_NAMES.get(s, "status(%d)" % s)
@@ -290,18 +296,36 @@ class Client:
         return self._fd
 
     def ioctl(self, cmd, buf, op="ioctl"):
-        """Issue a raw ioctl with a bytearray of _IOC_SIZE(cmd) bytes (or None)."""
+        """Issue a raw ioctl with a bytearray of _IOC_SIZE(cmd) bytes (or None).
+
+        The call runs with the GIL released (a ctypes call), whatever the
+        buffer's size: fcntl.ioctl keeps the GIL through an ioctl whose
+        buffer is over 1,024 bytes (the inline calls), and a load on one
+        thread would then stall every other thread of the process, a
+        model's forward too, for the whole call. A buffer shorter than
+        _IOC_SIZE(cmd) is copied into one of that size first, so the daemon
+        never reads or writes past it."""
         if self._fd < 0:
             raise KvfsError(op, _errno.EBADF)
+        arg, tmp = None, None
+        if buf is not None:
+            size = (cmd >> 16) & 0x3FFF
+            if isinstance(buf, bytearray) and len(buf) >= size:
+                arg = (ctypes.c_char * len(buf)).from_buffer(buf)
+            else:
+                tmp = bytearray(max(size, len(buf)))
+                tmp[:len(buf)] = buf
+                arg = (ctypes.c_char * len(tmp)).from_buffer(tmp)
         while True:
-            try:
-                if buf is None:
-                    return fcntl.ioctl(self._fd, cmd, 0)
-                return fcntl.ioctl(self._fd, cmd, buf, True)
-            except InterruptedError:
-                continue
-            except OSError as e:
-                raise KvfsError(op, e.errno) from None
+            ret = _libc_ioctl(self._fd, cmd, arg)
+            if ret >= 0:
+                break
+            e = ctypes.get_errno()
+            if e != _errno.EINTR:
+                raise KvfsError(op, e)
+        if tmp is not None and isinstance(buf, bytearray):
+            buf[:] = tmp[:len(buf)]
+        return ret
 
     # -- commands -----------------------------------------------------------
 

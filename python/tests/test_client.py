@@ -10,12 +10,17 @@ import errno
 import mmap
 import os
 import random
+import signal
 import struct
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 import kvfs
+import own_daemon
 from kvfs import abi
 
 MOUNT = os.environ.get("KVFS_MOUNT")
@@ -426,6 +431,48 @@ class ClientTest(unittest.TestCase):
         for b in ids:
             for key in self.keys(b):
                 os.unlink(self.c.group_path(MOUNT, *key))
+
+
+@unittest.skipUnless(own_daemon.BIN, "KVFS_BIN is not set")
+class ReleasesGILTest(unittest.TestCase):
+    """A thread in a control ioctl leaves the other threads of the process
+    running (a model's forward while a loader thread loads): the GIL is
+    released for the call, inline calls too, whose 16 KiB buffers
+    fcntl.ioctl would hold it through."""
+
+    def test_other_threads_run_during_a_call(self):
+        d = own_daemon.Daemon("16MiB", (2, 2, 64, 16, "f32"))
+        self.addCleanup(d.close)
+        c = kvfs.Client(d.mnt)
+        self.addCleanup(c.close)
+        pairs = [(0x4000 + i, bytes(16)) for i in range(300)]  # one inline LOOKUP
+        self.assertEqual(c.lookup(pairs).run, 0)
+        pid, marker = d.proc.pid, os.path.join(d.dir, "continued")
+        started, got = threading.Event(), {}
+
+        def call():
+            started.set()
+            got["run"] = c.lookup(pairs).run
+
+        # stopped, the daemon leaves the call blocked in the kernel; a
+        # watchdog process continues it after 20 s should this thread not
+        # (started first: a child closing its copy of the control file
+        # waits for the daemon)
+        watchdog = subprocess.Popen(["sh", "-c", "sleep 20; touch %s; kill -CONT %d" % (marker, pid)])
+        os.kill(pid, signal.SIGSTOP)
+        t = threading.Thread(target=call)
+        try:
+            t.start()
+            started.wait()
+            time.sleep(0.5)  # the other thread is in its ioctl by now
+            ran_during_call = not os.path.exists(marker) and t.is_alive()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            t.join(60)
+            watchdog.kill()
+            watchdog.wait()
+        self.assertTrue(ran_during_call, "this thread waited for the other's ioctl")
+        self.assertEqual(got.get("run"), 0)
 
 
 if __name__ == "__main__":

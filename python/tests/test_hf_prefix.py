@@ -23,15 +23,12 @@ error in CI, see conftest.py).
 import functools
 import os
 import shutil
-import signal
-import subprocess
-import tempfile
 import threading
-import time
 import unittest
 import warnings
 
 import kvfs
+import own_daemon
 
 try:
     import torch
@@ -541,55 +538,12 @@ class SharedMountTest(_Base):
                 self.assertTrue(torch.equal(got[0][1], layers[0][1][:, :, :3 * self.bt]))
 
 
-class _Daemon:
-    """A kvfs daemon of its own: a store file in a temporary directory, mounted by KVFS_BIN."""
-
-    def __init__(self, size, geometry):
-        self.dir = tempfile.mkdtemp(prefix="kvfs-hf-")
-        self.store = os.path.join(self.dir, "store")
-        self.mnt = os.path.join(self.dir, "mnt")
-        os.mkdir(self.mnt)
-        layers, heads, hd, bt, dtype = geometry
-        subprocess.run([BIN, "format", self.store, "--size", size, "--layers", str(layers), "--kv-heads",
-                        str(heads), "--head-dim", str(hd), "--block-tokens", str(bt), "--dtype", dtype],
-                       check=True, capture_output=True)
-        self.proc = None
-        self.start()
-
-    def start(self):
-        self.proc = subprocess.Popen([BIN, "mount", self.store, self.mnt], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
-        ctl = os.path.join(self.mnt, ".kvfs", "ctl")
-        for _ in range(200):
-            if os.path.exists(ctl):
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError("kvfs mount exited: %s" % self.proc.stderr.read().decode())
-            time.sleep(0.05)
-        raise RuntimeError("kvfs mount: no control file after 10 s")
-
-    def kill(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.proc.stderr.close()
-        subprocess.run([BIN, "umount", "--lazy", self.mnt], capture_output=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @unittest.skipUnless(torch is not None and BIN, "needs torch, transformers and KVFS_BIN")
 class OwnDaemonTest(_Base):
     GEOMETRY = (4, 2, 128, 16, "bf16")
 
     def daemon(self, size="16MiB", geometry=GEOMETRY):
-        d = _Daemon(size, geometry)
+        d = own_daemon.Daemon(size, geometry)
         self.addCleanup(d.close)
         self.mnt = d.mnt
         _Base.setUp(self)
