@@ -53,6 +53,8 @@
 #   ttft-cpu     integration/gpu/ttft.py on the CPU with a tiny random Llama
 #                from a small tmpfs store (PY: a python with torch and
 #                transformers, e.g. the venv `make test-python` builds)
+#   python-threads scripts/ioctl-threads.py: what a Python client call leaves to the
+#                process's other threads (Client.ioctl against fcntl.ioctl)
 #   peers        LMCache's disk storage (local disk, buffered and O_DIRECT;
 #                raw-block) against kvfs on DISK: PEER_CHUNKS chunks of 32
 #                MiB stored, synced, page cache dropped, read back into host
@@ -83,7 +85,7 @@
 #   DRAM_SIZE [768MiB]  DRAM_WS [192]  DRAM_BPC [16]  DRAM_ZIPF_WS [1536]
 #   MOUNT_FLAGS    extra flags of every kvfs mount (e.g. --cpuprofile F)
 #   TOKENS         ttft's token counts [4096,16384,32768; ttft-cpu: 256,1024]
-#   PY             the python of ttft-cpu [python3]
+#   PY             the python of ttft-cpu and python-threads [python3]
 #   LMCACHE_PY     the python of peers, with lmcache [/var/tmp/lmc-venv/bin/python]
 #   PEER_CHUNKS    peers' 32 MiB chunks per round [16]
 #   WORK           scratch directory [a new one under /tmp, removed at exit]
@@ -648,6 +650,21 @@ s_ttft_cpu() {
 	return "$rc"
 }
 
+s_python_threads() {
+	S=$SHM/kvfs-measure-threads.kvfs
+	STORES+=("$S")
+	"$K" format "$S" --size 1GiB --layers 32 --kv-heads 8 --head-dim 128 --block-tokens 16 --dtype bf16 \
+		--force >/dev/null || return 1
+	mnt "$K" || return 1
+	echo
+	echo "Python client calls and the process's other threads ($(hostname), $(nproc) cores, $(date -u +%Y-%m-%d), commit $COMMIT)"
+	echo
+	"${PY:-python3}" scripts/ioctl-threads.py "$M" --rounds "$ROUNDS"
+	local rc=$?
+	umnt
+	return "$rc"
+}
+
 s_peers() {
 	local py=${LMCACHE_PY:-/var/tmp/lmc-venv/bin/python}
 	"$py" -c 'import lmcache' 2>/dev/null || {
@@ -697,9 +714,10 @@ run() {
 	dram-zipf) s_dram_zipf ;;
 	ttft) s_ttft ;;
 	ttft-cpu) s_ttft_cpu ;;
+	python-threads) s_python_threads ;;
 	peers) s_peers ;;
 	control) s_control ;;
-	all) for s in engine store load-v1 load-blocks layers stores sweep cold disk load-gpu dram dram-zipf control ttft ttft-cpu peers; do run $s; done ;;
+	all) for s in engine store load-v1 load-blocks layers stores sweep cold disk load-gpu dram dram-zipf control ttft ttft-cpu python-threads peers; do run $s; done ;;
 	*)
 		echo "measure.sh: unknown scenario $1" >&2
 		usage
