@@ -242,7 +242,7 @@ def measure(args, model, runs, device, identity, bt):
                         notes.append("%s: page cache not dropped (no permission): loads may be cached" % col)
                     row[col + "_ms"] = statistics.median(times) * 1e3
                     if pc.layerwise:
-                        # the loader's time after layer 0, and the forward's wait for it
+                        # the loader threads' time (from their start to the last load's end), and the forward's wait for it
                         row.setdefault("layerwise", {})[col] = {"load_ms": statistics.median(loads) * 1e3,
                                                                 "wait_ms": statistics.median(waits) * 1e3}
                 except (Unserved, OSError) as e:
@@ -403,7 +403,7 @@ def main():
     lw = [(r["tokens"], col, v) for r in rows for col, v in r.get("layerwise", {}).items()]
     if lw:
         print()
-        print("Layer-by-layer hits: ms the loader took after layer 0, and the forward waited for it (median of %d):"
+        print("Layer-by-layer hits: ms the loader's threads took, and the forward waited for them (median of %d):"
               % args.repeat)
         print("| tokens | hit | loads | waits |")
         print("|---|---|---|---|")

@@ -1104,7 +1104,8 @@ class _LayerLoader:
     the next PrefixCache.layers_per_load layers (_layer_groups) in order, one
     LOAD_BLOCKS each: with more than one, while the daemon locates one
     call's blocks and checks what landed, another call's copies can move
-    (docs/abi.md, "Layer by layer"). A forward pre-hook on decoder layer i waits
+    (docs/abi.md, "Layer by layer"); all threads but one start while layer
+    0 loads, so that many calls are in flight from the start. A forward pre-hook on decoder layer i waits
     for layer i and puts it into the cache; a layer with fewer blocks than
     layer 0 raises _Shrunk there, and generate() starts again from settle().
 
@@ -1126,7 +1127,7 @@ class _LayerLoader:
         self.kv = [None] * self.n_layers
         self.events = [None] * self.n_layers
         self.error = None
-        self.load_s = 0.0  # the threads' loads, from their start to the last load's end
+        self.load_s = 0.0  # the threads' loads, from the first's start to the last load's end
         self.ready = [threading.Event() for _ in range(self.n_layers)]
         self.cache = DynamicCache()
         self._hooks = []
@@ -1150,28 +1151,47 @@ class _LayerLoader:
             per = min(per, self.ring.slots // 2)  # a load's slots free while the last one's copy runs
         self.groups = _layer_groups(self.n_layers, per)
         self.entries = pc._entries(keys, layer_count=1)
-        self._load(0, 1)
+        # the ring's slots are reused in load order: one load at a time there
+        threads = 1 if self.mode == "ring" else min(pc.loads_in_flight, len(self.groups))
+        self._next = 0
+        self._lock = threading.Lock()
+        self._t0 = time.perf_counter()
+        # with several loads in flight, all but one thread start with layer
+        # 0's load (the calls in flight stay loads_in_flight); the last one
+        # once layer 0 is in
+        early = threads - 1 if threads > 1 else 0
+        for j in range(early):
+            self._start(j, self.entries.copy())
+        try:
+            self._load(0, 1)
+        except BaseException:
+            self._stop()
+            raise
         self.blocks = self.ok[0]
         self.tokens = self.blocks * bt
         pc.stats["loaded_blocks"] += self.blocks
         pc.stats["failed_blocks"] += n - self.blocks
         if self.blocks == 0:
+            self._stop()
             return
         if self.blocks < n:
             self.entries = pc._entries(keys[:self.blocks], layer_count=1)
         self._put(0)
         for i in range(1, self.n_layers):
             self._hooks.append(decoder_layers[i].register_forward_pre_hook(self._hook(i)))
-        # the ring's slots are reused in load order: one load at a time there
-        threads = 1 if self.mode == "ring" else min(pc.loads_in_flight, len(self.groups))
-        self._next = 0
-        self._lock = threading.Lock()
-        self._t0 = time.perf_counter()
-        for j in range(threads):
-            es = self.entries if j == 0 else self.entries.copy()
-            t = threading.Thread(target=self._run, args=(es,), name="kvfs.hf layers %d" % j, daemon=True)
-            self._threads.append(t)
-            t.start()
+        for j in range(early, threads):
+            self._start(j, self.entries if j == early else self.entries.copy())
+
+    def _start(self, j, entries):
+        t = threading.Thread(target=self._run, args=(entries,), name="kvfs.hf layers %d" % j, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _stop(self):
+        """No more loads: the threads finish the one they are in."""
+        with self._lock:
+            self._next = len(self.groups)
+        self._join()
 
     def _load(self, first, count, entries=None):
         """Load layers first .. first + count - 1 in one LOAD_BLOCKS (of

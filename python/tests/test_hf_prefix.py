@@ -124,14 +124,20 @@ class _Base(unittest.TestCase):
             c = pc._client
             real = c.load_blocks
 
-            deleted = threading.Lock()
+            deleted, layer_0 = threading.Lock(), threading.Event()
 
             def delete_after_layer_0(target, entries, details=False):
-                # a load after layer 0's (a BlockArray per load); loads run on
-                # several threads, the first deletes
-                if entries.layer_first > 0 and deleted.acquire(blocking=False):
+                # a BlockArray per load; the loads of later layers run on
+                # several threads, some started while layer 0 loads: they wait
+                # until layer 0 is in and the block deleted
+                if entries.layer_first > 0:
+                    layer_0.wait(30)
+                    return real(target, entries, details)
+                st = real(target, entries, details)
+                if deleted.acquire(blocking=False):
                     delete_block(self.mnt, keys[3].block)
-                return real(target, entries, details)
+                layer_0.set()
+                return st
             c.load_blocks = delete_after_layer_0
             try:
                 self.check(pc, p, "layerwise, block gone after layer 0")
@@ -427,11 +433,39 @@ class SharedMountTest(_Base):
     def test_layerwise(self):
         """Layer 0 loaded first, the others on threads while the model runs
         (several layers a load, and one; loads in flight at once: two, the
-        default one, three): the same answers; a block gone by the time
+        default, one, three): the same answers; a block gone by the time
         a later layer loads (after layer 0 found it) makes the forward start
         again from the blocks every layer has."""
         for per, flight in ((4, 2), (1, 1), (1, 3)):
             self.layerwise_case(81 + 2 * per + flight, layers_per_load=per, loads_in_flight=flight)
+
+    def test_loads_in_flight_from_the_start(self):
+        """With two loads in flight, a load of later layers is in flight
+        while layer 0 loads (layer 0's load here waits, 10 s at most, for
+        one to start), and the answer is the same."""
+        p = self.prompt(131)
+        with self.cache() as pc:
+            self.check(pc, p, "cold")
+        with self.cache(layerwise=True, loads_in_flight=2) as pc:
+            if pc.pin:
+                self.skipTest("pin=True's layer-by-layer loads go one at a time through its ring")
+            c = pc._connect()
+            real, later, seen = c.load_blocks, threading.Event(), []
+
+            def load(target, entries, details=False):
+                if entries.layer_first == 0:
+                    seen.append(later.wait(10))
+                else:
+                    later.set()
+                return real(target, entries, details)
+            c.load_blocks = load
+            try:
+                self.check(pc, p, "two in flight")
+            finally:
+                del c.load_blocks
+            self.assertEqual(seen, [True])
+            self.assertEqual((pc.stats["layerwise_loads"], pc.stats["layerwise_retries"]), (1, 0))
+            self.assertEqual(pc.stats["loaded_blocks"], BLOCKS)
 
     def test_layerwise_load_fails_after_layer_0(self):
         """A LOAD_BLOCKS after layer 0's fails (the daemon gone mid-hit), with
