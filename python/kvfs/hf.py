@@ -1476,14 +1476,19 @@ class suffix_attention:
     nothing."""
 
     def __init__(self, model, on=True):
-        self.config = model.config if on and getattr(model.config, "_attn_implementation", None) == "sdpa" else None
+        # the config the decoder layers read (a composite model's text
+        # config); set as {"": name}, which leaves its sub-configs' (a vision
+        # tower's) implementations as they are
+        cfg = model.config
+        cfg = getattr(cfg, "get_text_config", lambda: cfg)()
+        self.config = cfg if on and getattr(cfg, "_attn_implementation", None) == "sdpa" else None
 
     def __enter__(self):
         if self.config is not None:
             _register_suffix_attention()
-            self.config._attn_implementation = SUFFIX_ATTENTION
+            self.config._attn_implementation = {"": SUFFIX_ATTENTION}
         return self
 
     def __exit__(self, *exc):
         if self.config is not None:
-            self.config._attn_implementation = "sdpa"
+            self.config._attn_implementation = {"": "sdpa"}

@@ -8,6 +8,7 @@ import functools
 import os
 import struct
 import tempfile
+import types
 import unittest
 import warnings
 
@@ -249,6 +250,17 @@ class SuffixAttentionTest(unittest.TestCase):
         with khf.suffix_attention(m):
             self.assertEqual(m.config._attn_implementation, "eager")
         self.assertEqual(m.config._attn_implementation, "eager")
+        # a composite model: its text config's attention only, a vision tower's left as it is
+        from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+        small = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2)
+        cfg = LlavaConfig(vision_config=CLIPVisionConfig(**small), text_config=LlamaConfig(vocab_size=64, **small))
+        cfg._attn_implementation = {"": "sdpa", "vision_config": "eager", "text_config": "sdpa"}
+        composite = types.SimpleNamespace(config=cfg)
+        with khf.suffix_attention(composite):
+            self.assertEqual((cfg.text_config._attn_implementation, cfg.vision_config._attn_implementation),
+                             (khf.SUFFIX_ATTENTION, "eager"))
+        self.assertEqual((cfg._attn_implementation, cfg.text_config._attn_implementation,
+                          cfg.vision_config._attn_implementation), ("sdpa", "sdpa", "eager"))
 
 
 if __name__ == "__main__":
