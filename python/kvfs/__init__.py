@@ -140,13 +140,12 @@ class BlockArray:
 
 _LAYER_FIRST_OFF = 12  # of layer_first (u16) and then layer_count in a block entry
 
-
-
 # ioctl(2) through ctypes: the GIL is released for the call (Client.ioctl)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc_ioctl = _libc.ioctl
 _libc_ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
 _libc_ioctl.restype = ctypes.c_int
+
 
 def status_name(s):
     return abi.STATUS_NAMES.get(s, "status(%d)" % s)

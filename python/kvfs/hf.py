@@ -1105,9 +1105,10 @@ class _LayerLoader:
     LOAD_BLOCKS each: with more than one, while the daemon locates one
     call's blocks and checks what landed, another call's copies can move
     (docs/abi.md, "Layer by layer"); all threads but one start while layer
-    0 loads, so that many calls are in flight from the start. A forward pre-hook on decoder layer i waits
-    for layer i and puts it into the cache; a layer with fewer blocks than
-    layer 0 raises _Shrunk there, and generate() starts again from settle().
+    0 loads, so that many calls are in flight from the start. A forward
+    pre-hook on decoder layer i waits for layer i and puts it into the
+    cache; a layer with fewer blocks than layer 0 raises _Shrunk there, and
+    generate() starts again from settle().
 
     Where a layer lands: on a GPU with REGISTER_CUDA, straight in the load
     area; with pin=True, in a slot of the pinned ring, then copied to the
