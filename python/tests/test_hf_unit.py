@@ -189,6 +189,7 @@ class NoDaemonTest(unittest.TestCase):
             self.assertIsNone(khf._left_pads(t(m)), what)
 
 
+@unittest.skipUnless(torch is not None, "needs torch and transformers")
 class SuffixAttentionTest(unittest.TestCase):
     """kvfs.hf.suffix_attention: the rest of a prompt attends its cached
     prefix through a lower-right causal bias instead of transformers'
