@@ -433,6 +433,16 @@ class ClientTest(unittest.TestCase):
                 os.unlink(self.c.group_path(MOUNT, *key))
 
 
+def _task_state(pid, task):
+    """A thread's state letter (/proc/PID/task/TID/stat; "T" stopped); "T"
+    for a thread gone meanwhile."""
+    try:
+        with open("/proc/%d/task/%s/stat" % (pid, task)) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "T"
+
+
 @unittest.skipUnless(own_daemon.BIN, "KVFS_BIN is not set")
 class ReleasesGILTest(unittest.TestCase):
     """A thread in a control ioctl leaves the other threads of the process
@@ -460,6 +470,14 @@ class ReleasesGILTest(unittest.TestCase):
         # waits for the daemon)
         watchdog = subprocess.Popen(["sh", "-c", "sleep 20; touch %s; kill -CONT %d" % (marker, pid)])
         os.kill(pid, signal.SIGSTOP)
+        # the signal stops the daemon's threads one by one: a busy machine
+        # has them answer a call after kill() returned
+        for _ in range(1000):
+            if all(_task_state(pid, task) in "tT" for task in os.listdir("/proc/%d/task" % pid)):
+                break
+            time.sleep(0.01)
+        else:
+            self.fail("the daemon did not stop")
         t = threading.Thread(target=call)
         try:
             t.start()
