@@ -308,7 +308,7 @@ class Client:
             raise KvfsError(op, _errno.EBADF)
         arg, tmp = None, None
         if buf is not None:
-            size = (cmd >> 16) & 0x3FFF
+            size = abi.ioc_size(cmd)
             if isinstance(buf, bytearray) and len(buf) >= size:
                 arg = (ctypes.c_char * len(buf)).from_buffer(buf)
             else:

@@ -16,6 +16,11 @@ def _ioc(direction, nr, size):
     return (direction << 30) | (size << 16) | (IOC_MAGIC << 8) | nr
 
 
+def ioc_size(cmd):
+    """The argument size an ioctl command encodes (_IOC_SIZE, the size _ioc put there)."""
+    return (cmd >> 16) & 0x3FFF
+
+
 # struct kvfs_info (192 bytes)
 INFO = struct.Struct("<IIQ8IQ6IQQQ16s16sQQQII3Q")
 INFO_FIELDS = (

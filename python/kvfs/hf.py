@@ -1160,7 +1160,7 @@ class _LayerLoader:
         # with several loads in flight, all but one thread start with layer
         # 0's load (the calls in flight stay loads_in_flight); the last one
         # once layer 0 is in
-        early = threads - 1 if threads > 1 else 0
+        early = max(threads - 1, 0)
         for j in range(early):
             self._start(j, self.entries.copy())
         try:
