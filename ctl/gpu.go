@@ -696,10 +696,11 @@ var noTiles = false
 // tileHeads reports whether a load into t goes to its device's pipeline as
 // tiles (gpu.Item.Tile): where the pipeline takes them (checked on the
 // GPU: through staging, or packed ones direct from the store's file in
-// memory; gpu.Pipeline.TakesTiles), and each head's group of a (layer, kind) is
-// either contiguous (packed: head-major HND, one head after another, or a
-// Hugging Face cache, heads a whole sequence apart) or the heads' rows
-// lie side by side (token-major NHD, HeadStride one row). The pipeline
+// memory or the DRAM tier's; gpu.Pipeline.TakesTiles), and each head's
+// group of a (layer, kind) is either contiguous (packed: head-major HND,
+// one head after another, or a Hugging Face cache, heads a whole sequence
+// apart) or the heads' rows lie side by side (token-major NHD, HeadStride
+// one row). The pipeline
 // stages a Hugging Face cache's tiles so that one head's consecutive cache
 // blocks move with one copy (gpu.Pipeline.Load). Other pitched layouts
 // move a group per item.

@@ -108,7 +108,7 @@ func (p *Pipeline) settleCached(cache Cache, c *directChunk, items []Item, base 
 				dropped, have = b, true
 			}
 		case it.Err == nil:
-			served++
+			served += uint64(it.Groups())
 			continue
 		default:
 			continue // a copy or checker error: the item's outcome

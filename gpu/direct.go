@@ -175,9 +175,9 @@ func (p *Pipeline) directGroups() int {
 // groups: the chunks of items are split among DirectWorkers goroutines
 // (directRange each), so queueing the copies is not one core's work.
 // tiles: items may hold packed tiles (Load checked them), each of whose
-// heads is located and copied as a group of its own. From a Cache (never
-// with tiles: see TakesTiles), the groups the copies did not serve are
-// then loaded through staging (loadAgain).
+// heads is located and copied as a group of its own. From a Cache, the
+// items the copies did not serve (a tile with any head the cache lacks,
+// whole) are then loaded through staging (loadAgain).
 func (p *Pipeline) loadDirect(l Locator, host []byte, items []Item, groups int, tiles bool) error {
 	// Idle chunks keep their device scratch (32 MiB each by default):
 	// at most 16 of them.
@@ -323,6 +323,12 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 					it.failAll(fmt.Errorf("%w: a tile in a load not declared to hold tiles, or pitched", ErrConfig))
 					continue
 				}
+				if cache != nil && unserved(heads) {
+					// Not all in the cache's memory: the whole tile
+					// through staging, once this load's copies are over.
+					*retry = append(*retry, base+lo+k)
+					continue
+				}
 				var ok bool
 				runs, ok = p.locatedTile(it, heads, host, runs)
 				c.copied[k] = ok
@@ -406,6 +412,16 @@ func (c *directChunk) take(items []Item, lo, per int, tiles bool) int {
 		}
 	}
 	return hi
+}
+
+// unserved reports whether Locate left any of the requests unserved.
+func unserved(reqs []store.LocateReq) bool {
+	for i := range reqs {
+		if reqs[i].Err != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // locatedTile sets the outcome of tile item it from its heads' located

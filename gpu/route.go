@@ -13,7 +13,7 @@ import "fmt"
 //     no staging. Packed tiles go direct too (each head located and
 //     copied as a group); pitched tiles never do. A reader that is a
 //     Cache (the DRAM tier) whose memory is registered (SetCache) takes
-//     this route for its hits, from its memory, one group per item, and
+//     this route for its hits, from its memory (packed tiles too), and
 //     the staged route for the rest (cache.go).
 //   - landed (landed.go): through staging, with pitched tiles among the
 //     items and a device that lands them (Land): their groups are staged
@@ -48,8 +48,7 @@ func (p *Pipeline) Load(r Reader, items []Item, tiles bool) error {
 		}
 	}
 	hasTiles, groups, err := p.checkTiles(items)
-	_, cached := r.(Cache)
-	if l, host := p.hostView(r); err == nil && tiles && l != nil && !cached && !p.anyPitched(items) {
+	if l, host := p.hostView(r); err == nil && tiles && l != nil && !p.anyPitched(items) {
 		return p.loadDirect(l, host, items, groups, true)
 	}
 	if err == nil && hasTiles && !p.tilesStaged(p.anyPitched(items)) {

@@ -100,15 +100,12 @@ func (it *Item) done() bool {
 // TakesTiles reports whether a load from r may be given tiles (Item.Tile;
 // Load with tiles set): loads checked on the device (Verify), through
 // staging (the pitched ones (pitched) landed by Land) or, packed ones,
-// direct from the store's host view (SetHost). Pitched loads that would
-// go direct and loads checked on the CPU take one group per item, and so
-// do loads from a Cache whose memory is registered: its direct route
-// hands the groups it does not hold to staging item by item.
+// direct from the store's host view (SetHost) or a Cache's registered
+// memory (SetCache), whose direct route hands a tile with any head it does
+// not hold to staging whole. Pitched loads that would go direct and loads
+// checked on the CPU take one group per item.
 func (p *Pipeline) TakesTiles(r Reader, pitched bool) bool {
 	if l, _ := p.hostView(r); l != nil {
-		if _, cached := r.(Cache); cached {
-			return false
-		}
 		return !pitched
 	}
 	return p.tilesStaged(pitched)

@@ -12,6 +12,7 @@ import (
 	"github.com/kvfs/kvfs/layout"
 	"github.com/kvfs/kvfs/store"
 	"github.com/kvfs/kvfs/store/storetest"
+	"github.com/kvfs/kvfs/tier"
 )
 
 // tileGeo is the rig's group shape (rows × rowBytes) as a store geometry:
@@ -224,5 +225,77 @@ func TestTilesLoad(t *testing.T) {
 			}
 			r.checkClean(t)
 		})
+	}
+}
+
+// TestTilesFromCache: packed tiles load from a Cache's registered memory
+// (the DRAM tier) as they do from the store's file. The second load of the
+// same blocks, after the first filled the tier through staging, copies the
+// tiles the tier holds whole straight from its memory (Cached counts their
+// groups) and gives exactly what the first gave: every stored head byte
+// for byte, missing heads left alone and reported, the corrupt head
+// zeroed. A tile with a head the tier does not hold goes through staging
+// whole.
+func TestTilesFromCache(t *testing.T) {
+	H, L := tileGeo.KVHeads, tileGeo.Layers
+	const nb = 6
+	st, _, _ := tileStore(t, tileGeo, nb)
+	tr, err := tier.New(st, tier.Options{Bytes: int64(nb+2) * tileGeo.PayloadBytes()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	r := newRig(t, 4, 2*tileGeo.GroupsPerBlock(), 4)
+	r.dev.Enable2D = true
+	tiles := 0
+	r.p.Verify = tileVerify(r, &tiles)
+	r.p.SetCache(tr.Arena())
+	if !r.p.TakesTiles(tr, false) || r.p.TakesTiles(tr, true) {
+		t.Fatal("a cache's registered memory: packed tiles refused, or pitched ones taken")
+	}
+	tensor := nb * H * gb
+	old := bytes.Repeat([]byte{0x5A}, 2*L*tensor)
+	load := func() ([]gpu.Item, []byte) {
+		r.dev.Fill(gputest.Base, old)
+		crcs := make([]uint32, nb*tileGeo.GroupsPerBlock())
+		tileOf := make([]gpu.Tile, nb*2*L)
+		var its []gpu.Item
+		for b := range nb {
+			for lk := range 2 * L {
+				k := layout.Key{Block: uint64(b), Layer: lk / 2, Kind: layout.Kind(lk % 2)}
+				g := len(its) * H
+				tileOf[len(its)] = gpu.Tile{Heads: H, HeadStride: gb, CRCs: crcs[g : g+H]}
+				its = append(its, gpu.Item{Key: k, Dst: gputest.Base + uint64(lk*tensor+(nb-1-b)*H*gb), Tile: &tileOf[len(its)]})
+			}
+		}
+		if err := r.p.Load(tr, its, true); err != nil {
+			t.Fatal(err)
+		}
+		return its, r.dev.Mem(gputest.Base, 2*L*tensor)
+	}
+	first, mem1 := load()
+	if r.p.Cached() != 0 {
+		t.Fatalf("%d groups served from an empty tier", r.p.Cached())
+	}
+	second, mem2 := load()
+	if !bytes.Equal(mem1, mem2) {
+		t.Fatal("the load from the tier's memory left other bytes than the load through staging")
+	}
+	for i := range first {
+		a, b := &first[i], &second[i]
+		if a.Tile.Bad != b.Tile.Bad || a.Tile.Failed != b.Tile.Failed || (a.Err == nil) != (b.Err == nil) ||
+			a.Err != nil && !errors.Is(b.Err, store.ErrNotFound) && !errors.Is(b.Err, store.ErrCorrupt) {
+			t.Fatalf("%v: %d failed (%b), %v from the tier; %d (%b), %v through staging",
+				b.Key, b.Tile.Failed, b.Tile.Bad, b.Err, a.Tile.Failed, a.Tile.Bad, a.Err)
+		}
+	}
+	// Blocks 0, 1 and 5 are whole; block 2 lacks heads (its tiles go
+	// through staging), 3 has a corrupt head and 4 is absent (the tier
+	// holds neither).
+	if want := uint64(3 * 2 * L * H); r.p.Cached() != want {
+		t.Fatalf("%d groups served from the tier's memory, want %d", r.p.Cached(), want)
+	}
+	if tiles == 0 {
+		t.Fatal("Verify saw no tiles")
 	}
 }
