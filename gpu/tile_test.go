@@ -84,6 +84,26 @@ func tileStore(t *testing.T, geo layout.Geometry, nb int) (*store.Store, *storet
 	return st, m, bad
 }
 
+// hndTiles is a tile item per (layer, kind) of blocks 0..nb-1 of tileGeo
+// into a head-major cache at gputest.Base: tensor (layer, kind) of nb cache
+// blocks one after another, block b into cache block nb-1-b.
+func hndTiles(nb int) []gpu.Item {
+	H, L := tileGeo.KVHeads, tileGeo.Layers
+	tensor := nb * H * gb
+	crcs := make([]uint32, nb*tileGeo.GroupsPerBlock())
+	tileOf := make([]gpu.Tile, nb*2*L)
+	var its []gpu.Item
+	for b := range nb {
+		for lk := range 2 * L {
+			k := layout.Key{Block: uint64(b), Layer: lk / 2, Kind: layout.Kind(lk % 2)}
+			g := len(its) * H
+			tileOf[len(its)] = gpu.Tile{Heads: H, HeadStride: gb, CRCs: crcs[g : g+H]}
+			its = append(its, gpu.Item{Key: k, Dst: gputest.Base + uint64(lk*tensor+(nb-1-b)*H*gb), Tile: &tileOf[len(its)]})
+		}
+	}
+	return its
+}
+
 // TestTilesLoad: tiles (a block's (layer, kind) heads as one item) load
 // from a real store into a head-major cache through staging: every head
 // that is stored lands byte for byte, a corrupt one is zeroed and counted,
@@ -121,17 +141,7 @@ func TestTilesLoad(t *testing.T) {
 			tensor := nb * H * gb
 			old := bytes.Repeat([]byte{0x5A}, 2*L*tensor)
 			r.dev.Fill(gputest.Base, old)
-			crcs := make([]uint32, nb*tileGeo.GroupsPerBlock())
-			tileOf := make([]gpu.Tile, nb*2*L)
-			var its []gpu.Item
-			for b := range nb {
-				for lk := range 2 * L {
-					k := layout.Key{Block: uint64(b), Layer: lk / 2, Kind: layout.Kind(lk % 2)}
-					g := len(its) * H
-					tileOf[len(its)] = gpu.Tile{Heads: H, HeadStride: gb, CRCs: crcs[g : g+H]}
-					its = append(its, gpu.Item{Key: k, Dst: gputest.Base + uint64(lk*tensor+(nb-1-b)*H*gb), Tile: &tileOf[len(its)]})
-				}
-			}
+			its := hndTiles(nb)
 			if err := r.p.Load(st, its, true); err != nil {
 				t.Fatal(err)
 			}
@@ -257,17 +267,7 @@ func TestTilesFromCache(t *testing.T) {
 	old := bytes.Repeat([]byte{0x5A}, 2*L*tensor)
 	load := func() ([]gpu.Item, []byte) {
 		r.dev.Fill(gputest.Base, old)
-		crcs := make([]uint32, nb*tileGeo.GroupsPerBlock())
-		tileOf := make([]gpu.Tile, nb*2*L)
-		var its []gpu.Item
-		for b := range nb {
-			for lk := range 2 * L {
-				k := layout.Key{Block: uint64(b), Layer: lk / 2, Kind: layout.Kind(lk % 2)}
-				g := len(its) * H
-				tileOf[len(its)] = gpu.Tile{Heads: H, HeadStride: gb, CRCs: crcs[g : g+H]}
-				its = append(its, gpu.Item{Key: k, Dst: gputest.Base + uint64(lk*tensor+(nb-1-b)*H*gb), Tile: &tileOf[len(its)]})
-			}
-		}
+		its := hndTiles(nb)
 		if err := r.p.Load(tr, its, true); err != nil {
 			t.Fatal(err)
 		}
