@@ -42,11 +42,16 @@ type GPUVerifier struct {
 	s   cuda.Stream
 	chk *crc32c.Checker
 
-	// mu guards the descriptors and checksums of one call, kept from call
-	// to call: a load verifies every staging buffer's groups, and slices
-	// made per call were megabytes of garbage per gigabyte loaded (the
-	// checker runs one batch at a time anyway).
-	mu     sync.Mutex
+	// pool keeps the descriptors and checksums of calls (*vscratch) from
+	// call to call: a load verifies every chunk's groups, and slices made
+	// per call were megabytes of garbage per gigabyte loaded. Concurrent
+	// calls (a direct load's workers) each take one, so their batches
+	// run on the checker at once.
+	pool sync.Pool
+}
+
+// vscratch is one call's descriptors and checksums, kept from call to call.
+type vscratch struct {
 	groups []crc32c.Group
 	dsts   []crc32c.Group
 	want   []uint32
@@ -55,12 +60,20 @@ type GPUVerifier struct {
 	srcs   []crc32c.Group // with tiles: Land's sources (expand)
 }
 
-// scratch returns the call's slices for n groups; v.mu is held.
-func (v *GPUVerifier) scratch(n int) ([]crc32c.Group, []uint32, []uint32) {
+// scratch returns the call's slices for n groups.
+func (v *vscratch) scratch(n int) ([]crc32c.Group, []uint32, []uint32) {
 	if cap(v.groups) < n {
 		v.groups, v.dsts, v.want, v.got = make([]crc32c.Group, n), make([]crc32c.Group, n), make([]uint32, n), make([]uint32, n)
 	}
 	return v.groups[:n], v.want[:n], v.got[:n]
+}
+
+// take returns a call's scratch (pool); the caller puts it back.
+func (v *GPUVerifier) take() *vscratch {
+	if x, ok := v.pool.Get().(*vscratch); ok {
+		return x
+	}
+	return &vscratch{}
 }
 
 // NewGPUVerifier loads the kernels on device ordinal.
@@ -87,10 +100,10 @@ func NewGPUVerifier(ordinal int, geo Geometry) (*GPUVerifier, error) {
 // kernel and get ErrCorrupt. A tile's heads that failed before (Tile.Bad)
 // are not checked.
 func (v *GPUVerifier) Verify(items []*Item) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
+	x := v.take()
+	defer v.pool.Put(x)
 	n, tiles := groupsOf(items)
-	groups, want, got := v.scratch(n)
+	groups, want, got := x.scratch(n)
 	if !tiles {
 		// One group per item (a direct load's half a million): no
 		// expansion, group k is item k.
@@ -98,10 +111,10 @@ func (v *GPUVerifier) Verify(items []*Item) error {
 			groups[i], want[i] = v.tile(it, it.Dst), it.CRC
 		}
 	} else {
-		n = v.expand(items, nil, groups, want)
+		n = v.expand(x, items, nil, groups, want)
 	}
 	bad, err := v.chk.Verify(groups[:n], want[:n], got[:n])
-	return v.outcome(items, tiles, bad, want, got, err)
+	return v.outcome(x, items, tiles, bad, want, got, err)
 }
 
 // Land implements Pipeline.Land: each item's group, packed at srcs[i] in
@@ -110,21 +123,21 @@ func (v *GPUVerifier) Verify(items []*Item) error {
 // apart) by one kernel pass; a group that differs lands as zeros and gets
 // ErrCorrupt.
 func (v *GPUVerifier) Land(items []*Item, srcs []uint64) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
+	x := v.take()
+	defer v.pool.Put(x)
 	n, tiles := groupsOf(items)
-	src, want, got := v.scratch(n)
-	dst := v.dsts[:n]
+	src, want, got := x.scratch(n)
+	dst := x.dsts[:n]
 	if !tiles {
 		for i, it := range items {
 			src[i], dst[i], want[i] = v.packed(srcs[i]), v.tile(it, it.Dst), it.CRC
 		}
 	} else {
-		n = v.expand(items, srcs, dst, want)
-		src = v.srcs[:n]
+		n = v.expand(x, items, srcs, dst, want)
+		src = x.srcs[:n]
 	}
 	bad, err := v.chk.Land(src[:n], dst[:n], want[:n], got[:n])
-	return v.outcome(items, tiles, bad, want, got, err)
+	return v.outcome(x, items, tiles, bad, want, got, err)
 }
 
 // groupRef is a group an expand call laid out: head j of items[item].
@@ -144,13 +157,13 @@ func groupsOf(items []*Item) (n int, tiles bool) {
 
 // expand lays out the groups of items still to check (a tile's heads that
 // did not fail before) in dst and want, and with srcs (Land) their packed
-// sources in v.srcs, noting each in v.refs; it returns how many. v.mu is
-// held, dst and want hold every group of items.
-func (v *GPUVerifier) expand(items []*Item, srcs []uint64, dst []crc32c.Group, want []uint32) int {
-	if n := len(dst); cap(v.refs) < n || srcs != nil && cap(v.srcs) < n {
-		v.refs, v.srcs = make([]groupRef, n), make([]crc32c.Group, n)
+// sources in x.srcs, noting each in x.refs (the call's scratch); it
+// returns how many. dst and want hold every group of items.
+func (v *GPUVerifier) expand(x *vscratch, items []*Item, srcs []uint64, dst []crc32c.Group, want []uint32) int {
+	if n := len(dst); cap(x.refs) < n || srcs != nil && cap(x.srcs) < n {
+		x.refs, x.srcs = make([]groupRef, n), make([]crc32c.Group, n)
 	}
-	refs, src := v.refs[:cap(v.refs)], v.srcs[:cap(v.srcs)]
+	refs, src := x.refs[:cap(x.refs)], x.srcs[:cap(x.srcs)]
 	gb := uint64(v.geo.GroupBytes)
 	k := 0
 	for i, it := range items {
@@ -188,15 +201,15 @@ func (v *GPUVerifier) tile(it *Item, dst uint64) crc32c.Group {
 
 // outcome sets ErrCorrupt on the groups the kernel found bad (Verify and
 // Land; bad indexes the groups as laid out: item k's, or with tiles the
-// last expand's), or returns the kernel's failure as a whole.
-func (v *GPUVerifier) outcome(items []*Item, tiles bool, bad []int, want, got []uint32, err error) error {
+// call's expand), or returns the kernel's failure as a whole.
+func (v *GPUVerifier) outcome(x *vscratch, items []*Item, tiles bool, bad []int, want, got []uint32, err error) error {
 	if err != nil {
 		return fmt.Errorf("%w: GPU checksum: %w", ErrCopy, err)
 	}
 	for _, k := range bad {
 		r := groupRef{int32(k), 0}
 		if tiles {
-			r = v.refs[k]
+			r = x.refs[k]
 		}
 		it := items[r.item]
 		key := it.Key
@@ -211,9 +224,9 @@ func (v *GPUVerifier) outcome(items []*Item, tiles bool, bad []int, want, got []
 // (pinned memory from cuMemHostAlloc is mapped at the same address on every
 // device with unified addressing).
 func (v *GPUVerifier) Sum(staged [][]byte, crcs []uint32) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	groups, _, _ := v.scratch(len(staged))
+	x := v.take()
+	defer v.pool.Put(x)
+	groups, _, _ := x.scratch(len(staged))
 	for i, b := range staged {
 		groups[i] = crc32c.Group{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), Rows: 1, RowBytes: uint32(len(b))}
 	}

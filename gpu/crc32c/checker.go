@@ -21,15 +21,27 @@ import (
 // queued before it, on the same engines). The
 // kernel runs after everything already queued on the stream, so a pipeline
 // can queue a chunk's payload copies and verify them with one wait. A
-// Checker is safe for concurrent use (batches run one at a time).
+// Checker is safe for concurrent use: each running batch has pinned memory
+// and an event of its own (a slot), so concurrent batches queue their
+// kernels on the stream back to back and each waits only for its own,
+// not for the whole of another's launch, kernel and wait.
 type Checker struct {
 	m *Module
 	s cuda.Stream
 
-	mu     sync.Mutex
-	cap    int    // groups the buffer holds
-	host   []byte // pinned: cap × perGroup: descriptors (two for Land), want, got
-	closed bool
+	mu      sync.Mutex
+	idle    []*slot // slots of no running batch
+	all     []*slot
+	running sync.WaitGroup // batches holding a slot: Close waits for them
+	closed  bool
+}
+
+// slot is one batch's pinned memory and the event recorded after its
+// kernel; a slot is kept for later batches once its batch is over.
+type slot struct {
+	cap  int    // groups the buffer holds
+	host []byte // pinned: cap × perGroup: descriptors (two for Land), want, got
+	ev   cuda.Event
 }
 
 // NewChecker returns a Checker on stream s of m's context (0: the legacy
@@ -38,8 +50,9 @@ func (m *Module) NewChecker(s cuda.Stream) *Checker { return &Checker{m: m, s: s
 
 const perGroup = 2*GroupSize + 8
 
-// grow makes room for n groups; the caller holds c.mu and the context.
-func (c *Checker) grow(n int) error {
+// grow makes room for n groups; the caller owns the slot and holds the
+// context.
+func (c *slot) grow(n int) error {
 	if n <= c.cap {
 		return nil
 	}
@@ -55,7 +68,7 @@ func (c *Checker) grow(n int) error {
 	return nil
 }
 
-func (c *Checker) free() error {
+func (c *slot) free() error {
 	var err error
 	if c.host != nil {
 		err = cuda.MemFreeHost(c.host)
@@ -86,25 +99,47 @@ func (c *Checker) run(groups, dst []Group, want, got []uint32) error {
 		return nil
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return ErrClosed
 	}
+	var sl *slot
+	if k := len(c.idle); k > 0 {
+		sl, c.idle = c.idle[k-1], c.idle[:k-1]
+	} else {
+		sl = &slot{}
+		c.all = append(c.all, sl)
+	}
+	c.running.Add(1)
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.idle = append(c.idle, sl)
+		c.mu.Unlock()
+		c.running.Done()
+	}()
 	return c.m.ctx.Do(func() error {
-		if err := c.grow(n); err != nil {
+		if sl.ev == 0 {
+			ev, err := cuda.EventCreate(cuda.EventDisableTiming | cuda.EventBlockingSync)
+			if err != nil {
+				return fmt.Errorf("crc32c: event: %w", err)
+			}
+			sl.ev = ev
+		}
+		if err := sl.grow(n); err != nil {
 			return err
 		}
 		// Layout for this batch: n descriptors, n destinations (Land), n
 		// want, n got.
-		up := putGroups(c.host, groups)
-		up += putGroups(c.host[up:], dst)
-		putUint32s(c.host[up:], want)
-		descDev := cuda.DevicePtr(uintptr(unsafe.Pointer(&c.host[0])))
+		up := putGroups(sl.host, groups)
+		up += putGroups(sl.host[up:], dst)
+		putUint32s(sl.host[up:], want)
+		descDev := cuda.DevicePtr(uintptr(unsafe.Pointer(&sl.host[0])))
 		dstDev := descDev + cuda.DevicePtr(n*GroupSize)
 		wantDev := dstDev + cuda.DevicePtr(len(dst)*GroupSize)
 		gotDev := wantDev + cuda.DevicePtr(4*n)
 		gotAt := int(gotDev - descDev)
-		down := c.host[gotAt : gotAt+4*n]
+		down := sl.host[gotAt : gotAt+4*n]
 		var err error
 		switch {
 		case dst != nil:
@@ -117,7 +152,10 @@ func (c *Checker) run(groups, dst []Group, want, got []uint32) error {
 		if err != nil {
 			return errors.Join(err, c.s.Synchronize())
 		}
-		if err := c.s.Synchronize(); err != nil {
+		if err := sl.ev.Record(c.s); err != nil {
+			return errors.Join(fmt.Errorf("crc32c: %w", err), c.s.Synchronize())
+		}
+		if err := sl.ev.Synchronize(); err != nil {
 			return fmt.Errorf("crc32c: %w", err)
 		}
 		getUint32s(got, down)
@@ -177,15 +215,27 @@ func (c *Checker) check(groups, dst []Group, want, got []uint32) (bad []int, err
 	return bad, nil
 }
 
-// Close frees the Checker's memory; the stream and the Module stay.
+// Close frees the Checker's memory once the batches running are over
+// (later ones get ErrClosed); the stream and the Module stay.
 func (c *Checker) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
-	return c.m.ctx.Do(c.free)
+	c.mu.Unlock()
+	c.running.Wait()
+	return c.m.ctx.Do(func() error {
+		var err error
+		for _, sl := range c.all {
+			err = errors.Join(err, sl.free())
+			if sl.ev != 0 {
+				err = errors.Join(err, sl.ev.Destroy())
+			}
+		}
+		return err
+	})
 }
 
 // nativeLayout reports whether a Group in Go memory is byte for byte its

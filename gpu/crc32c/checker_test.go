@@ -2,6 +2,7 @@ package crc32c
 
 import (
 	"bytes"
+	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
 	"slices"
@@ -202,5 +203,50 @@ func TestGPUCheckerLand(t *testing.T) {
 	}
 	if _, err := c.Land([]Group{{Addr: 4096, Rows: 2, RowBytes: 16, Pitch: 16}}, []Group{{Addr: 8192, Rows: 1, RowBytes: 32}}, []uint32{0}, nil); err == nil {
 		t.Fatal("Land of a group into a tile of another shape: no error")
+	}
+}
+
+// TestGPUCheckerConcurrent: batches of several goroutines at once (each
+// its own pinned slot and event, the kernels back to back on the one
+// stream) each find exactly their own flipped groups.
+func TestGPUCheckerConcurrent(t *testing.T) {
+	m := loadGPU(t)
+	c, _ := newChecker(t, m)
+	r := rand.New(rand.NewPCG(21, 22))
+	const n, size, workers = 257, 4096, 8
+	host := randMem(r, workers*n*size)
+	want := make([]uint32, workers*n)
+	for i := range want {
+		want[i] = crc32.Checksum(host[i*size:(i+1)*size], castagnoli)
+	}
+	for w := range workers {
+		host[(w*n+w*7+1)*size+5] ^= 0x40 // one flipped group per worker
+	}
+	base := devMem(t, m, host)
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			gs := make([]Group, n)
+			for i := range gs {
+				gs[i] = Group{Addr: uint64(base) + uint64((w*n+i)*size), Rows: 1, RowBytes: size}
+			}
+			for range 50 {
+				bad, err := c.Verify(gs, want[w*n:(w+1)*n], nil)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(bad) != 1 || bad[0] != w*7+1 {
+					errs <- fmt.Errorf("worker %d: bad %v", w, bad)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
 	}
 }
