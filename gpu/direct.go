@@ -15,8 +15,9 @@ import (
 // each lies, the pipeline queues copies from there straight into the
 // destinations, and once a chunk's copies completed the GPU checksums the
 // groups where they landed (Verify; a group that fails is zeroed there)
-// and the slots are unpinned. Pitched tiles are copied packed into device
-// scratch instead, and Land checks them there and writes their rows. No
+// and the slots are unpinned. Pitched groups, and tiles whose heads lie
+// apart on the device (scatters), are copied packed into device scratch
+// instead, and Land checks them there and writes them in place. No
 // CPU touches the payload: a registered tmpfs file copies at nearly the
 // rate of pinned memory (kvfs bench-h2d --from measures both), where the
 // staged route first has the CPU copy every byte out of the page cache
@@ -68,15 +69,18 @@ type directChunk struct {
 	busy     bool  // ev recorded and not yet seen complete
 	failed   error // queueing or recording failed
 	// scratch is device memory of directGroups groups (allocated the first
-	// time the chunk carries pitched tiles, kept with it): a pitched tile's
-	// group is copied packed to scratch + k*GroupBytes (k its place in the
-	// chunk) and Land scatters it into its rows. landed and srcs are the
-	// chunk's pitched items and their scratch addresses.
+	// time the chunk carries items to land, kept with it): such an item's
+	// groups are copied packed to scratch + soff[k] (k its place in the
+	// chunk, soff the groups of the items before it) and Land writes them
+	// in place: a pitched group into its rows, a scattered tile's heads
+	// into their places. landed and srcs are the chunk's items to land and
+	// their scratch addresses.
 	scratch     uint64
 	freeScratch func() error
 	landed      []*Item
 	srcs        []uint64
-	pitched     []bool   // per item of the chunk
+	pitched     []bool   // per item of the chunk: copied to scratch, to land
+	soff        []int    // per item of the chunk: its offset in scratch
 	stale       []uint64 // a load from a Cache: the blocks Changed reported
 }
 
@@ -158,6 +162,30 @@ func (p *Pipeline) overScratch() bool {
 func (p *Pipeline) anyPitched(items []Item) bool {
 	for i := range items {
 		if p.pitched(&items[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// scatters reports whether a direct load copies tile it packed into device
+// scratch for Land to check and write in place: its heads lie apart on the
+// device (a Hugging Face cache's, a sequence apart), Land is set and the
+// device allocates memory. In the store a block's groups lie one after
+// another, so packed they move with one copy per slot (per run of
+// consecutive slots), where copied to their places every head is a copy
+// of its own (or, across blocks, a 2D copy per head: acrossBlocks); Land
+// then checks and places them in the one kernel pass the check costs
+// anyway.
+func (p *Pipeline) scatters(it *Item) bool {
+	return it.Tile != nil && it.Tile.HeadStride != p.Geo.GroupBytes && p.Land != nil && p.canAllocDevice()
+}
+
+// landsAny reports whether items hold one a direct load copies to device
+// scratch: a pitched group or a tile that scatters.
+func (p *Pipeline) landsAny(items []Item) bool {
+	for i := range items {
+		if p.pitched(&items[i]) || p.scatters(&items[i]) {
 			return true
 		}
 	}
@@ -268,7 +296,7 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 			}
 			if c.pitched[k] {
 				landed = append(landed, &items[i])
-				srcs = append(srcs, c.scratch+uint64(k*gb))
+				srcs = append(srcs, c.scratch+uint64(c.soff[k]))
 				continue
 			}
 			ok = append(ok, &items[i])
@@ -293,7 +321,7 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 		// scratch is at its budget: then this load reuses its own (a
 		// load never waits on another's, so the scratch in use stays
 		// within the budget plus one chunk's per load).
-		for len(flight) > 0 && (len(flight) >= depth || (p.overScratch() && p.anyPitched(items[lo:min(lo+per, len(items))]))) {
+		for len(flight) > 0 && (len(flight) >= depth || (p.overScratch() && p.landsAny(items[lo:min(lo+per, len(items))]))) {
 			finish(flight[0])
 			flight = flight[1:]
 		}
@@ -310,14 +338,18 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 			break
 		}
 		c.copied, c.pitched = grow(c.copied, hi-lo), grow(c.pitched, hi-lo)
+		c.soff = grow(c.soff, hi-lo)
 		clear(c.copied)
 		clear(c.pitched)
 		runs := c.runs[:0]
 		rq := c.reqs
+		gk, scattered := 0, false
 		for k := range hi - lo {
 			it, q, g := &items[lo+k], &rq[0], items[lo+k].Groups()
 			heads := rq[:g]
 			rq = rq[g:]
+			c.soff[k] = gk * gb
+			gk += g
 			if it.Tile != nil {
 				if !tiles || p.pitched(it) {
 					it.failAll(fmt.Errorf("%w: a tile in a load not declared to hold tiles, or pitched", ErrConfig))
@@ -329,8 +361,15 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 					*retry = append(*retry, base+lo+k)
 					continue
 				}
+				if p.scatters(it) && c.soff[k]+g*gb <= per*gb && p.ensureScratch(c) == nil {
+					// Packed into scratch (without scratch, to their places).
+					var ok bool
+					runs, ok = p.locatedTile(it, heads, host, runs, c.scratch+uint64(c.soff[k]))
+					c.copied[k], c.pitched[k], scattered = ok, ok, true
+					continue
+				}
 				var ok bool
-				runs, ok = p.locatedTile(it, heads, host, runs)
+				runs, ok = p.locatedTile(it, heads, host, runs, 0)
 				c.copied[k] = ok
 				continue
 			}
@@ -348,21 +387,21 @@ func (p *Pipeline) directRange(l Locator, cache Cache, host []byte, items []Item
 				continue
 			}
 			// A pitched tile's group goes packed to the chunk's scratch,
-			// which Land scatters into its rows.
+			// and Land writes its rows.
 			dst, m := it.Dst, it.Mapping
 			if p.pitched(it) {
 				if err := p.ensureScratch(c); err != nil {
 					it.Err = err
 					continue
 				}
-				dst, m = c.scratch+uint64(k*gb), c.scratch
+				dst, m = c.scratch+uint64(c.soff[k]), c.scratch
 				c.pitched[k] = true
 			}
 			it.CRC = q.CRC
 			c.copied[k] = true
 			runs = addRun(runs, run{src: int(q.Off), dst: dst, n: gb, m: m})
 		}
-		if tiles && c2 != nil {
+		if tiles && c2 != nil && !scattered {
 			runs = p.acrossBlocks(items[lo:hi], c.reqs, runs)
 		}
 		c.runs = runs
@@ -426,11 +465,12 @@ func unserved(reqs []store.LocateReq) bool {
 
 // locatedTile sets the outcome of tile item it from its heads' located
 // requests and adds the copies of the heads found to runs: head j from
-// its place in the host view to it.Group(j), its recorded checksum into
+// its place in the host view to it.Group(j), or with scratch (device
+// scratch, for Land) to scratch + j*GroupBytes, its recorded checksum into
 // the tile's. A head that is missing, under another tag or outside the
 // view fails alone (Tile.Bad), its destination left as it was. ok: a head
 // was copied (the tile is checked once the copies completed).
-func (p *Pipeline) locatedTile(it *Item, heads []store.LocateReq, host []byte, runs []run) (_ []run, ok bool) {
+func (p *Pipeline) locatedTile(it *Item, heads []store.LocateReq, host []byte, runs []run, scratch uint64) (_ []run, ok bool) {
 	gb := p.Geo.GroupBytes
 	for j := range heads {
 		q := &heads[j]
@@ -442,7 +482,11 @@ func (p *Pipeline) locatedTile(it *Item, heads []store.LocateReq, host []byte, r
 		default:
 			it.Tile.CRCs[j] = q.CRC
 			dst, _ := it.Group(j)
-			runs = addRun(runs, run{src: int(q.Off), dst: dst, n: gb, m: it.Mapping})
+			m := it.Mapping
+			if scratch != 0 {
+				dst, m = scratch+uint64(j*gb), scratch
+			}
+			runs = addRun(runs, run{src: int(q.Off), dst: dst, n: gb, m: m})
 			ok = true
 		}
 	}

@@ -68,14 +68,17 @@ func (h hfTarget) items(blocks []uint64, cb []int, tiles bool) []gpu.Item {
 func hfPipeline(t *testing.T, h hfTarget, st *store.Store, m *storetest.Mem, direct bool) (*gpu.Pipeline, *gputest.Device, func()) {
 	t.Helper()
 	gbytes := h.geo.GroupBytes()
-	dev := gputest.NewDevice(h.size())
+	// Above the cache, device scratch for direct loads with Land: its
+	// budget and one chunk (8 MiB) per worker over it.
+	const scratch, budget = 128 << 20, 64 << 20
+	dev := gputest.NewDevice(h.size() + scratch)
 	dev.Enable2D, dev.EnableBatch = true, true
 	pool, err := gpu.NewPool(dev, gpu.PoolConfig{Count: 16, Size: 4 << 20})
 	if err != nil {
 		dev.Close()
 		t.Fatal(err)
 	}
-	p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: h.geo.BlockTokens, RowBytes: h.geo.RowBytes()}, Depth: 8}
+	p := &gpu.Pipeline{Dev: dev, Pool: pool, Geo: gpu.Geometry{GroupBytes: gbytes, Rows: h.geo.BlockTokens, RowBytes: h.geo.RowBytes()}, Depth: 8, ScratchBudget: budget}
 	p.Verify = func(items []*gpu.Item) error {
 		for _, it := range items {
 			for j := range it.Groups() {
@@ -123,7 +126,9 @@ func groupErrs(its []gpu.Item) []error {
 // absent block's tiles left as they were), whatever the order of the cache
 // blocks, through staging and direct from the store's file in memory; and
 // with consecutive cache blocks staged head by head it moves a chunk with
-// one 2D copy.
+// one 2D copy. Direct with Land, the tiles' heads go packed into device
+// scratch and Land places them: the same bytes and outcomes, and at most
+// one copy per tile where whole blocks load.
 func TestTilesHF(t *testing.T) {
 	H, L := tileGeo.KVHeads, tileGeo.Layers
 	const nb = 8
@@ -144,7 +149,7 @@ func TestTilesHF(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/per=%d", tc.name, per), func(t *testing.T) {
 				h := newHFTarget(tileGeo, nb)
 				old := bytes.Repeat([]byte{0x5A}, h.size())
-				load := func(tiles, direct bool) ([]gpu.Item, []byte, int, int) {
+				load := func(tiles, direct, land bool) ([]gpu.Item, []byte, int, int) {
 					// Whole blocks in whole buffers where the case counts
 					// copies (a load smaller than its depth of buffers
 					// spreads over them, cutting blocks).
@@ -156,6 +161,10 @@ func TestTilesHF(t *testing.T) {
 					r.dev.Enable2D = true
 					n := 0
 					r.p.Verify = tileVerify(r, &n)
+					lands := 0
+					if land {
+						r.p.Land = deviceLand(r.dev, gb, &lands)
+					}
 					r.dev.Fill(gputest.Base, old)
 					if direct {
 						m.SetHostView(true)
@@ -170,21 +179,36 @@ func TestTilesHF(t *testing.T) {
 						t.Fatalf("direct %v: %d groups loaded direct", direct, r.p.Direct())
 					}
 					r.checkClean(t)
+					if land {
+						// Every tile went through scratch: Land checked it.
+						if lands == 0 || n != 0 {
+							t.Fatalf("direct with Land: %d Land calls, %d tiles verified in place", lands, n)
+						}
+						n = lands
+					}
 					return its, r.dev.Mem(gputest.Base, h.size()), r.dev.Calls(), n
 				}
-				want, wmem, wcalls, _ := load(false, false)
-				got, gmem, gcalls, tiles := load(true, false)
-				dgot, dmem, _, dtiles := load(true, true)
+				want, wmem, wcalls, _ := load(false, false, false)
+				got, gmem, gcalls, tiles := load(true, false, false)
+				dgot, dmem, _, dtiles := load(true, true, false)
+				lgot, lmem, lcalls, _ := load(true, true, true)
 				if tiles == 0 || dtiles == 0 {
 					t.Fatal("Verify saw no tiles")
 				}
-				if !bytes.Equal(gmem, wmem) || !bytes.Equal(dmem, wmem) {
-					t.Fatal("device memory differs between tiles (staged or direct) and a group per item")
+				if !bytes.Equal(gmem, wmem) || !bytes.Equal(dmem, wmem) || !bytes.Equal(lmem, wmem) {
+					t.Fatal("device memory differs between tiles (staged, direct, or direct with Land) and a group per item")
 				}
 				for i := range got {
-					if got[i].Tile.Bad != dgot[i].Tile.Bad || got[i].Tile.Failed != dgot[i].Tile.Failed || (got[i].Err == nil) != (dgot[i].Err == nil) {
-						t.Fatalf("%v: %b, %v staged, %b, %v direct", got[i].Key, got[i].Tile.Bad, got[i].Err, dgot[i].Tile.Bad, dgot[i].Err)
+					for _, d := range []gpu.Item{dgot[i], lgot[i]} {
+						if got[i].Tile.Bad != d.Tile.Bad || got[i].Tile.Failed != d.Tile.Failed || (got[i].Err == nil) != (d.Err == nil) {
+							t.Fatalf("%v: %b, %v staged, %b, %v direct", got[i].Key, got[i].Tile.Bad, got[i].Err, d.Tile.Bad, d.Err)
+						}
 					}
+				}
+				if tc.name == "whole" && lcalls > len(tc.blocks)*2*L {
+					// This shape's groups lie a stride apart in their slot:
+					// a tile's heads are one 2D copy into scratch.
+					t.Fatalf("direct with Land: %d copy calls for %d tiles", lcalls, len(tc.blocks)*2*L)
 				}
 				we, ge := groupErrs(want), groupErrs(got)
 				if len(we) != len(ge) {
@@ -231,7 +255,7 @@ func TestTilesHF(t *testing.T) {
 						t.Fatalf("%d copy calls for %d chunks of consecutive whole blocks", gcalls, chunks)
 					}
 				}
-				t.Logf("%d copy calls as tiles, %d one group per item", gcalls, wcalls)
+				t.Logf("%d copy calls as tiles, %d one group per item, %d direct with Land", gcalls, wcalls, lcalls)
 			})
 		}
 	}
@@ -277,7 +301,11 @@ func TestHFCopies(t *testing.T) {
 		direct := strings.HasPrefix(route, "direct")
 		p, dev, done := hfPipeline(t, h, st, m, direct)
 		defer done()
-		tiled := strings.HasSuffix(route, "tiles")
+		lands := 0
+		if strings.HasSuffix(route, "land") {
+			p.Land = deviceLand(dev, gbytes, &lands)
+		}
+		tiled := strings.Contains(route, "tiles")
 		its := h.items(blocks, cb, tiled)
 		if err := p.Load(st, its, tiled); err != nil {
 			t.Fatal(err)
@@ -290,20 +318,30 @@ func TestHFCopies(t *testing.T) {
 		if direct != (p.Direct() > 0) {
 			t.Fatalf("%s: %d groups loaded direct", route, p.Direct())
 		}
+		if (lands > 0) != strings.HasSuffix(route, "land") {
+			t.Fatalf("%s: %d Land calls", route, lands)
+		}
 		return dev.Calls(), store.CRC32C(dev.Mem(gputest.Base, h.size()))
 	}
 	tiles, tmem := load("tiles")
 	groups, gmem := load("groups")
 	direct, dmem := load("direct")
 	dtiles, dtmem := load("direct-tiles")
-	if tmem != gmem || tmem != dmem || tmem != dtmem {
+	dland, dlmem := load("direct-tiles-land")
+	if tmem != gmem || tmem != dmem || tmem != dtmem || tmem != dlmem {
 		t.Fatal("the routes landed different bytes")
 	}
-	t.Logf("%d blocks, %d items as tiles, %d one group per item: staged %d copy calls as tiles, %d one group per item; direct %d as tiles, %d one group per item",
-		nb, nb*2*geo.Layers, nb*geo.GroupsPerBlock(), tiles, groups, dtiles, direct)
+	t.Logf("%d blocks, %d items as tiles, %d one group per item: staged %d copy calls as tiles, %d one group per item; direct %d as tiles, %d one group per item, %d as tiles through scratch (Land)",
+		nb, nb*2*geo.Layers, nb*geo.GroupsPerBlock(), tiles, groups, dtiles, direct, dland)
 	if dtiles > nb {
 		// The store's blocks lie apart in its file: one 2D copy per block.
 		t.Fatalf("%d copy calls as tiles direct for %d blocks", dtiles, nb)
+	}
+	// Through scratch, the blocks' tiles packed one after another as their
+	// slots lie in the file (blocks in consecutive slots here): one copy
+	// per direct chunk of 2,048 groups.
+	if chunks := nb * geo.GroupsPerBlock() / 2048; dland > chunks {
+		t.Fatalf("%d copy calls as tiles through scratch for %d chunks of consecutive blocks", dland, chunks)
 	}
 	if chunks := nb * int(geo.PayloadBytes()) / (4 << 20); tiles > chunks || tiles > groups {
 		t.Fatalf("%d copy calls as tiles for %d staging buffers of blocks (%d one group per item)", tiles, chunks, groups)
@@ -354,7 +392,10 @@ func TestHFCopies(t *testing.T) {
 // another order: with the blocks in consecutive slots, one layer of each
 // head of a (layer, kind) moves with one 2D copy across the blocks (16 for
 // one layer of the 8B shape), not one per block; from scattered slots,
-// and for a load of whole blocks, one per block as before. Every load
+// and for a load of whole blocks, one per block as before. With Land (the
+// tiles packed into device scratch), one copy per block at most, and one
+// per direct chunk from consecutive slots (a 2D copy of the blocks' layers
+// where they are not whole). Every load
 // lands the bytes a staged load does.
 func TestHFLayerCopies(t *testing.T) {
 	geo := llama8B
@@ -367,9 +408,13 @@ func TestHFLayerCopies(t *testing.T) {
 	for _, order := range []string{"in order", "scattered"} {
 		st, m := hfBlocksStore(t, geo, nb, order == "scattered")
 		for _, layers := range []int{1, 4, geo.Layers} {
-			load := func(direct bool) (calls int, sum uint32) {
+			load := func(direct, land bool) (calls int, sum uint32) {
 				p, dev, done := hfPipeline(t, h, st, m, direct)
 				defer done()
+				lands := 0
+				if land {
+					p.Land = deviceLand(dev, geo.GroupBytes(), &lands)
+				}
 				var its []gpu.Item
 				for _, it := range h.items(blocks, cb, true) {
 					if it.Key.Layer < layers {
@@ -384,19 +429,23 @@ func TestHFLayerCopies(t *testing.T) {
 						t.Fatalf("%s, %d layers: %v: %v", order, layers, it.Key, it.Err)
 					}
 				}
-				if direct != (p.Direct() > 0) {
-					t.Fatalf("%s, %d layers: %d groups loaded direct", order, layers, p.Direct())
+				if direct != (p.Direct() > 0) || land != (lands > 0) {
+					t.Fatalf("%s, %d layers: %d groups loaded direct, %d Land calls", order, layers, p.Direct(), lands)
 				}
 				return dev.Calls(), store.CRC32C(dev.Mem(gputest.Base, h.size()))
 			}
-			staged, want := load(false)
-			calls, got := load(true)
-			if got != want {
-				t.Fatalf("%s, %d layers: the direct load landed other bytes than the staged one", order, layers)
+			staged, want := load(false, false)
+			calls, got := load(true, false)
+			lcalls, lgot := load(true, true)
+			if got != want || lgot != want {
+				t.Fatalf("%s, %d layers: a direct load landed other bytes than the staged one", order, layers)
 			}
-			t.Logf("%s, %d layers of %d blocks: %d copy calls direct, %d staged", order, layers, nb, calls, staged)
+			t.Logf("%s, %d layers of %d blocks: %d copy calls direct, %d through scratch (Land), %d staged", order, layers, nb, calls, lcalls, staged)
 			// A direct chunk carries 2,048 groups (two 4 MiB staging buffers).
 			chunks := (nb*layers*2*geo.KVHeads + 2047) / 2048
+			if lcalls > nb || order == "in order" && lcalls > chunks {
+				t.Fatalf("%s, %d layers: %d copy calls through scratch for %d blocks in %d chunks", order, layers, lcalls, nb, chunks)
+			}
 			switch {
 			case order == "in order" && layers == 1:
 				if want := 2 * geo.KVHeads * chunks; calls != want {

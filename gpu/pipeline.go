@@ -93,7 +93,10 @@ type Pipeline struct {
 	// Land, when set with Verify, has direct loads (SetHost) take pitched
 	// tiles too: their groups are copied packed into device scratch and
 	// Land checks each against Item.CRC and copies it into its rows (or
-	// zeros them, setting Err) in one pass (GPUVerifier.Land). The device
+	// zeros them, setting Err) in one pass (GPUVerifier.Land). Direct
+	// loads copy tiles whose heads lie apart (scatters) the same way, a
+	// tile's heads packed at srcs[i] one group apart, and Land checks
+	// and places each head (FailHead for one that differs). The device
 	// must be a DeviceAllocator.
 	Land func(items []*Item, srcs []uint64) error
 	// Corrupt, when set, is told how many groups the device's checks

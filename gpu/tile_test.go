@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/kvfs/kvfs/gpu"
@@ -47,6 +49,36 @@ func tileVerify(r *rig, tiles *int) func(items []*gpu.Item) error {
 					r.dev.Fill(dst, make([]byte, gb))
 					it.FailHead(j, fmt.Errorf("verify: %w", store.ErrCorrupt))
 				}
+			}
+		}
+		return nil
+	}
+}
+
+// deviceLand is Pipeline.Land on a fake device (the CPU over its memory):
+// each group not failed before (a tile's heads one by one), packed in
+// scratch at srcs[i] + j*gbytes, checked there and written to its place,
+// zeros and failed when it differs, as the CRC32C kernel lands it; lands
+// counts the calls.
+func deviceLand(dev *gputest.Device, gbytes int, lands *int) func(items []*gpu.Item, srcs []uint64) error {
+	var mu sync.Mutex // Land is called concurrently by a direct load's workers
+	return func(items []*gpu.Item, srcs []uint64) error {
+		mu.Lock()
+		defer mu.Unlock()
+		*lands++
+		for i, it := range items {
+			for j := range it.Groups() {
+				if it.Skip(j) {
+					continue
+				}
+				g := slices.Clone(dev.Mem(srcs[i]+uint64(j*gbytes), gbytes))
+				dst, crc := it.Group(j)
+				if store.CRC32C(g) != crc {
+					dev.Fill(dst, make([]byte, gbytes))
+					it.FailHead(j, fmt.Errorf("land: %w", store.ErrCorrupt))
+					continue
+				}
+				dev.Fill(dst, g)
 			}
 		}
 		return nil
@@ -245,8 +277,15 @@ func TestTilesLoad(t *testing.T) {
 // groups) and gives exactly what the first gave: every stored head byte
 // for byte, missing heads left alone and reported, the corrupt head
 // zeroed. A tile with a head the tier does not hold goes through staging
-// whole.
+// whole. So for head-major tiles (HND) checked in place, and for Hugging
+// Face tiles (heads a sequence apart) through device scratch and Land.
 func TestTilesFromCache(t *testing.T) {
+	for _, hf := range []bool{false, true} {
+		t.Run(map[bool]string{false: "hnd", true: "hf-land"}[hf], func(t *testing.T) { testTilesFromCache(t, hf) })
+	}
+}
+
+func testTilesFromCache(t *testing.T, hf bool) {
 	H, L := tileGeo.KVHeads, tileGeo.Layers
 	const nb = 6
 	st, _, _ := tileStore(t, tileGeo, nb)
@@ -257,8 +296,18 @@ func TestTilesFromCache(t *testing.T) {
 	defer tr.Close()
 	r := newRig(t, 4, 2*tileGeo.GroupsPerBlock(), 4)
 	r.dev.Enable2D = true
-	tiles := 0
+	tiles, lands := 0, 0
 	r.p.Verify = tileVerify(r, &tiles)
+	items := func() []gpu.Item { return hndTiles(nb) }
+	if hf {
+		r.p.Land = deviceLand(r.dev, gb, &lands)
+		h := newHFTarget(tileGeo, nb)
+		blocks, cb := make([]uint64, nb), make([]int, nb)
+		for i := range blocks {
+			blocks[i], cb[i] = uint64(i), i
+		}
+		items = func() []gpu.Item { return h.items(blocks, cb, true) }
+	}
 	r.p.SetCache(tr.Arena())
 	if !r.p.TakesTiles(tr, false) || r.p.TakesTiles(tr, true) {
 		t.Fatal("a cache's registered memory: packed tiles refused, or pitched ones taken")
@@ -267,15 +316,15 @@ func TestTilesFromCache(t *testing.T) {
 	old := bytes.Repeat([]byte{0x5A}, 2*L*tensor)
 	load := func() ([]gpu.Item, []byte) {
 		r.dev.Fill(gputest.Base, old)
-		its := hndTiles(nb)
+		its := items()
 		if err := r.p.Load(tr, its, true); err != nil {
 			t.Fatal(err)
 		}
 		return its, r.dev.Mem(gputest.Base, 2*L*tensor)
 	}
 	first, mem1 := load()
-	if r.p.Cached() != 0 {
-		t.Fatalf("%d groups served from an empty tier", r.p.Cached())
+	if r.p.Cached() != 0 || lands != 0 {
+		t.Fatalf("%d groups served from an empty tier, %d Land calls", r.p.Cached(), lands)
 	}
 	second, mem2 := load()
 	if !bytes.Equal(mem1, mem2) {
@@ -297,5 +346,8 @@ func TestTilesFromCache(t *testing.T) {
 	}
 	if tiles == 0 {
 		t.Fatal("Verify saw no tiles")
+	}
+	if hf != (lands > 0) {
+		t.Fatalf("%d Land calls", lands)
 	}
 }

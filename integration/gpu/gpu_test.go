@@ -529,6 +529,45 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 			}
 		}
 	}
+	// LOAD_BLOCKS into a Hugging Face target (heads a sequence apart) over
+	// the tail: block 3 into cache block 2, the partial block into cache
+	// block 0 and block 5 into cache block 1. Direct from the store file
+	// or the tier's memory, a (layer, kind)'s heads go packed into device
+	// scratch and the kernel checks and places them.
+	hf := info.HF(nb*geo.BlockTokens, 0, geo.KVHeads)
+	for i := range 2 * geo.Layers {
+		hf.Regions = append(hf.Regions, client.Region{Buffer: id, Offset: uint64(v1 + i*tensor)})
+	}
+	fid, err := c.RegisterTarget(hf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before = exp.dump()
+	fes := []client.BlockEntry{hf.WholeBlock(3, 2), hf.WholeBlock(partial, 0), hf.WholeBlock(5, 1)}
+	if n, err := c.LoadBlocks(fid, fes); err != nil || n != 1 {
+		t.Fatalf("HF load-blocks: %d ok, %v", n, err)
+	}
+	if fes[0].Status != client.Corrupt || fes[0].GroupsOK != uint32(geo.GroupsPerBlock()-1) ||
+		fes[1].Status != client.Absent || fes[1].GroupsOK != uint32(geo.GroupsPerBlock()/2) || fes[2].Status != client.OK {
+		t.Fatalf("HF load-blocks: %+v, %+v, %+v", fes[0], fes[1], fes[2])
+	}
+	mem = exp.dump()
+	for cb, b := range []uint64{partial, 5, 3} {
+		for i := range geo.GroupsPerBlock() {
+			k := geo.KeyAt(b, i)
+			off := v1 + (2*k.Layer+int(k.Kind))*tensor + (k.Head*nb+cb)*gb
+			want := data(k)
+			switch {
+			case k == bad:
+				want = zero
+			case b == partial && k.Head%2 == 1:
+				want = before[off : off+gb]
+			}
+			if !bytes.Equal(mem[off:off+gb], want) {
+				t.Fatalf("HF LOAD_BLOCKS: %v in cache block %d differs", k, cb)
+			}
+		}
+	}
 	// Two prefixes forced onto one id: block 2000 stored from the GPU
 	// under tag A (cache block nb-1 of the NHD target holds block 0's
 	// bytes). A load into GPU memory that expects tag B is Absent with
@@ -560,7 +599,7 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 			t.Fatalf("tagged LOAD_BLOCKS: %v differs on the GPU", k)
 		}
 	}
-	for _, tid := range []client.TargetID{tid, hid} {
+	for _, tid := range []client.TargetID{tid, hid, fid} {
 		if err := c.UnregisterTarget(tid); err != nil {
 			t.Fatal(err)
 		}
