@@ -110,7 +110,8 @@ type GPUOptions struct {
 	// (default 4; gpu.Pipeline.DirectWorkers).
 	DirectWorkers int
 	// ScratchBudget bounds each device's scratch for direct loads of
-	// pitched tiles (default 512 MiB; gpu.Pipeline.ScratchBudget).
+	// pitched and scattered tiles (default 512 MiB;
+	// gpu.Pipeline.ScratchBudget).
 	ScratchBudget int
 }
 

@@ -116,9 +116,10 @@ type Pipeline struct {
 	// tiles lands them through, in batches (default 128 MiB; see Land).
 	LandBatch int
 	// ScratchBudget bounds the device scratch direct loads of pitched
-	// tiles keep (default 512 MiB): past it a load reuses the scratch of
-	// its own oldest chunk instead of allocating more, so at most the
-	// budget plus one chunk's (twice the staging buffer size) per load.
+	// and scattered tiles keep (default 512 MiB): past it a load reuses
+	// the scratch of its own oldest chunk instead of allocating more, so
+	// at most the budget plus one chunk's (twice the staging buffer size)
+	// per load.
 	ScratchBudget int
 	// DirectWorkers is how many goroutines queue the copies of one load
 	// from the store's host view (default 4; see SetHost).

@@ -158,7 +158,7 @@ always does); the GOMAXPROCS environment variable sets it instead.`,
 	f.BoolVar(&o.viewReads, "view-reads", true, "with a store file in memory (tmpfs, ramfs) on the uring engine: check and land host reads straight from the daemon's mapping of the file instead of reading them into a chunk buffer first")
 	f.StringVar(&o.evict, "evict", "prefix", "eviction order: prefix (leaves of the prefix forest the blocks' parents form, those never read back first, least recently used first, so a shared prefix stays while a continuation of it is stored) or lru (least recently used block)")
 	f.StringVar(&o.dram, "dram", "0", "DRAM tier: host memory for whole blocks in front of the store, shared by every client of the mount (e.g. 64GiB; 0: none): host loads and group file reads of a block land from it once one read brought the block in; mapped and faulted in at mount, so more than the machine can give fails the mount")
-	f.StringVar(&o.gpuScratch, "gpu-scratch", "512MiB", "GPU memory per device that direct loads of token-major (NHD) tiles keep as scratch (past it each load reuses its own)")
+	f.StringVar(&o.gpuScratch, "gpu-scratch", "512MiB", "GPU memory per device that direct loads of token-major (NHD) and Hugging Face tiles keep as scratch (past it each load reuses its own; more lets HF loads keep more chunks in flight: docs/performance.md)")
 	addCommand(c)
 }
 
