@@ -512,23 +512,32 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 		hes[1].Status != client.Absent || hes[1].GroupsOK != uint32(geo.GroupsPerBlock()/2) {
 		t.Fatalf("HND load-blocks: %+v, %+v", hes[0], hes[1])
 	}
-	mem = exp.dump()
-	for cb, b := range []uint64{3, partial} {
-		for i := range geo.GroupsPerBlock() {
-			k := geo.KeyAt(b, i)
-			off := v1 + (2*k.Layer+int(k.Kind))*tensor + (cb*geo.KVHeads+k.Head)*gb
-			want := data(k)
-			switch {
-			case k == bad:
-				want = zero
-			case b == partial && k.Head%2 == 1:
-				want = before[off : off+gb]
-			}
-			if !bytes.Equal(mem[off:off+gb], want) {
-				t.Fatalf("HND LOAD_BLOCKS: %v in cache block %d differs", k, cb)
+	// loaded checks blocks[cb] in cache block cb, each group where off
+	// puts it: its bytes, zeros for the corrupt group, and what was there
+	// before for the partial block's missing heads.
+	loaded := func(what string, blocks []uint64, off func(k layout.Key, cb int) int) {
+		t.Helper()
+		mem := exp.dump()
+		for cb, b := range blocks {
+			for i := range geo.GroupsPerBlock() {
+				k := geo.KeyAt(b, i)
+				o := off(k, cb)
+				want := data(k)
+				switch {
+				case k == bad:
+					want = zero
+				case b == partial && k.Head%2 == 1:
+					want = before[o : o+gb]
+				}
+				if !bytes.Equal(mem[o:o+gb], want) {
+					t.Fatalf("%s LOAD_BLOCKS: %v in cache block %d differs", what, k, cb)
+				}
 			}
 		}
 	}
+	loaded("HND", []uint64{3, partial}, func(k layout.Key, cb int) int {
+		return v1 + (2*k.Layer+int(k.Kind))*tensor + (cb*geo.KVHeads+k.Head)*gb
+	})
 	// LOAD_BLOCKS into a Hugging Face target (heads a sequence apart) over
 	// the tail: block 3 into cache block 2, the partial block into cache
 	// block 0 and block 5 into cache block 1. Direct from the store file
@@ -551,23 +560,9 @@ func roundTrip(t *testing.T, verifyOnGPU bool) {
 		fes[1].Status != client.Absent || fes[1].GroupsOK != uint32(geo.GroupsPerBlock()/2) || fes[2].Status != client.OK {
 		t.Fatalf("HF load-blocks: %+v, %+v, %+v", fes[0], fes[1], fes[2])
 	}
-	mem = exp.dump()
-	for cb, b := range []uint64{partial, 5, 3} {
-		for i := range geo.GroupsPerBlock() {
-			k := geo.KeyAt(b, i)
-			off := v1 + (2*k.Layer+int(k.Kind))*tensor + (k.Head*nb+cb)*gb
-			want := data(k)
-			switch {
-			case k == bad:
-				want = zero
-			case b == partial && k.Head%2 == 1:
-				want = before[off : off+gb]
-			}
-			if !bytes.Equal(mem[off:off+gb], want) {
-				t.Fatalf("HF LOAD_BLOCKS: %v in cache block %d differs", k, cb)
-			}
-		}
-	}
+	loaded("HF", []uint64{partial, 5, 3}, func(k layout.Key, cb int) int {
+		return v1 + (2*k.Layer+int(k.Kind))*tensor + (k.Head*nb+cb)*gb
+	})
 	// Two prefixes forced onto one id: block 2000 stored from the GPU
 	// under tag A (cache block nb-1 of the NHD target holds block 0's
 	// bytes). A load into GPU memory that expects tag B is Absent with
