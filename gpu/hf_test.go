@@ -7,7 +7,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvfs/kvfs/gpu"
 	"github.com/kvfs/kvfs/gpu/gputest"
@@ -455,6 +457,81 @@ func TestHFLayerCopies(t *testing.T) {
 				t.Fatalf("%s, %d layers: %d copy calls for %d blocks", order, layers, calls, nb)
 			}
 		}
+	}
+}
+
+// TestHFScratchBudget: concurrent direct loads of Hugging Face tiles
+// through device scratch (Land) keep the scratch they hold within
+// ScratchBudget plus one chunk's per load (a load over the budget
+// finishes its own oldest chunk and reuses its scratch), and land every
+// group where it belongs.
+func TestHFScratchBudget(t *testing.T) {
+	geo := llama8B
+	const nb, loads = 64, 4 // each load 8 layers of every block: 4 chunks of 2,048 groups
+	st, m := hfBlocksStore(t, geo, nb, false)
+	h := newHFTarget(geo, nb)
+	p, dev, done := hfPipeline(t, h, st, m, true)
+	defer done()
+	dev.Delay, dev.Jitter = 20*time.Microsecond, 40*time.Microsecond
+	lands := 0
+	p.Land = deviceLand(dev, geo.GroupBytes(), &lands)
+	chunk := 2048 * geo.GroupBytes()
+	p.ScratchBudget = 2 * chunk
+	p.DirectWorkers = 1
+	blocks, cb := make([]uint64, nb), make([]int, nb)
+	for i := range blocks {
+		blocks[i], cb[i] = uint64(i), i
+	}
+	its := h.items(blocks, cb, true)
+	per := len(its) / loads
+	var wg sync.WaitGroup
+	for k := range loads {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Load k: layers [8k, 8k+8) of every block, as a layer-by-layer
+			// loader asks for them.
+			var mine []gpu.Item
+			for i := range its {
+				if its[i].Key.Layer/8 == k {
+					mine = append(mine, its[i])
+				}
+			}
+			if len(mine) != per {
+				t.Errorf("load %d: %d tiles, want %d", k, len(mine), per)
+				return
+			}
+			if err := p.Load(st, mine, true); err != nil {
+				t.Error(err)
+				return
+			}
+			for _, it := range mine {
+				if it.Err != nil {
+					t.Errorf("%v: %v", it.Key, it.Err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	gbytes := geo.GroupBytes()
+	for b := range nb {
+		for lk := range 2 * geo.Layers {
+			for hd := range geo.KVHeads {
+				if !bytes.Equal(dev.Mem(h.dst(lk, hd, b), gbytes), hfGroup(geo, uint64(b), lk*geo.KVHeads+hd)) {
+					t.Fatalf("block %d, (layer, kind) %d, head %d: wrong bytes", b, lk, hd)
+				}
+			}
+		}
+	}
+	if lands == 0 {
+		t.Fatal("no tile went through scratch")
+	}
+	if peak := dev.PeakAllocated(); peak > p.ScratchBudget+loads*chunk {
+		t.Fatalf("%d bytes of device scratch at once, budget %d plus %d loads × %d", peak, p.ScratchBudget, loads, chunk)
 	}
 }
 
