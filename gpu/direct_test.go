@@ -350,7 +350,7 @@ func TestDirectPitched(t *testing.T) {
 	const n = 8 * 24
 	r, s, _ := directRig(t, n, 16)
 	lands := 0
-	r.p.Land = fakeLand(r, &lands)
+	r.p.Land = deviceLand(r.dev, r.p.Geo, &lands)
 	s.corrupt(9)
 	// key(i) is layer i%8 of block i/8: a block's 8 groups, like 8 heads,
 	// interleave row by row in the cache (pitch 8 rows), blocks apart.
@@ -428,7 +428,7 @@ func TestLandedStaged(t *testing.T) {
 	}
 	lands := 0
 	r.p.Verify = verify
-	r.p.Land = fakeLand(r, &lands)
+	r.p.Land = deviceLand(r.dev, r.p.Geo, &lands)
 	const n = 8 * 30
 	const pitch = 8 * rowBytes
 	its := make([]gpu.Item, n)
@@ -496,33 +496,6 @@ func TestLandedStaged(t *testing.T) {
 	}
 }
 
-// fakeLand is Pipeline.Land on the rig's fake device (the CPU over its
-// memory): each group checked in scratch and its rows written into its
-// tile, zeros for one that differs; lands counts the calls.
-func fakeLand(r *rig, lands *int) func(items []*gpu.Item, srcs []uint64) error {
-	var mu sync.Mutex // Land is called concurrently by a direct load's workers
-	return func(items []*gpu.Item, srcs []uint64) error {
-		mu.Lock()
-		defer mu.Unlock()
-		*lands++
-		for i, it := range items {
-			g := r.dev.Mem(srcs[i], gb)
-			ok := store.CRC32C(g) == it.CRC
-			for row := range rows {
-				b := make([]byte, rowBytes)
-				if ok {
-					copy(b, g[row*rowBytes:])
-				}
-				r.dev.Fill(it.Dst+uint64(row*it.Pitch), b)
-			}
-			if !ok {
-				it.Err = fmt.Errorf("land: %w", store.ErrCorrupt)
-			}
-		}
-		return nil
-	}
-}
-
 // tileBytes is an item's group as it lies in its tile on the fake device
 // (rows Pitch apart, or packed).
 func tileBytes(r *rig, it gpu.Item) []byte {
@@ -542,7 +515,7 @@ func TestDirectScratchBudget(t *testing.T) {
 	r, s, _ := directRig(t, loads*perLoad, 4) // chunks of 8 groups
 	r.dev.Delay, r.dev.Jitter = 20*time.Microsecond, 40*time.Microsecond
 	lands := 0
-	r.p.Land = fakeLand(r, &lands)
+	r.p.Land = deviceLand(r.dev, r.p.Geo, &lands)
 	chunk := 8 * gb
 	budget := 2 * chunk
 	r.p.ScratchBudget = budget

@@ -165,7 +165,7 @@ func TestTilesHF(t *testing.T) {
 					r.p.Verify = tileVerify(r, &n)
 					lands := 0
 					if land {
-						r.p.Land = deviceLand(r.dev, gb, &lands)
+						r.p.Land = deviceLand(r.dev, r.p.Geo, &lands)
 					}
 					r.dev.Fill(gputest.Base, old)
 					if direct {
@@ -305,7 +305,7 @@ func TestHFCopies(t *testing.T) {
 		defer done()
 		lands := 0
 		if strings.HasSuffix(route, "land") {
-			p.Land = deviceLand(dev, gbytes, &lands)
+			p.Land = deviceLand(dev, p.Geo, &lands)
 		}
 		tiled := strings.Contains(route, "tiles")
 		its := h.items(blocks, cb, tiled)
@@ -415,7 +415,7 @@ func TestHFLayerCopies(t *testing.T) {
 				defer done()
 				lands := 0
 				if land {
-					p.Land = deviceLand(dev, geo.GroupBytes(), &lands)
+					p.Land = deviceLand(dev, p.Geo, &lands)
 				}
 				var its []gpu.Item
 				for _, it := range h.items(blocks, cb, true) {
@@ -474,7 +474,7 @@ func TestHFScratchBudget(t *testing.T) {
 	defer done()
 	dev.Delay, dev.Jitter = 20*time.Microsecond, 40*time.Microsecond
 	lands := 0
-	p.Land = deviceLand(dev, geo.GroupBytes(), &lands)
+	p.Land = deviceLand(dev, p.Geo, &lands)
 	chunk := 2048 * geo.GroupBytes()
 	p.ScratchBudget = 2 * chunk
 	p.DirectWorkers = 1

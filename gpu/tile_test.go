@@ -55,30 +55,35 @@ func tileVerify(r *rig, tiles *int) func(items []*gpu.Item) error {
 	}
 }
 
-// deviceLand is Pipeline.Land on a fake device (the CPU over its memory):
-// each group not failed before (a tile's heads one by one), packed in
-// scratch at srcs[i] + j*gbytes, checked there and written to its place,
-// zeros and failed when it differs, as the CRC32C kernel lands it; lands
-// counts the calls.
-func deviceLand(dev *gputest.Device, gbytes int, lands *int) func(items []*gpu.Item, srcs []uint64) error {
+// deviceLand is Pipeline.Land on a fake device (the CPU over its memory),
+// as the CRC32C kernel lands groups: each group not failed before (a
+// tile's heads one by one), packed in scratch at srcs[i] + j*GroupBytes,
+// checked there and its rows written where it lies (Pitch apart, packed
+// for Pitch 0), zeros and failed when it differs; lands counts the calls.
+func deviceLand(dev *gputest.Device, g gpu.Geometry, lands *int) func(items []*gpu.Item, srcs []uint64) error {
 	var mu sync.Mutex // Land is called concurrently by a direct load's workers
 	return func(items []*gpu.Item, srcs []uint64) error {
 		mu.Lock()
 		defer mu.Unlock()
 		*lands++
 		for i, it := range items {
+			pitch := max(it.Pitch, g.RowBytes)
 			for j := range it.Groups() {
 				if it.Skip(j) {
 					continue
 				}
-				g := slices.Clone(dev.Mem(srcs[i]+uint64(j*gbytes), gbytes))
+				src := slices.Clone(dev.Mem(srcs[i]+uint64(j*g.GroupBytes), g.GroupBytes))
 				dst, crc := it.Group(j)
-				if store.CRC32C(g) != crc {
-					dev.Fill(dst, make([]byte, gbytes))
-					it.FailHead(j, fmt.Errorf("land: %w", store.ErrCorrupt))
-					continue
+				ok := store.CRC32C(src) == crc
+				if !ok {
+					clear(src)
 				}
-				dev.Fill(dst, g)
+				for row := range g.Rows {
+					dev.Fill(dst+uint64(row*pitch), src[row*g.RowBytes:(row+1)*g.RowBytes])
+				}
+				if !ok {
+					it.FailHead(j, fmt.Errorf("land: %w", store.ErrCorrupt))
+				}
 			}
 		}
 		return nil
@@ -300,7 +305,7 @@ func testTilesFromCache(t *testing.T, hf bool) {
 	r.p.Verify = tileVerify(r, &tiles)
 	items := func() []gpu.Item { return hndTiles(nb) }
 	if hf {
-		r.p.Land = deviceLand(r.dev, gb, &lands)
+		r.p.Land = deviceLand(r.dev, r.p.Geo, &lands)
 		h := newHFTarget(tileGeo, nb)
 		blocks, cb := make([]uint64, nb), make([]int, nb)
 		for i := range blocks {
