@@ -701,10 +701,10 @@ var noTiles = false
 // group of a (layer, kind) is either contiguous (packed: head-major HND,
 // one head after another, or a Hugging Face cache, heads a whole sequence
 // apart) or the heads' rows lie side by side (token-major NHD, HeadStride
-// one row). The pipeline
-// stages a Hugging Face cache's tiles so that one head's consecutive cache
-// blocks move with one copy (gpu.Pipeline.Load). Other pitched layouts
-// move a group per item.
+// one row). The pipeline stages a Hugging Face cache's tiles so that one
+// head's consecutive cache blocks move with one copy, and direct loads
+// copy them packed into device scratch for the kernel to place
+// (gpu.Pipeline.Load). Other pitched layouts move a group per item.
 func (ss *Session) tileHeads(t *target) bool {
 	s := ss.srv
 	if t.dev == nil || int(s.tile.Rows)*int(s.tile.RowBytes) != s.gb {
